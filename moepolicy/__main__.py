@@ -1,0 +1,5 @@
+import sys
+
+from moepolicy.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,9 @@
+"""Checkpoint config → normalised per-layer facts.
+
+``read_model(spec, engine=...)`` accepts a catalog name, a ``config.json`` path or a model folder.
+"""
+
+from moepolicy.checkpoint.reader import read_model
+from moepolicy.checkpoint.source import RawCheckpoint, resolve
+
+__all__ = ["RawCheckpoint", "read_model", "resolve"]

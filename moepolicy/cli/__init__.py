@@ -1,0 +1,1 @@
+"""The ``moepolicy`` command line: one module per subcommand, registered in ``main._COMMANDS``."""

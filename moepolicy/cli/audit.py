@@ -1,0 +1,59 @@
+"""``moepolicy audit``: group a policy's layers by decision and reason; fallbacks first."""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+from moepolicy.cli._output import table
+
+FALLBACK_ORDERS = ("dispatch_then_quant",)
+
+
+def ranges(indices: list[int]) -> str:
+    out, start = [], None
+    prev = None
+    for i in sorted(indices):
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}-{prev}" if start != prev else str(start))
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}-{prev}" if start != prev else str(start))
+    return ",".join(out)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("audit", help="group layers by decision; count the fallbacks and their reasons")
+    p.add_argument("policy", help="policy file")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from moepolicy.policy_file import read_policy
+
+    loaded = read_policy(args.policy)
+    doc = loaded.doc
+    groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for layer in doc.layers:
+        groups[(layer.order, layer.rule, layer.reason)].append(layer.index)
+    fallback = {k: v for k, v in groups.items() if k[0] in FALLBACK_ORDERS}
+    moe = sum(1 for layer in doc.layers if layer.kind == "moe")
+    n_fb = sum(len(v) for v in fallback.values())
+    print(f"{doc.model.name} on {doc.target.gpu} EP{doc.target.ep_size} {doc.target.backend} "
+          f"({doc.target.expert_kernel}): {len(doc.layers)} layers, {moe} MoE, "
+          f"{n_fb} fell back to bf16 dispatch with quantization after it")
+    rows = []
+    for (order, rule, reason), idx in sorted(groups.items(), key=lambda kv: (kv[0][0] not in FALLBACK_ORDERS, kv[0][0], kv[0][1])):
+        mark = "FALLBACK " if order in FALLBACK_ORDERS else ""
+        rows.append([f"{mark}{order}", rule, len(idx), ranges(idx)])
+    table(["order", "rule", "layers", "indices"], rows)
+    if fallback:
+        print("\nwhy the fallbacks happened:")
+        for (order, rule, reason), idx in fallback.items():
+            print(f"- {len(idx)} layer(s) [{ranges(idx)}] by {rule}: {reason}")
+            print(f"  see: moepolicy explain {args.policy} --layer {idx[0]}")
+    return 0

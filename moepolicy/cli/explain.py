@@ -1,0 +1,118 @@
+"""``moepolicy explain``: replay one layer's decision, every rule considered, and why.
+
+From a policy file the layer's stored facts are replayed through the same rule packs (checked by
+sha256); with ``--model`` the layer is planned afresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from moepolicy.cli._output import note
+from moepolicy.cli._target import add_target_flags
+from moepolicy.errors import PolicyError, UsageError
+from moepolicy.feasibility import wire_problem
+from moepolicy.rules.engine import Decision, decide
+from moepolicy.rules.grammar import RulePack
+from moepolicy.rules.packs import builtin_names, builtin_pack, load_user_pack
+from moepolicy.rules.vocabulary import VOCABULARY
+
+_MARK = {"fired": "=> fired", "condition-false": "   no", "capability-blocked": "   blocked",
+         "infeasible": "   infeasible"}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("explain", help="why a layer got its order: every rule considered")
+    p.add_argument("policy", nargs="?", help="policy file (or use --model with target flags)")
+    p.add_argument("--layer", type=int, help="decoder layer index")
+    p.add_argument("--model", help="plan this model instead of reading a policy file")
+    p.add_argument("--vocab", action="store_true", help="list the facts rules may use, with types")
+    add_target_flags(p)
+    p.set_defaults(run=run)
+
+
+def render(index: int, facts: dict, decision: Decision, out=None) -> None:
+    out = out or sys.stdout
+    print(f"layer {index}: {decision.order}  (rule {decision.rule}, numerics {decision.numerics})", file=out)
+    print(f"  wire: {decision.wire}", file=out)
+    print(f"  why: {decision.reason}", file=out)
+    print(f"  source: {decision.source}", file=out)
+    print("  facts the rules saw:", file=out)
+    for name in VOCABULARY:
+        if name in facts:
+            print(f"    {name} = {facts[name]}", file=out)
+    print("  rules considered, in order:", file=out)
+    for step in decision.trace:
+        detail = f": {step.detail}" if step.detail and step.outcome != "fired" else ""
+        print(f"  {_MARK[step.outcome]:12} {step.pack}/{step.rule} (priority {step.priority}){detail}", file=out)
+
+
+def _pack_for(ref) -> tuple[RulePack, str]:
+    if ref.path and Path(ref.path).is_file():
+        pack = load_user_pack(ref.path)
+    elif ref.name in builtin_names():
+        pack = builtin_pack(ref.name)
+    else:
+        raise PolicyError(f"rule pack '{ref.name}' used by this policy cannot be found"
+                          + (f" at {ref.path}" if ref.path else ""))
+    warn = "" if pack.sha256 == ref.sha256 else (
+        f"rule pack '{ref.name}' changed since the plan (sha256 {ref.sha256[:12]} -> "
+        f"{pack.sha256[:12]}); replaying with the current version")
+    return pack, warn
+
+
+def explain_from_file(path: str, index: int) -> int:
+    from moepolicy.policy_file import read_policy
+    from moepolicy.target import target_from_doc
+
+    loaded = read_policy(path)
+    doc = loaded.doc
+    layers = {layer.index: layer for layer in doc.layers}
+    if index not in layers:
+        raise UsageError(f"--layer {index} is not in {path} (layers 0-{len(doc.layers) - 1})")
+    layer = layers[index]
+    packs = []
+    for ref in doc.rules.packs:
+        pack, warn = _pack_for(ref)
+        if warn:
+            note(warn)
+        packs.append(pack)
+    target = target_from_doc(doc.target)
+    from moepolicy.planner import replay_facts
+
+    facts = replay_facts(layer.index, layer.facts)
+    decision = decide(facts, packs, target.deepep, lambda then, f: wire_problem(then, f, target),
+                      allow_inferred="inferred-capabilities" in target.options)
+    render(index, facts, decision)
+    if (decision.order, decision.rule) != (layer.order, layer.rule):
+        note(f"note: the file records {layer.order} by rule {layer.rule}; replay now gives "
+             f"{decision.order} by {decision.rule}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.vocab:
+        for name, ftype in VOCABULARY.items():
+            values = f" {{{', '.join(ftype.values)}}}" if ftype.values else ""
+            print(f"{name:26} {ftype.kind}{values}  {ftype.doc}")
+        return 0
+    if args.layer is None:
+        raise UsageError("--layer N is required (or --vocab)")
+    if args.policy and args.model:
+        raise UsageError("give a policy file or --model, not both")
+    if args.policy:
+        return explain_from_file(args.policy, args.layer)
+    if not args.model:
+        raise UsageError("give a policy file, or --model with target flags")
+    from moepolicy.cli.plan import build_plan
+
+    plan = build_plan(args)
+    matches = [lp for lp in plan.layers if lp.layer.index == args.layer]
+    if not matches:
+        raise UsageError(f"--layer {args.layer} is not a layer of {plan.model.name} "
+                         f"(layers 0-{len(plan.layers) - 1})")
+    lp = matches[0]
+    render(args.layer, lp.facts, lp.decision)
+    return 0

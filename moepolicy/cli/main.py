@@ -1,0 +1,53 @@
+"""Entry point: parse, dispatch to a subcommand, turn every expected error into one stderr line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from moepolicy.errors import MoePolicyError, one_line
+
+_COMMANDS = ("models", "plan", "explain", "audit")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other usage error
+        print(f"moepolicy: {one_line(message)} (see 'moepolicy {self.prog.split()[-1]} --help')"
+              if " " in self.prog else f"moepolicy: {one_line(message)}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = _Parser(prog="moepolicy", description=(
+        "Decide, per MoE layer, whether activations are quantized before or after DeepEP dispatch; "
+        "tune DeepEP; emit a policy the serving runtime loads."))
+    from moepolicy import __version__
+
+    parser.add_argument("--version", action="version", version=f"moepolicy {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in _COMMANDS:
+        importlib.import_module(f"moepolicy.cli.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except MoePolicyError as exc:
+        print(f"moepolicy: {one_line(str(exc))}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("moepolicy: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

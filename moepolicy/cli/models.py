@@ -1,0 +1,44 @@
+"""``moepolicy models``: list the built-in catalog."""
+
+from __future__ import annotations
+
+import argparse
+
+from moepolicy.checkpoint import catalog
+from moepolicy.checkpoint.reader import facts_from_raw
+from moepolicy.checkpoint.source import resolve
+from moepolicy.cli._output import table
+
+
+def _scheme(facts) -> str:
+    layer = facts.first_moe
+    if layer is None:
+        return facts.quant_method
+    w, a = layer.weights, layer.activations
+    act = "bf16" if a.dtype == "none" else a.dtype
+    if a.granularity == "group" and a.group:
+        act += f"/1x{a.group}"
+    elif a.granularity not in ("none",):
+        act += f"/{a.granularity}"
+    if a.dynamic in ("static", "dynamic"):
+        act += f" {a.dynamic}"
+    weight = "bf16" if w.dtype == "none" else w.dtype
+    return f"{facts.quant_method}: W {weight}, A {act}"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="list the built-in catalog of MoE checkpoints")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = []
+    for entry in catalog.entries():
+        facts = facts_from_raw(resolve(str(entry.folder)))
+        moe = facts.first_moe
+        rows.append([
+            entry.repo_id, _scheme(facts), len(facts.moe_layers), len(facts.dense_layers),
+            moe.num_experts if moe else 0, moe.top_k if moe else 0, facts.hidden_size,
+        ])
+    table(["model", "quant scheme (experts)", "moe", "dense", "experts", "top-k", "hidden"], rows)
+    return 0

@@ -1,0 +1,103 @@
+"""Read and write policy documents (YAML or JSON, the same tree); writes are atomic.
+
+A writer never leaves a partial file: it writes a temporary file beside the target, flushes and
+fsyncs it, then renames it over the target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Flow(dict):
+    """A mapping written on one line (wire, facts, chunk configs)."""
+
+
+class _FlowList(list):
+    """A list written on one line."""
+
+
+def _flow_dict(dumper: yaml.SafeDumper, data: dict) -> yaml.Node:
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=True)
+
+
+def _flow_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+
+
+class _PolicyDumper(_Dumper):  # type: ignore[misc, valid-type]
+    """Safe dumper with one-line mappings for wire, facts and chunk configs."""
+
+
+_PolicyDumper.add_representer(_Flow, _flow_dict)
+_PolicyDumper.add_representer(_FlowList, _flow_list)
+
+_FLOW_KEYS = {"wire", "facts", "dispatch", "combine", "scale", "deep_ep", "options"}
+
+
+def _styled(node: Any, key: str = "", memo: dict[int, Any] | None = None) -> Any:
+    """Copy ``node`` with flow styles; an object met twice stays one object (one YAML anchor)."""
+    memo = {} if memo is None else memo
+    if id(node) in memo:
+        return memo[id(node)]
+    if isinstance(node, dict):
+        inner = {k: _styled(v, k, memo) for k, v in node.items()}
+        out: Any = _Flow(inner) if key in _FLOW_KEYS else inner
+    elif isinstance(node, list):
+        items = [_styled(v, "", memo) for v in node]
+        out = _FlowList(items) if all(not isinstance(v, (dict, list)) for v in node) else items
+    else:
+        return node
+    memo[id(node)] = out
+    return out
+
+
+def dumps(doc: dict[str, Any], fmt: str = "yaml") -> str:
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    return yaml.dump(_styled(doc), Dumper=_PolicyDumper, sort_keys=False, width=10_000, allow_unicode=True)
+
+
+def atomic_write(path: str | os.PathLike, text: str) -> None:
+    import tempfile
+
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_document(doc: dict[str, Any], path: str | os.PathLike, fmt: str | None = None) -> None:
+    fmt = fmt or ("json" if str(path).endswith(".json") else "yaml")
+    atomic_write(path, dumps(doc, fmt))
+
+
+def parse_text(text: str) -> Any:
+    """Safe-load YAML (JSON is YAML); raises yaml.YAMLError on bad input."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (safe loader)

@@ -1,0 +1,54 @@
+"""One exception root with a few meaningful leaves.
+
+Messages state the rule, the value seen and the fix. The CLI prints ``str(error)`` as one line and
+exits with the leaf's ``exit_code``; nothing here ever reaches a user as a traceback.
+"""
+
+from __future__ import annotations
+
+
+class MoePolicyError(Exception):
+    """Root of every error moepolicy raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(MoePolicyError):
+    """A command-line argument is missing or contradicts another one."""
+
+    exit_code = 2
+
+
+class CheckpointError(MoePolicyError):
+    """A checkpoint config is missing, malformed, or lacks a field a plan needs."""
+
+    exit_code = 3
+
+
+class RulePackError(MoePolicyError):
+    """A rule pack or capability sheet failed validation when it was loaded."""
+
+    exit_code = 4
+
+
+class InfeasibleError(MoePolicyError):
+    """The target cannot serve the model at all (DeepEP would refuse or trap)."""
+
+    exit_code = 5
+
+
+class PolicyError(MoePolicyError):
+    """A policy document is damaged, of an unsupported version, or does not match its key."""
+
+    exit_code = 6
+
+
+class TuningError(MoePolicyError):
+    """The tuner cannot go on (a study that does not match, no usable bench)."""
+
+    exit_code = 7
+
+
+def one_line(message: str) -> str:
+    """Fold a message onto one line, as the CLI contract asks."""
+    return " ".join(str(message).split())

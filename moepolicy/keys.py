@@ -1,0 +1,50 @@
+"""The two key parts a policy carries and the runtime checks separately.
+
+- decision key: normalised model facts, rule packs, DeepEP capability sheet, GPU arch, expert
+  kernel(s), EP layout, backend, engine and opt-ins: anything that can change a layer's order;
+- tuning key: hardware profile, EP size and DeepEP build: anything that can change the tuned configs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def _digest(parts: dict[str, Any]) -> str:
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def decision_parts(doc: dict[str, Any]) -> dict[str, Any]:
+    target = doc["target"]
+    kernels = sorted({str(layer.get("facts", {}).get("kernel.name", "none")) for layer in doc["layers"]})
+    return {
+        "facts_sha256": doc["model"]["facts_sha256"],
+        "packs": [[p["name"], p["version"], p["sha256"]] for p in doc["rules"]["packs"]],
+        "capability_sheet": target["deep_ep"].get("sheet", ""),
+        "gpu_arch": target["arch"],
+        "expert_kernel": target["expert_kernel"],
+        "layer_kernels": kernels,
+        "layout": target["layout"],
+        "backend": target["backend"],
+        "engine": target["engine"],
+        "options": sorted(target.get("options", [])),
+        "static_scale": target.get("static_scale", "global-max"),
+    }
+
+
+def tuning_parts(doc: dict[str, Any]) -> dict[str, Any]:
+    target = doc["target"]
+    return {
+        "gpu": target["gpu"],
+        "ep_size": target["ep_size"],
+        "gpus_per_node": target["gpus_per_node"],
+        "deep_ep": [target["deep_ep"]["api"], target["deep_ep"].get("sheet", ""),
+                    target["deep_ep"]["version"]],
+    }
+
+
+def compute_keys(doc: dict[str, Any]) -> dict[str, str]:
+    return {"decision": _digest(decision_parts(doc)), "tuning": _digest(tuning_parts(doc))}

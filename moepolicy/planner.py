@@ -1,0 +1,201 @@
+"""checkpoint facts + target → feasibility → per-layer decisions → policy document (plan).
+
+The document carries DeepEP's default configs (provenance ``default``) until ``tune`` replaces them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from moepolicy import __version__
+from moepolicy.errors import InfeasibleError
+from moepolicy.execution import Execution, execution_for
+from moepolicy.feasibility import model_problems, wire_problem
+from moepolicy.keys import compute_keys
+from moepolicy.rules.engine import Decision, decide
+from moepolicy.rules.grammar import RulePack
+from moepolicy.rules.vocabulary import layer_facts
+from moepolicy.runtime.buffers import (
+    effective_rdma_recv, low_latency_bytes_hint, nvl_bytes_hint, rdma_bytes_hint,
+)
+from moepolicy.schema.facts import LayerFacts, ModelFacts
+from moepolicy.schema.policy import SCHEMA_VERSION
+from moepolicy.target import Target
+
+LL_MAX_TOKENS_DEFAULT = 128
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    layer: LayerFacts
+    facts: dict[str, Any]
+    execution: Execution
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelFacts
+    target: Target
+    packs: tuple[RulePack, ...]
+    layers: tuple[LayerPlan, ...]
+
+    @property
+    def kernel_label(self) -> str:
+        if self.target.expert_kernel:
+            return self.target.expert_kernel
+        kernels = sorted({lp.execution.kernel for lp in self.layers if lp.layer.kind == "moe"})
+        return kernels[0] if len(kernels) == 1 else ("auto: " + "+".join(kernels) if kernels else "none")
+
+
+def decide_layer(layer: LayerFacts, target: Target, packs: Sequence[RulePack]) -> LayerPlan:
+    execution = execution_for(layer, target.arch, target.expert_kernel)
+    facts = layer_facts(layer, target, execution)
+    decision = decide(facts, packs, target.deepep,
+                      lambda then, f: wire_problem(then, f, target),
+                      allow_inferred="inferred-capabilities" in target.options)
+    return LayerPlan(layer, facts, execution, decision)
+
+
+def _kernel_problems(layers: Sequence[LayerPlan], target: Target) -> list[str]:
+    if target.expert_kernel is None:
+        return []
+    problems = []
+    for lp in layers:
+        w = lp.layer.weights
+        if lp.layer.kind == "moe" and not lp.execution.supported and w.is_known:
+            problems.append(
+                f"expert kernel {target.expert_kernel} does not run {w.dtype}/{w.granularity} expert "
+                f"weights on {target.arch} (layer {lp.layer.index}; policies/expert_kernels.yaml)")
+    return list(dict.fromkeys(problems))[:1]
+
+
+def make_plan(facts: ModelFacts, target: Target, packs: Sequence[RulePack]) -> Plan:
+    """Decide every layer, or raise :class:`InfeasibleError` naming why the target cannot serve."""
+    problems = model_problems(facts, target)
+    if problems:
+        raise InfeasibleError(
+            f"infeasible: {facts.name} on {target.gpu} EP{target.ep_size} {target.layout} "
+            f"{target.backend}: " + "; ".join(problems))
+    layers = tuple(decide_layer(layer, target, packs) for layer in facts.layers)
+    kernel_problems = _kernel_problems(layers, target)
+    if kernel_problems:
+        raise InfeasibleError("infeasible: " + kernel_problems[0])
+    return Plan(facts, target, tuple(packs), layers)
+
+
+def default_chunks(target: Target) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    defaults = target.deepep.defaults
+    fallback = defaults.config_fallback
+    dispatch = defaults.dispatch.get(target.ep_size, fallback)
+    combine = defaults.combine.get(target.ep_size, fallback)
+    return dispatch, combine
+
+
+def chunk_doc(values: Sequence[int]) -> dict[str, int]:
+    nvl_send, nvl_recv, rdma_send, rdma_recv = values
+    return {
+        "num_max_nvl_chunked_send_tokens": nvl_send,
+        "num_max_nvl_chunked_recv_tokens": nvl_recv,
+        "num_max_rdma_chunked_send_tokens": rdma_send,
+        "num_max_rdma_chunked_recv_tokens": effective_rdma_recv(rdma_send, rdma_recv),
+    }
+
+
+def buffer_bytes(target: Target, hidden: int, num_experts: int, num_sms: int,
+                 configs: Sequence[Sequence[int]], ll_tokens: int = LL_MAX_TOKENS_DEFAULT) -> tuple[int, int]:
+    """(num_nvl_bytes, num_rdma_bytes) for bf16 rows of ``hidden`` under the given configs."""
+    if target.backend == "deepep_ll":
+        return 0, low_latency_bytes_hint(ll_tokens, hidden, num_experts)
+    hidden_bytes = hidden * 2
+    nvl = max(nvl_bytes_hint(num_sms, c[1], hidden_bytes, target.ep_size) for c in configs)
+    rdma = max(rdma_bytes_hint(num_sms, effective_rdma_recv(c[2], c[3]), hidden_bytes, target.ep_size)
+               for c in configs)
+    return nvl, rdma
+
+
+def default_deepep_section(plan: Plan) -> dict[str, Any]:
+    target = plan.target
+    num_sms = target.deepep.defaults.num_sms or 20
+    dispatch, combine = default_chunks(target)
+    moe = plan.model.moe_layers
+    hidden = max((layer.hidden_size for layer in moe), default=plan.model.hidden_size)
+    experts = max((layer.num_experts for layer in moe), default=0)
+    nvl, rdma = buffer_bytes(target, hidden, experts, num_sms, [dispatch, combine])
+    provenance: dict[str, Any] = {
+        "source": "default",
+        "note": (f"DeepEP's built-in Config table for {target.ep_size} ranks and Buffer.num_sms "
+                 f"{num_sms} ({target.deepep.name}); buffers sized with DeepEP's hint formulas for "
+                 f"bf16 rows of hidden {hidden}"),
+    }
+    if target.deepep.api == "v2":
+        provenance["note"] = "DeepEP v2 sizes itself and computes SM counts analytically; these legacy fields are unused"
+    section: dict[str, Any] = {
+        "num_sms": num_sms, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma,
+        "buckets": [{"max_tokens": None, "dispatch": chunk_doc(dispatch), "combine": chunk_doc(combine)}],
+        "provenance": provenance,
+    }
+    if target.backend == "deepep_ll":
+        section["low_latency"] = {"num_max_dispatch_tokens_per_rank": LL_MAX_TOKENS_DEFAULT,
+                                  "num_qps_per_rank": max(experts // target.ep_size, 1)}
+    return section
+
+
+def stored_facts(facts: dict[str, Any]) -> dict[str, Any]:
+    """The facts written into the document: all but the layer index (the entry's own ``index``)."""
+    return {k: v for k, v in facts.items() if k != "layer.index"}
+
+
+def replay_facts(index: int, stored: dict[str, Any]) -> dict[str, Any]:
+    return {"layer.index": index, **stored}
+
+
+def _layer_entries(layers: Sequence[LayerPlan]) -> list[dict[str, Any]]:
+    """Layer entries; identical facts and wires are shared objects, so YAML writes them once
+    (an anchor and aliases) and readers parse them once."""
+    shared: dict[str, Any] = {}
+
+    def share(value: Any) -> Any:
+        import json
+
+        return shared.setdefault(json.dumps(value, sort_keys=True), value)
+
+    out = []
+    for lp in layers:
+        d = lp.decision
+        out.append({"index": lp.layer.index, "kind": lp.layer.kind, "order": d.order,
+                    "wire": share(d.wire), "numerics": d.numerics, "rule": d.rule,
+                    "reason": d.reason, "facts": share(stored_facts(lp.facts))})
+    return out
+
+
+def build_document(plan: Plan, deepep: Optional[dict[str, Any]] = None,
+                   command: str = "") -> dict[str, Any]:
+    facts, target = plan.model, plan.target
+    first = facts.first_moe
+    doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "model": {"name": facts.name, "facts_sha256": facts.sha256(), "hidden_size": facts.hidden_size,
+                  "num_layers": facts.num_hidden_layers,
+                  "num_experts": first.num_experts if first else 0, "top_k": first.top_k if first else 0},
+        "target": {
+            "gpu": target.gpu, "arch": target.arch, "sm_count": target.profile.sm_count,
+            "ep_size": target.ep_size, "gpus_per_node": target.gpus_per_node, "layout": target.layout,
+            "backend": target.backend, "expert_kernel": plan.kernel_label, "engine": target.engine,
+            "deep_ep": {"api": target.deepep.api, "version": target.deepep.version,
+                        "evidence": target.deepep_evidence, "sheet": target.deepep.name},
+            "options": sorted(target.options), "static_scale": target.static_scale,
+        },
+        "rules": {"packs": [pack.ref() for pack in plan.packs]},
+        "deepep": deepep or default_deepep_section(plan),
+        "layers": _layer_entries(plan.layers),
+    }
+    doc["key"] = compute_keys(doc)
+    doc["generated"] = {
+        "by": f"moepolicy {__version__}",
+        "at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        **({"command": command} if command else {}),
+    }
+    return doc

@@ -1,0 +1,102 @@
+"""Read a policy document from disk: safe YAML, schema version, Pydantic validation, integrity.
+
+Used by the CLI (``validate``, ``explain``, ``audit``, ``export``) and the runtime loader. Every
+problem is a :class:`PolicyError` whose one line names the file, the YAML path and the rule broken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from moepolicy.errors import PolicyError
+from moepolicy.keys import compute_keys
+from moepolicy.schema.policy import SCHEMA_VERSION, PolicyDoc, unknown_keys
+
+READER_MAJOR, READER_MINOR = (int(x) for x in SCHEMA_VERSION.split("."))
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    doc: PolicyDoc
+    raw: dict[str, Any]
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _yaml_path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top)"
+
+
+def check_version(raw: dict[str, Any], source: str) -> None:
+    version = raw.get("schema_version")
+    if not isinstance(version, str) or version.count(".") != 1 or not all(
+            p.isdigit() for p in version.split(".")):
+        raise PolicyError(f"{source}: schema_version must be 'MAJOR.MINOR' (this reader: "
+                          f"{SCHEMA_VERSION}), got {version!r}")
+    major = int(version.split(".")[0])
+    if major != READER_MAJOR:
+        raise PolicyError(
+            f"{source}: schema_version {version} needs a reader of major version {major}; this "
+            f"moepolicy reads {READER_MAJOR}.x (upgrade moepolicy, or re-plan with this one)")
+
+
+def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
+    from moepolicy.document import parse_text
+
+    import yaml
+
+    try:
+        raw = parse_text(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise PolicyError(f"{source}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    except (ValueError, RecursionError) as exc:  # e.g. absurd numbers, deep nesting
+        raise PolicyError(f"{source}: unreadable document ({type(exc).__name__})") from None
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{source}: a policy is a mapping at the top, got {type(raw).__name__}")
+    check_version(raw, source)
+    try:
+        doc = PolicyDoc.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        raise PolicyError(f"{source}: {_yaml_path(tuple(err.get('loc', ())))}: {msg}{more}") from None
+    extra = unknown_keys(doc)
+    warnings = []
+    if extra:
+        newer = tuple(int(x) for x in doc.schema_version.split(".")) > (READER_MAJOR, READER_MINOR)
+        why = (f"from schema {doc.schema_version}, newer than this reader's {SCHEMA_VERSION}"
+               if newer else "not in schema " + SCHEMA_VERSION)
+        message = f"{source}: unknown keys {why}: {', '.join(extra[:5])}" + (
+            f" (+{len(extra) - 5} more)" if len(extra) > 5 else "")
+        if strict:
+            raise PolicyError(message + " (refused under --strict)")
+        warnings.append(message + " (ignored)")
+    expected = compute_keys(raw)
+    for part in ("decision", "tuning"):
+        if getattr(doc.key, part) != expected[part]:
+            raise PolicyError(
+                f"{source}: key.{part} does not match the document's contents (edited by hand or "
+                f"damaged); re-plan, or run 'moepolicy validate --rekey' after checking the edit")
+    return LoadedPolicy(doc=doc, raw=raw, warnings=tuple(warnings))
+
+
+def read_policy(path: str | Path, strict: bool = False) -> LoadedPolicy:
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise PolicyError(f"{p}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PolicyError(f"{p}: is not UTF-8 text") from None
+    return parse_policy(text, str(p), strict=strict)

@@ -1,0 +1,158 @@
+"""Evaluate rule packs over one layer's facts: first feasible match by priority, with a full trace.
+
+``decide`` is pure: the same facts, packs and capability sheet give the same decision and trace.
+Every rule considered leaves a :class:`Step` saying whether its condition held (and if not, which
+leaf failed and the value seen), whether a capability it needs is usable, and whether its wire is
+feasible on the target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from moepolicy.errors import RulePackError
+from moepolicy.rules.grammar import All, AnyOf, Cond, Leaf, Not, Rule, RulePack, Then
+from moepolicy.schema.capability import DeepEPSheet
+
+DEFAULT_EVIDENCE = ("measured", "code")
+
+
+@dataclass(frozen=True)
+class Failure:
+    path: str
+    fact: str
+    op: str
+    value: Any
+    seen: Any
+
+    def render(self) -> str:
+        return f"{self.fact} {self.op} {_fmt(self.value)} failed: saw {_fmt(self.seen)}"
+
+
+@dataclass(frozen=True)
+class Step:
+    rule: str
+    pack: str
+    priority: int
+    outcome: str  # fired | condition-false | capability-blocked | infeasible
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    order: str
+    wire: dict[str, Any]
+    numerics: str
+    rule: str
+    reason: str
+    source: str
+    trace: tuple[Step, ...]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):
+        return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _leaf_holds(leaf: Leaf, seen: Any) -> bool:
+    op, value = leaf.op, leaf.value
+    if op == "eq":
+        return seen == value
+    if op == "ne":
+        return seen != value
+    if op == "in":
+        return seen in value
+    if op == "not_in":
+        return seen not in value
+    if op == "contains":
+        return value in seen
+    if op == "not_contains":
+        return value not in seen
+    if op == "in_ranges":
+        return any(lo <= seen <= hi for lo, hi in value)
+    comparisons: dict[str, Callable[[Any, Any], bool]] = {
+        "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
+        "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
+    }
+    return comparisons[op](seen, value)
+
+
+def evaluate(cond: Cond, facts: dict[str, Any]) -> Optional[Failure]:
+    """``None`` when ``cond`` holds, else the first leaf that failed (for ``not``: the inner leaf)."""
+    if isinstance(cond, Leaf):
+        seen = facts.get(cond.fact)
+        if seen is None or not _leaf_holds(cond, seen):
+            return Failure(cond.path, cond.fact, cond.op, cond.value, seen)
+        return None
+    if isinstance(cond, All):
+        for item in cond.items:
+            failure = evaluate(item, facts)
+            if failure is not None:
+                return failure
+        return None
+    if isinstance(cond, AnyOf):
+        failures = [evaluate(item, facts) for item in cond.items]
+        if any(f is None for f in failures):
+            return None
+        first = failures[0] if failures else None
+        return first or Failure(cond.path, "any", "of", [], "empty any")
+    if isinstance(cond, Not):
+        inner = evaluate(cond.item, facts)
+        if inner is None:
+            return Failure(cond.path, "not", "holds", "(inner condition)", "inner condition held")
+        return None
+    raise TypeError(f"not a condition: {cond!r}")  # pragma: no cover
+
+
+def ordered_rules(packs: Sequence[RulePack]) -> list[Rule]:
+    """Pack by pack (user packs first, the built-in pack last); within a pack, highest priority
+    first, then file order."""
+    indexed = [(p, -rule.priority, r, rule) for p, pack in enumerate(packs)
+               for r, rule in enumerate(pack.rules)]
+    return [item[-1] for item in sorted(indexed, key=lambda t: t[:3])]
+
+
+def capability_block(rule: Rule, sheet: DeepEPSheet, layout: str, allowed: Sequence[str]) -> Optional[str]:
+    for cap_id in rule.requires:
+        entry = sheet.capability(cap_id, layout)
+        if entry is None or not entry.supported:
+            return f"needs {cap_id} ({layout}), which {sheet.name} does not support"
+        if entry.evidence not in allowed:
+            return (f"needs {cap_id} ({layout}), known only as {entry.evidence} "
+                    f"({entry.source}); opt in with --opt-in inferred-capabilities")
+    return None
+
+
+WireCheck = Callable[[Then, dict[str, Any]], Optional[str]]
+
+
+def decide(facts: dict[str, Any], packs: Sequence[RulePack], sheet: DeepEPSheet,
+           wire_check: WireCheck, allow_inferred: bool = False) -> Decision:
+    allowed = DEFAULT_EVIDENCE + (("inferred",) if allow_inferred else ())
+    layout = facts.get("target.layout", "intranode")
+    steps: list[Step] = []
+    for rule in ordered_rules(packs):
+        failure = evaluate(rule.when, facts)
+        if failure is not None:
+            steps.append(Step(rule.id, rule.pack, rule.priority, "condition-false", failure.render()))
+            continue
+        blocked = capability_block(rule, sheet, layout, allowed)
+        if blocked:
+            steps.append(Step(rule.id, rule.pack, rule.priority, "capability-blocked", blocked))
+            continue
+        infeasible = wire_check(rule.then, facts)
+        if infeasible:
+            steps.append(Step(rule.id, rule.pack, rule.priority, "infeasible", infeasible))
+            continue
+        steps.append(Step(rule.id, rule.pack, rule.priority, "fired", rule.why))
+        return Decision(order=rule.then.order, wire=rule.then.wire.as_dict(),
+                        numerics=rule.then.numerics, rule=rule.id, reason=rule.why,
+                        source=rule.source, trace=tuple(steps))
+    raise RulePackError(
+        f"no rule decided layer {facts.get('layer.index')}: every pack's rules failed "
+        f"({len(steps)} considered); a pack needs a catch-all rule (when: {{all: []}})"
+    )

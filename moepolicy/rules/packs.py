@@ -1,0 +1,54 @@
+"""Find and load rule packs: the built-in ``deepep`` pack, built-in names (``vllm``), or files."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+from moepolicy._resources import data_dir
+from moepolicy.errors import RulePackError
+from moepolicy.rules.grammar import RulePack, load_pack
+
+DEFAULT_PACK = "deepep"
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in (data_dir("policies") / "packs").glob("*.yaml"))
+
+
+@lru_cache(maxsize=None)
+def known_capabilities() -> frozenset[str]:
+    from moepolicy.sheets import deepep_sheets
+
+    return frozenset(cap for sheet in deepep_sheets().values() for cap in sheet.capabilities)
+
+
+@lru_cache(maxsize=None)
+def builtin_pack(name: str) -> RulePack:
+    path = data_dir("policies") / "packs" / f"{name}.yaml"
+    if not path.is_file():
+        raise RulePackError(f"no built-in rule pack '{name}'; built-in: {', '.join(builtin_names())}")
+    return load_pack(path, known_capabilities(), builtin=True)
+
+
+def load_user_pack(spec: str) -> RulePack:
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return load_pack(path, known_capabilities())
+    if spec in builtin_names():
+        return builtin_pack(spec)
+    raise RulePackError(
+        f"--rules {spec!r}: no such file, and not a built-in pack ({', '.join(builtin_names())})"
+    )
+
+
+def pack_stack(extra: Sequence[str] = ()) -> list[RulePack]:
+    """User packs in the order given (highest priority first), then the built-in default pack."""
+    packs = [load_user_pack(spec) for spec in extra]
+    names = [p.name for p in packs]
+    if len(set(names)) != len(names):
+        raise RulePackError(f"--rules names a pack twice: {names}")
+    if DEFAULT_PACK not in names:
+        packs.append(builtin_pack(DEFAULT_PACK))
+    return packs

@@ -1,0 +1,130 @@
+"""Check a loaded policy's two key parts against what this process can observe.
+
+Each sub-check is matched, mismatched or unchecked; GPU and DeepEP facts come only from modules the
+process already imported or from NVML, never by importing torch or deep_ep.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+from moepolicy.schema.policy import PolicyDoc
+
+
+@dataclass(frozen=True)
+class SubCheck:
+    part: str  # decision | tuning
+    name: str
+    status: str  # matched | mismatched | unchecked
+    detail: str
+
+    def render(self) -> str:
+        return f"{self.part}.{self.name}: {self.status} ({self.detail})"
+
+
+def _facts_check(doc: PolicyDoc, model: Optional[str]) -> SubCheck:
+    if model is None:
+        return SubCheck("decision", "model_facts", "unchecked", "no model given to load_policy")
+    from moepolicy.checkpoint import read_model
+    from moepolicy.errors import CheckpointError
+
+    try:
+        facts = read_model(model, engine=doc.target.engine)
+    except CheckpointError as exc:
+        return SubCheck("decision", "model_facts", "unchecked", f"model could not be read: {exc}")
+    sha = facts.sha256()
+    if sha == doc.model.facts_sha256:
+        return SubCheck("decision", "model_facts", "matched", f"{facts.name} facts {sha[:12]}")
+    return SubCheck("decision", "model_facts", "mismatched",
+                    f"{facts.name} facts {sha[:12]} != policy's {doc.model.facts_sha256[:12]} "
+                    f"({doc.model.name})")
+
+
+def _arch_check(doc: PolicyDoc) -> SubCheck:
+    from moepolicy.runtime.hardware import current_arch
+
+    arch, how = current_arch()
+    if arch is None:
+        return SubCheck("decision", "gpu_arch", "unchecked", how)
+    status = "matched" if arch == doc.target.arch else "mismatched"
+    return SubCheck("decision", "gpu_arch", status, f"{arch} from {how}; policy {doc.target.arch}")
+
+
+def _layout_check(doc: PolicyDoc, ep_size: Optional[int]) -> SubCheck:
+    if ep_size is None:
+        return SubCheck("decision", "ep_layout", "unchecked", "no ep_size given")
+    layout = "intranode" if ep_size <= doc.target.gpus_per_node else "internode"
+    status = "matched" if layout == doc.target.layout else "mismatched"
+    return SubCheck("decision", "ep_layout", status,
+                    f"EP{ep_size} with {doc.target.gpus_per_node}/node is {layout}; policy {doc.target.layout}")
+
+
+def _packs_check(doc: PolicyDoc) -> SubCheck:
+    import hashlib
+    from pathlib import Path
+
+    from moepolicy._resources import data_dir
+
+    changed, checked = [], 0
+    for ref in doc.rules.packs:
+        path = Path(ref.path) if ref.path else data_dir("policies") / "packs" / f"{ref.name}.yaml"
+        if not path.is_file():
+            continue
+        checked += 1
+        if hashlib.sha256(path.read_bytes()).hexdigest() != ref.sha256:
+            changed.append(ref.name)
+    if changed:
+        return SubCheck("decision", "rule_packs", "mismatched", f"changed since the plan: {', '.join(changed)}")
+    if checked == 0:
+        return SubCheck("decision", "rule_packs", "unchecked", "no pack found to compare")
+    return SubCheck("decision", "rule_packs", "matched", f"{checked} pack(s) unchanged")
+
+
+def _ep_check(doc: PolicyDoc, ep_size: Optional[int]) -> SubCheck:
+    if ep_size is None:
+        return SubCheck("tuning", "ep_size", "unchecked", "no ep_size given")
+    status = "matched" if ep_size == doc.target.ep_size else "mismatched"
+    return SubCheck("tuning", "ep_size", status, f"EP{ep_size}; policy EP{doc.target.ep_size}")
+
+
+def _gpu_check(doc: PolicyDoc) -> SubCheck:
+    from moepolicy.runtime.hardware import nvml_gpus
+
+    names = nvml_gpus()
+    if not names:
+        return SubCheck("tuning", "gpu", "unchecked", "NVML not available")
+    name = names[0].lower()
+    status = "matched" if doc.target.gpu in name.replace("-", " ").split() else "mismatched"
+    return SubCheck("tuning", "gpu", status, f"{names[0]}; policy {doc.target.gpu}")
+
+
+def _deepep_check(doc: PolicyDoc) -> SubCheck:
+    from moepolicy.deepep_probe import imported_features, matching_sheet
+
+    features = imported_features()
+    if features is None:
+        return SubCheck("tuning", "deep_ep", "unchecked", "deep_ep not imported in this process")
+    from moepolicy.sheets import deepep_sheets
+
+    sheet = matching_sheet(features, deepep_sheets())
+    found = sheet.name if sheet else "an unknown build"
+    status = "matched" if sheet is not None and sheet.name == doc.target.deep_ep.sheet else "mismatched"
+    return SubCheck("tuning", "deep_ep", status, f"imported deep_ep is {found}; policy {doc.target.deep_ep.sheet}")
+
+
+def check_keys(doc: PolicyDoc, *, ep_size: Optional[int], model: Optional[str]) -> list[SubCheck]:
+    return [_facts_check(doc, model), _arch_check(doc), _layout_check(doc, ep_size),
+            _packs_check(doc), _ep_check(doc, ep_size), _gpu_check(doc), _deepep_check(doc)]
+
+
+def summarise(checks: list[SubCheck], part: str, required: str) -> str:
+    mine = [c for c in checks if c.part == part]
+    if any(c.status == "mismatched" for c in mine):
+        return "mismatched"
+    main = [c for c in mine if c.name == required]
+    return "matched" if main and main[0].status == "matched" else "unchecked"
+
+
+_ = sys  # keep the import for callers that patch sys.modules in tests

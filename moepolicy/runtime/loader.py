@@ -1,0 +1,138 @@
+"""``load_policy``: one call inside a serving process.
+
+- A damaged file or a decision-key mismatch gives the safe policy (bf16 on the wire, the engine's
+  own handling after dispatch) unless ``strict=True``, which raises.
+- A tuning-key mismatch keeps the decisions and uses DeepEP's default configs.
+- Either way ``is_fallback`` says so and one warning is logged per process (per file and reason).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Optional
+
+from moepolicy.errors import PolicyError
+from moepolicy.runtime.policy import (
+    Bucket, ChunkConfig, DeepEPSettings, LayerDecision, Policy, SafePolicy, Scale, Wire,
+)
+
+_WARNED: set[tuple[str, str]] = set()
+_WARN_LOCK = threading.Lock()
+DEFAULT_NUM_SMS = 20
+
+
+def _warn_once(source: str, message: str) -> None:
+    with _WARN_LOCK:
+        if (source, message) in _WARNED:
+            return
+        _WARNED.add((source, message))
+    import logging  # only when there is something to say: keeps the loader's import light
+
+    logging.getLogger("moepolicy").warning("moepolicy: %s", message)
+
+
+def _chunk(doc_chunk) -> ChunkConfig:
+    return ChunkConfig(*doc_chunk.as_tuple())
+
+
+def _settings_from_doc(deepep) -> DeepEPSettings:
+    buckets = tuple(Bucket(b.max_tokens, _chunk(b.dispatch), _chunk(b.combine)) for b in deepep.buckets)
+    extra = deepep.model_extra or {}
+    return DeepEPSettings(num_sms=deepep.num_sms, num_nvl_bytes=deepep.num_nvl_bytes,
+                          num_rdma_bytes=deepep.num_rdma_bytes, buckets=buckets,
+                          source=deepep.provenance.source, is_default=deepep.provenance.source == "default",
+                          low_latency=dict(extra.get("low_latency") or {}))
+
+
+def default_settings(ep_size: Optional[int], hidden: Optional[int] = None,
+                     sheet_name: Optional[str] = None) -> DeepEPSettings:
+    """DeepEP's built-in configs for ``ep_size`` (what DeepEP would use without a policy)."""
+    from moepolicy import sheets
+    from moepolicy.runtime.buffers import effective_rdma_recv, nvl_bytes_hint, rdma_bytes_hint
+
+    try:
+        sheet = sheets.deepep_sheet(sheet_name or sheets.NEWEST_SHEET)
+    except Exception:  # noqa: BLE001 (an unknown sheet name still gets the newest defaults)
+        sheet = sheets.deepep_sheet(sheets.NEWEST_SHEET)
+    d = sheet.defaults
+    ranks = ep_size or 8
+    disp = d.dispatch.get(ranks, d.config_fallback)
+    comb = d.combine.get(ranks, d.config_fallback)
+
+    def chunk(c):
+        return ChunkConfig(c[0], c[1], c[2], effective_rdma_recv(c[2], c[3]))
+
+    num_sms = d.num_sms or DEFAULT_NUM_SMS
+    nvl = rdma = 0
+    if hidden:
+        nvl = max(nvl_bytes_hint(num_sms, c[1], hidden * 2, ranks) for c in (disp, comb))
+        rdma = max(rdma_bytes_hint(num_sms, effective_rdma_recv(c[2], c[3]), hidden * 2, ranks) for c in (disp, comb))
+    return DeepEPSettings(num_sms=num_sms, num_nvl_bytes=nvl, num_rdma_bytes=rdma,
+                          buckets=(Bucket(None, chunk(disp), chunk(comb)),), source="default",
+                          is_default=True)
+
+
+def _layer(entry) -> LayerDecision:
+    scale = entry.wire.scale
+    wire = Wire(entry.wire.dtype, Scale(scale.granularity, scale.dtype, scale.layout, scale.group)
+                if scale is not None else None)
+    return LayerDecision(index=entry.index, kind=entry.kind, order=entry.order, wire=wire,
+                         numerics=entry.numerics, rule=entry.rule, reason=entry.reason)
+
+
+def _safe(source: str, reason: str, ep_size: Optional[int], report: dict[str, str],
+          details: tuple[str, ...] = (), warnings: tuple[str, ...] = ()) -> SafePolicy:
+    _warn_once(source, f"{source}: falling back to the safe policy (bf16 on the wire): {reason}")
+    return SafePolicy((), default_settings(ep_size), is_fallback=True, fallback_reason=reason,
+                      report=report, report_details=details, source=source, warnings=warnings)
+
+
+def load_policy(path: str | Path, *, ep_size: Optional[int] = None, model: Optional[str] = None,
+                strict: bool = False) -> Policy:
+    """Load ``path`` for a serving process with ``ep_size`` ranks serving ``model``.
+
+    Args:
+        path: the policy YAML (or JSON) written by ``moepolicy plan`` or ``tune``.
+        ep_size: the EP size this process serves with; checked against the policy.
+        model: the checkpoint (name, config.json or folder) being served; its normalised facts are
+            hashed and compared with the policy's.
+        strict: raise :class:`~moepolicy.errors.PolicyError` instead of falling back.
+    """
+    from moepolicy.policy_file import read_policy
+    from moepolicy.runtime.keycheck import check_keys, summarise
+
+    source = str(path)
+    try:
+        loaded = read_policy(path, strict=strict)
+    except PolicyError as exc:
+        if strict:
+            raise
+        return _safe(source, f"damaged policy: {exc}", ep_size,
+                     {"decision": "unchecked", "tuning": "unchecked"})
+    for warning in loaded.warnings:
+        _warn_once(source, warning)
+    doc = loaded.doc
+    checks = check_keys(doc, ep_size=ep_size, model=model)
+    report = {"decision": summarise(checks, "decision", "model_facts"),
+              "tuning": summarise(checks, "tuning", "ep_size")}
+    details = tuple(c.render() for c in checks)
+    mismatches = [c.render() for c in checks if c.status == "mismatched"]
+    if strict and mismatches:
+        raise PolicyError(f"{source}: key mismatch: {'; '.join(mismatches)}")
+    if report["decision"] == "mismatched":
+        reason = "decision key mismatch: " + "; ".join(c.render() for c in checks
+                                                        if c.part == "decision" and c.status == "mismatched")
+        return _safe(source, reason, ep_size, report, details, loaded.warnings)
+    layers = tuple(_layer(entry) for entry in doc.layers)
+    if report["tuning"] == "mismatched":
+        reason = "tuning key mismatch (decisions kept, DeepEP default configs used): " + "; ".join(
+            c.render() for c in checks if c.part == "tuning" and c.status == "mismatched")
+        _warn_once(source, f"{source}: {reason}")
+        settings = default_settings(ep_size, doc.model.hidden_size, doc.target.deep_ep.sheet)
+        return Policy(layers, settings, is_fallback=True, fallback_reason=reason, report=report,
+                      report_details=details, source=source, model_name=doc.model.name,
+                      warnings=loaded.warnings)
+    return Policy(layers, _settings_from_doc(doc.deepep), is_fallback=False, fallback_reason=None,
+                  report=report, report_details=details, source=source, model_name=doc.model.name,
+                  warnings=loaded.warnings)

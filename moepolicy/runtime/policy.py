@@ -1,0 +1,159 @@
+"""Immutable runtime views of a policy: per-layer decisions and DeepEP settings."""
+
+from __future__ import annotations
+
+import bisect
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from moepolicy.runtime import buffers
+
+
+@dataclass(frozen=True)
+class Scale:
+    granularity: str
+    dtype: str
+    layout: str = "row"
+    group: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Wire:
+    dtype: str
+    scale: Optional[Scale] = None
+
+
+@dataclass(frozen=True)
+class LayerDecision:
+    index: int
+    kind: str
+    order: str
+    wire: Wire
+    numerics: str
+    rule: str
+    reason: str
+
+    @property
+    def quantize_before_dispatch(self) -> bool:
+        return self.order == "quant_then_dispatch"
+
+
+BF16_WIRE = Wire("bf16")
+SAFE_RULE = "safe-fallback"
+
+
+def safe_layer(index: int, reason: str) -> LayerDecision:
+    return LayerDecision(index=index, kind="moe", order="dispatch_then_quant", wire=BF16_WIRE,
+                         numerics="approximate", rule=SAFE_RULE, reason=reason)
+
+
+@dataclass(frozen=True)
+class ChunkConfig:
+    nvl_send: int
+    nvl_recv: int
+    rdma_send: int
+    rdma_recv: int
+
+    def as_kwargs(self) -> dict[str, int]:
+        return {"num_max_nvl_chunked_send_tokens": self.nvl_send,
+                "num_max_nvl_chunked_recv_tokens": self.nvl_recv,
+                "num_max_rdma_chunked_send_tokens": self.rdma_send,
+                "num_max_rdma_chunked_recv_tokens": self.rdma_recv}
+
+
+@dataclass(frozen=True)
+class Bucket:
+    max_tokens: Optional[int]
+    dispatch: ChunkConfig
+    combine: ChunkConfig
+
+
+@dataclass(frozen=True)
+class DeepEPSettings:
+    """One validated ``num_sms``, per-bucket dispatch/combine configs, buffer sizes."""
+
+    num_sms: int
+    num_nvl_bytes: int
+    num_rdma_bytes: int
+    buckets: tuple[Bucket, ...]
+    source: str
+    is_default: bool = False
+    low_latency: Mapping[str, Any] = field(default_factory=dict)
+
+    def bucket_for(self, num_tokens: int) -> Bucket:
+        """The first bucket whose ``max_tokens`` holds ``num_tokens`` (the last one otherwise)."""
+        bounds = [b.max_tokens if b.max_tokens is not None else sys.maxsize for b in self.buckets]
+        i = bisect.bisect_left(bounds, num_tokens)
+        return self.buckets[min(i, len(self.buckets) - 1)]
+
+    def deep_ep_configs(self, num_tokens: int):
+        """(dispatch, combine) as ``deep_ep.Config`` objects; imports deep_ep on first use."""
+        import deep_ep  # the serving process has it; loading a policy does not need it
+
+        bucket = self.bucket_for(num_tokens)
+        return (deep_ep.Config(self.num_sms, *_tuple(bucket.dispatch)),
+                deep_ep.Config(self.num_sms, *_tuple(bucket.combine)))
+
+    def buffer_bytes(self, hidden: int, num_ranks: int) -> tuple[int, int]:
+        """(num_nvl_bytes, num_rdma_bytes) for bf16 rows of ``hidden`` over every bucket's configs:
+        DeepEP's own hints when deep_ep is imported, the same formulas otherwise."""
+        deep_ep = sys.modules.get("deep_ep")
+        nvl = rdma = 0
+        for bucket in self.buckets:
+            for chunk in (bucket.dispatch, bucket.combine):
+                if deep_ep is not None:
+                    config = deep_ep.Config(self.num_sms, *_tuple(chunk))
+                    nvl = max(nvl, config.get_nvl_buffer_size_hint(hidden * 2, num_ranks))
+                    if num_ranks > 8:
+                        rdma = max(rdma, config.get_rdma_buffer_size_hint(hidden * 2, num_ranks))
+                else:
+                    nvl = max(nvl, buffers.nvl_bytes_hint(self.num_sms, chunk.nvl_recv, hidden * 2, num_ranks))
+                    rdma = max(rdma, buffers.rdma_bytes_hint(self.num_sms, chunk.rdma_recv, hidden * 2, num_ranks))
+        return nvl, rdma
+
+
+def _tuple(chunk: ChunkConfig) -> tuple[int, int, int, int]:
+    return chunk.nvl_send, chunk.nvl_recv, chunk.rdma_send, chunk.rdma_recv
+
+
+class Policy:
+    """What a serving process asks: ``layer(i)``, ``deepep``, and whether it fell back."""
+
+    __slots__ = ("_layers", "deepep", "is_fallback", "fallback_reason", "report", "report_details",
+                 "source", "model_name", "warnings")
+
+    def __init__(self, layers: tuple[LayerDecision, ...], deepep: DeepEPSettings, *,
+                 is_fallback: bool, fallback_reason: Optional[str], report: dict[str, str],
+                 report_details: tuple[str, ...], source: str, model_name: str = "",
+                 warnings: tuple[str, ...] = ()):
+        self._layers = layers
+        self.deepep = deepep
+        self.is_fallback = is_fallback
+        self.fallback_reason = fallback_reason
+        self.report = report
+        self.report_details = report_details
+        self.source = source
+        self.model_name = model_name
+        self.warnings = warnings
+
+    def layer(self, index: int) -> LayerDecision:
+        """Constant-time lookup; an index the policy does not hold gets the safe decision."""
+        if 0 <= index < len(self._layers):
+            return self._layers[index]
+        return safe_layer(index, f"layer {index} is not in the policy ({len(self._layers)} layers)")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    def __repr__(self) -> str:
+        state = f"fallback: {self.fallback_reason}" if self.is_fallback else "in force"
+        return f"<Policy {self.model_name or self.source} {self.num_layers} layers, {state}>"
+
+
+class SafePolicy(Policy):
+    """bf16 on the wire and the engine's own handling after dispatch, for any layer index."""
+
+    def layer(self, index: int) -> LayerDecision:
+        return safe_layer(index, self.fallback_reason or "safe policy")

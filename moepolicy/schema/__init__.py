@@ -1,0 +1,1 @@
+"""Pydantic schemas: one canonical form for checkpoint facts, capabilities and the policy document."""

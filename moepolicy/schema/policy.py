@@ -1,0 +1,213 @@
+"""The policy document (contract: "The policy document"), validated with Pydantic.
+
+Models allow unknown keys so that a reader of major version 1 can accept a newer minor version; the
+loader lists them (:func:`unknown_keys`) and warns, or refuses under ``strict``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION = "1.0"
+Order = Literal["quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none"]
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
+
+
+class ScaleDoc(_Doc):
+    granularity: Literal["block", "token", "tensor"]
+    group: Optional[int] = Field(default=None, gt=0)
+    dtype: Literal["float32", "ue8m0"]
+    layout: Literal["row", "stride0"] = "row"
+
+
+class WireDoc(_Doc):
+    dtype: Literal["bf16", "fp8_e4m3", "none"]
+    scale: Optional[ScaleDoc] = None
+
+
+class LayerDoc(_Doc):
+    index: int = Field(ge=0)
+    kind: Literal["moe", "dense"]
+    order: Order
+    wire: WireDoc
+    numerics: Literal["exact", "approximate"]
+    rule: str
+    reason: str
+    facts: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LayerDoc":
+        if (self.kind == "dense") != (self.order == "none"):
+            raise ValueError(f"kind {self.kind} does not go with order {self.order}")
+        quantized_wire = self.order in ("quant_then_dispatch", "in_kernel_quant")
+        if quantized_wire and self.wire.dtype != "fp8_e4m3":
+            raise ValueError(f"order {self.order} needs an fp8 wire, got {self.wire.dtype}")
+        if self.order in ("dispatch_then_quant", "no_quant") and self.wire.dtype != "bf16":
+            raise ValueError(f"order {self.order} sends bf16, got wire {self.wire.dtype}")
+        return self
+
+
+class ModelDoc(_Doc):
+    name: str
+    facts_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    hidden_size: int = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    num_experts: int = Field(ge=0)
+    top_k: int = Field(ge=0)
+
+
+class DeepEPBuildDoc(_Doc):
+    api: Literal["legacy", "v2"]
+    version: str
+    evidence: str
+    sheet: str = ""
+
+
+class TargetDoc(_Doc):
+    gpu: str
+    arch: Literal["sm80", "sm90", "sm100"] = "sm90"
+    sm_count: int = Field(default=132, gt=0)
+    ep_size: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    layout: Literal["intranode", "internode"] = "intranode"
+    backend: Literal["deepep_ht", "deepep_ll"]
+    expert_kernel: str
+    engine: Literal["vllm", "sglang"]
+    deep_ep: DeepEPBuildDoc
+    options: list[str] = Field(default_factory=list)
+    static_scale: Literal["global-max", "per-expert"] = "global-max"
+
+
+class PackRefDoc(_Doc):
+    name: str
+    version: str
+    sha256: str
+    path: Optional[str] = None
+
+
+class RulesDoc(_Doc):
+    packs: list[PackRefDoc] = Field(min_length=1)
+
+
+class ChunkDoc(_Doc):
+    """One DeepEP ``Config``'s chunk fields (names as deep_ep.Config and SGLang's JSON use them)."""
+
+    num_max_nvl_chunked_send_tokens: int = Field(gt=0)
+    num_max_nvl_chunked_recv_tokens: int = Field(gt=0)
+    num_max_rdma_chunked_send_tokens: int = Field(default=6, gt=0)
+    num_max_rdma_chunked_recv_tokens: int = Field(default=256, gt=0)
+
+    @model_validator(mode="after")
+    def _deepep_asserts(self) -> "ChunkDoc":
+        nvl_s, nvl_r = self.num_max_nvl_chunked_send_tokens, self.num_max_nvl_chunked_recv_tokens
+        if nvl_s >= nvl_r:
+            raise ValueError(
+                f"NVLink send chunk must be below the receive capacity (DeepEP config.hpp:40-49): "
+                f"send {nvl_s} >= recv {nvl_r}")
+        rd_s, rd_r = self.num_max_rdma_chunked_send_tokens, self.num_max_rdma_chunked_recv_tokens
+        if rd_r % rd_s:
+            raise ValueError(
+                f"RDMA receive capacity {rd_r} is not a multiple of the send chunk {rd_s}; DeepEP "
+                f"rounds it up silently, so write the effective value {-(-rd_r // rd_s) * rd_s}")
+        if rd_s > rd_r // 2:
+            raise ValueError(f"RDMA send chunk {rd_s} must be at most half the receive capacity {rd_r}")
+        return self
+
+    def as_tuple(self) -> tuple[int, int, int, int]:
+        return (self.num_max_nvl_chunked_send_tokens, self.num_max_nvl_chunked_recv_tokens,
+                self.num_max_rdma_chunked_send_tokens, self.num_max_rdma_chunked_recv_tokens)
+
+
+class BucketDoc(_Doc):
+    max_tokens: Optional[int] = Field(default=None, gt=0)
+    dispatch: ChunkDoc
+    combine: ChunkDoc
+
+
+class ProvenanceDoc(_Doc):
+    """Where the DeepEP numbers came from; free-form details (study, trials, command, date) allowed."""
+
+    source: Literal["measured", "modelled", "extrapolated", "default"]
+    note: str = ""
+
+
+class DeepEPDoc(_Doc):
+    num_sms: int = Field(gt=0)
+    num_nvl_bytes: int = Field(ge=0)
+    num_rdma_bytes: int = Field(ge=0)
+    buckets: list[BucketDoc] = Field(min_length=1)
+    provenance: ProvenanceDoc
+    low_latency: Optional[dict[str, int]] = None
+
+    @field_validator("num_sms")
+    @classmethod
+    def _even(cls, value: int) -> int:
+        if value % 2:
+            raise ValueError(f"num_sms must be even (DeepEP Buffer.set_num_sms), got {value}")
+        return value
+
+    @field_validator("num_nvl_bytes", "num_rdma_bytes")
+    @classmethod
+    def _aligned(cls, value: int) -> int:
+        if value % 128:
+            raise ValueError(f"buffer sizes must be a multiple of 128 bytes (deep_ep.cpp:152-155), got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _bucket_order(self) -> "DeepEPDoc":
+        bounds = [b.max_tokens for b in self.buckets]
+        if any(b is None for b in bounds[:-1]):
+            raise ValueError("only the last bucket may have no max_tokens (it takes every larger batch)")
+        finite = [b for b in bounds if b is not None]
+        if finite != sorted(set(finite)):
+            raise ValueError(f"bucket max_tokens must strictly increase, got {bounds}")
+        return self
+
+
+class KeyDoc(_Doc):
+    decision: str = Field(pattern=r"^[0-9a-f]{64}$")
+    tuning: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class PolicyDoc(_Doc):
+    schema_version: str = Field(pattern=r"^\d+\.\d+$")
+    model: ModelDoc
+    target: TargetDoc
+    rules: RulesDoc
+    deepep: DeepEPDoc
+    layers: list[LayerDoc] = Field(min_length=1)
+    key: KeyDoc
+    generated: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _layers_in_order(self) -> "PolicyDoc":
+        for position, layer in enumerate(self.layers):
+            if layer.index != position:
+                seen = [lay.index for lay in self.layers]
+                dup = sorted({i for i in seen if seen.count(i) > 1})
+                what = f"repeats index {dup[0]}" if dup else f"skips index {position}"
+                raise ValueError(f"layers must list every index once, in order: the list {what} "
+                                 f"(layers[{position}] has index {layer.index})")
+        return self
+
+
+def unknown_keys(model: BaseModel, path: str = "") -> list[str]:
+    """YAML paths of keys this reader does not know (a newer minor version, or a typo)."""
+    found = [f"{path}.{key}" if path else key for key in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        if name in ("facts", "generated", "provenance"):
+            continue
+        value = getattr(model, name)
+        child = f"{path}.{name}" if path else name
+        if isinstance(value, BaseModel):
+            found += unknown_keys(value, child)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    found += unknown_keys(item, f"{child}[{i}]")
+    return found
