@@ -46,5 +46,11 @@ def tuning_parts(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+CONTENT_SECTIONS = ("schema_version", "model", "target", "rules", "deepep", "layers")
+
+
 def compute_keys(doc: dict[str, Any]) -> dict[str, str]:
-    return {"decision": _digest(decision_parts(doc)), "tuning": _digest(tuning_parts(doc))}
+    """The decision and tuning keys, plus ``content``: a checksum of everything the runtime uses,
+    so a damaged or hand-edited file is noticed (``moepolicy validate --rekey`` after a deliberate edit)."""
+    return {"decision": _digest(decision_parts(doc)), "tuning": _digest(tuning_parts(doc)),
+            "content": _digest({k: doc.get(k) for k in CONTENT_SECTIONS})}

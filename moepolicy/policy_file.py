@@ -68,6 +68,8 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
         err = exc.errors()[0]
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        if err.get("type") == "missing":
+            msg = "missing (a policy needs it)"
         raise PolicyError(f"{source}: {_yaml_path(tuple(err.get('loc', ())))}: {msg}{more}") from None
     extra = unknown_keys(doc)
     warnings = []
@@ -81,7 +83,7 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
             raise PolicyError(message + " (refused under --strict)")
         warnings.append(message + " (ignored)")
     expected = compute_keys(raw)
-    for part in ("decision", "tuning"):
+    for part in ("decision", "tuning", "content"):
         if getattr(doc.key, part) != expected[part]:
             raise PolicyError(
                 f"{source}: key.{part} does not match the document's contents (edited by hand or "

@@ -172,6 +172,7 @@ class DeepEPDoc(_Doc):
 class KeyDoc(_Doc):
     decision: str = Field(pattern=r"^[0-9a-f]{64}$")
     tuning: str = Field(pattern=r"^[0-9a-f]{64}$")
+    content: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class PolicyDoc(_Doc):

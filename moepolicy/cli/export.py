@@ -1,0 +1,39 @@
+"""``moepolicy export POLICY --to sglang|vllm``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from moepolicy.document import atomic_write
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="SGLang --deepep-config JSON, or vLLM flags and environment")
+    p.add_argument("policy")
+    p.add_argument("--to", required=True, choices=["sglang", "vllm"])
+    p.add_argument("--tokens", type=int, help="SGLang takes one config: the bucket for this many tokens per rank (default: the largest)")
+    p.add_argument("--format", choices=["shell", "json"], default="shell", help="vllm output format")
+    p.add_argument("-o", "--output", help="write here instead of stdout")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from moepolicy.policy_file import read_policy
+
+    doc = read_policy(args.policy).doc
+    if args.to == "sglang":
+        from moepolicy.export.sglang import export
+
+        text = json.dumps(export(doc, args.tokens), indent=2) + "\n"
+    else:
+        from moepolicy.export.vllm import export, render_shell
+
+        result = export(doc)
+        text = json.dumps(result, indent=2) + "\n" if args.format == "json" else render_shell(result, doc.model.name)
+    if args.output:
+        atomic_write(args.output, text)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,41 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_MODELS = ROOT.parent / "shared" / "models"
+
+# Never reach the network from tests: unknown names must fail fast and offline.
+os.environ.setdefault("MOEPOLICY_OFFLINE", "1")
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the installed CLI as a user would, in a separate process."""
+    full_env = {**os.environ, "MOEPOLICY_OFFLINE": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "moepolicy", *args], capture_output=True, text=True,
+                          cwd=cwd, env=full_env, timeout=120)
+
+
+def shared_models() -> list[Path]:
+    if not SHARED_MODELS.is_dir():
+        return []
+    return sorted(p for p in SHARED_MODELS.iterdir() if (p / "config.json").is_file())
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    """Write a config.json (and optionally hf_quant_config.json) into a fresh model folder."""
+    import json
+
+    def _write(config: dict, hf_quant: dict | None = None, name: str = "model") -> Path:
+        folder = tmp_path / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config))
+        if hf_quant is not None:
+            (folder / "hf_quant_config.json").write_text(json.dumps(hf_quant))
+        return folder
+
+    return _write

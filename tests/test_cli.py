@@ -1,0 +1,137 @@
+"""The CLI as a user runs it: output, first stderr line, one-line errors, exit codes."""
+
+import json
+
+import pytest
+import yaml
+
+from conftest import run_cli
+
+
+def assert_one_line_error(result, fragment, code=None):
+    assert result.returncode != 0
+    if code is not None:
+        assert result.returncode == code
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert fragment in lines[0]
+
+
+def test_models_lists_catalog():
+    result = run_cli("models")
+    assert result.returncode == 0
+    assert "deepseek-ai/DeepSeek-V3" in result.stdout and "fp8_e4m3/1x128 dynamic" in result.stdout
+    row = next(line for line in result.stdout.splitlines() if line.startswith("deepseek-ai/DeepSeek-V3 "))
+    assert row.split()[-5:] == ["59", "3", "256", "8", "7168"]
+
+
+def test_plan_to_stdout_names_target_first():
+    result = run_cli("plan", "--model", "Qwen/Qwen3-30B-A3B-FP8", "--ep-size", "8", "--gpu", "h200")
+    assert result.returncode == 0, result.stderr
+    first = result.stderr.splitlines()[0]
+    for part in ("gpu=h200", "ep_size=8", "backend=deepep_ht", "expert_kernel=deepgemm", "deep_ep=deepep-legacy-29d31c0"):
+        assert part in first
+    doc = yaml.safe_load(result.stdout)
+    assert doc["schema_version"] == "1.0" and len(doc["layers"]) == 48
+    assert doc["layers"][0]["order"] == "quant_then_dispatch"
+    assert doc["deepep"]["provenance"]["source"] == "default"
+
+
+def test_plan_json_to_file(tmp_path):
+    out = tmp_path / "p.json"
+    result = run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    assert [layer["index"] for layer in doc["layers"]] == list(range(62))
+
+
+def test_plan_reports_difference_from_vllm(write_config):
+    config = {"hidden_size": 4096, "num_hidden_layers": 4, "num_experts": 64, "num_experts_per_tok": 8,
+              "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {
+                  "targets": ["Linear"],
+                  "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": False},
+                  "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}}
+    result = run_cli("plan", "--model", str(write_config(config)), "--ep-size", "8")
+    assert result.returncode == 0, result.stderr
+    assert "vLLM today decides 4 of 4 MoE layers differently" in result.stderr
+    vllm = run_cli("plan", "--model", str(write_config(config)), "--ep-size", "8", "--rules", "vllm")
+    doc = yaml.safe_load(vllm.stdout)
+    assert {layer["rule"] for layer in doc["layers"]} == {"vllm/ht-per-token"}
+
+
+def test_infeasible_exits_nonzero_with_reason():
+    result = run_cli("plan", "--model", "Qwen1.5-MoE-A2.7B-Chat-GPTQ-Int4", "--ep-size", "8")
+    assert_one_line_error(result, "infeasible", code=5)
+    assert "60 experts do not divide over EP size 8" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("plan", "--model", "Qwen3-30B-A3B-FP9", "--ep-size", "8"), "unknown model 'Qwen3-30B-A3B-FP9'"),
+    (("plan", "--model", "DeepSeek-V3"), "--ep-size is required"),
+    (("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--gpu", "h300"), "--gpu 'h300' is not a known profile"),
+    (("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--expert-kernel", "deepgem"), "did you mean 'deepgemm'"),
+    (("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--rules", "nope.yaml"), "--rules 'nope.yaml'"),
+    (("plan", "--model", "/no/such/config.json", "--ep-size", "8"), "no such file"),
+    (("plan", "--ep-size", "8"), "--model"),
+    (("explain", "--vocab", "--layer"), "expected one argument"),
+])
+def test_usage_and_input_errors_are_one_line(args, fragment):
+    assert_one_line_error(run_cli(*args), fragment)
+
+
+def test_bad_config_error_names_file_and_field(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2}))
+    result = run_cli("plan", "--model", str(path), "--ep-size", "8")
+    assert_one_line_error(result, f"{path}: missing field 'hidden_size'", code=3)
+
+
+def test_explain_from_file_and_from_model(tmp_path):
+    out = tmp_path / "ds.yaml"
+    assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out)).returncode == 0
+    from_file = run_cli("explain", str(out), "--layer", "3")
+    assert from_file.returncode == 0, from_file.stderr
+    assert "layer 3: quant_then_dispatch" in from_file.stdout
+    assert "no        deepep/dense/none (priority 1000): layer.kind eq dense failed: saw moe" in from_file.stdout
+    assert "=> fired     deepep/deepep-ht/block-fp8" in from_file.stdout
+    from_model = run_cli("explain", "--model", "DeepSeek-V3", "--ep-size", "8", "--layer", "3")
+    assert from_model.stdout == from_file.stdout
+    missing = run_cli("explain", str(out), "--layer", "99")
+    assert_one_line_error(missing, "--layer 99 is not in")
+
+
+def test_audit_groups_fallbacks(tmp_path):
+    out = tmp_path / "glm.yaml"
+    assert run_cli("plan", "--model", "GLM-4.6-FP8-dynamic", "--ep-size", "8", "-o", str(out)).returncode == 0
+    result = run_cli("audit", str(out))
+    assert result.returncode == 0
+    assert "90 fell back" in result.stdout
+    assert "- 90 layer(s) [3-92] by moe/unknown-scheme" in result.stdout
+
+
+def test_explain_vocab_lists_every_fact():
+    from moepolicy.rules.vocabulary import VOCABULARY
+
+    result = run_cli("explain", "--vocab")
+    listed = {line.split()[0] for line in result.stdout.splitlines()}
+    assert listed == set(VOCABULARY)
+
+
+def test_installed_console_script_carries_its_data(tmp_path):
+    """A plain (non-editable) install ships policies/, tuning/ and catalog/ inside the package."""
+    import os
+    import shutil
+    import subprocess
+
+    exe = shutil.which("moepolicy")
+    if exe is None:
+        pytest.skip("the moepolicy console script is not installed (pip install .)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([exe, "models"], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "openai/gpt-oss-120b" in result.stdout
+    plan = subprocess.run([exe, "plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--gpu", "h200"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert plan.returncode == 0, plan.stderr

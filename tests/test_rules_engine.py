@@ -1,0 +1,141 @@
+"""The rule grammar (validation with precise errors) and the engine (total, deterministic)."""
+
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moepolicy.errors import RulePackError
+from moepolicy.rules.engine import decide
+from moepolicy.rules.grammar import load_pack
+from moepolicy.rules.packs import builtin_pack, known_capabilities, pack_stack
+from moepolicy.rules.vocabulary import VOCABULARY
+from moepolicy.sheets import deepep_sheet
+
+
+def write_pack(tmp_path, body: str):
+    path = tmp_path / "pack.yaml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+GOOD_RULE = """
+pack: mine
+version: "1"
+rules:
+  - id: mine/override
+    priority: 10
+    when: {fact: ckpt.act_granularity, op: eq, value: group}
+    then: {order: dispatch_then_quant, numerics: exact}
+    why: Test.
+    source: test
+"""
+
+
+@pytest.mark.parametrize("mutation, fragment", [
+    (("ckpt.act_granularity", "ckpt.act_granularty"),
+     "rule 'mine/override' at rules[0].when.fact: unknown fact 'ckpt.act_granularty' (did you mean 'ckpt.act_granularity'?)"),
+    (("op: eq", "op: eqq"), "operator 'eqq' does not apply to ckpt.act_granularity (enum) (did you mean 'eq'?)"),
+    (("value: group", "value: groups"), "'groups' is not a value of ckpt.act_granularity (did you mean 'group'?)"),
+    (("order: dispatch_then_quant", "order: dispatch_then_quantize"), "did you mean 'dispatch_then_quant'?"),
+    (("priority: 10", "priority: high"), "rules[0].priority: expected an integer"),
+    (("why: Test.", "whyy: Test."), "unknown key 'whyy' (did you mean 'why'?)"),
+    (("{fact: ckpt.act_granularity, op: eq, value: group}", "{fact: layer.hidden_size, op: contains, value: x}"),
+     "operator 'contains' does not apply to layer.hidden_size (int)"),
+    (("{fact: ckpt.act_granularity, op: eq, value: group}", "{fact: layer.hidden_size, op: gt, value: '7168'}"),
+     "layer.hidden_size is int, got '7168'"),
+    (("{fact: ckpt.act_granularity, op: eq, value: group}", "{any: {fact: layer.kind, op: eq, value: moe}}"),
+     "when.any: expected a list of conditions"),
+    (("    source: test\n", "    source: test\n    requires: [ht.dispatch.token_scale]\n"),
+     "unknown capability 'ht.dispatch.token_scale' (did you mean 'ht.dispatch.token_scales'?)"),
+    (("then: {order: dispatch_then_quant, numerics: exact}", "then: {order: quant_then_dispatch}"),
+     "order quant_then_dispatch needs a wire"),
+])
+def test_pack_errors_name_file_rule_path_and_nearest(tmp_path, mutation, fragment):
+    old, new = mutation
+    assert old in GOOD_RULE
+    path = write_pack(tmp_path, GOOD_RULE.replace(old, new))
+    with pytest.raises(RulePackError) as err:
+        load_pack(path, known_capabilities())
+    assert str(path) in str(err.value)
+    assert fragment in str(err.value)
+
+
+def test_good_pack_loads_and_outranks_builtin(tmp_path):
+    pack = load_pack(write_pack(tmp_path, GOOD_RULE), known_capabilities())
+    assert pack.name == "mine" and pack.rules[0].id == "mine/override"
+    stack = pack_stack([str(tmp_path / "pack.yaml")])
+    assert [p.name for p in stack] == ["mine", "deepep"]
+
+
+def test_pack_yaml_cannot_run_code(tmp_path):
+    path = write_pack(tmp_path, "pack: !!python/object/apply:os.system ['echo pwned']\nrules: []\n")
+    with pytest.raises(RulePackError, match="invalid YAML"):
+        load_pack(path, known_capabilities())
+
+
+def test_duplicate_rule_ids_refused(tmp_path):
+    body = GOOD_RULE + GOOD_RULE.split("rules:\n", 1)[1]
+    with pytest.raises(RulePackError, match="appears twice"):
+        load_pack(write_pack(tmp_path, body), known_capabilities())
+
+
+def test_layer_ranges_override(tmp_path):
+    body = GOOD_RULE.replace("    priority: 10\n", "    priority: 10\n    layers: '3-5,9'\n")
+    pack = load_pack(write_pack(tmp_path, body), known_capabilities())
+    sheet = deepep_sheet("deepep-legacy-29d31c0")
+    base = {"ckpt.act_granularity": "group", "target.layout": "intranode"}
+    chosen = {i: decide({**base, "layer.index": i}, [pack, builtin_pack("deepep")], sheet,
+                        lambda t, f: None).rule for i in (2, 3, 5, 6, 9)}
+    assert chosen[3] == chosen[5] == chosen[9] == "mine/override"
+    assert chosen[2] != "mine/override" and chosen[6] != "mine/override"
+
+
+# --- property tests: total and deterministic over generated facts ------------------------------
+
+def _values(name):
+    ftype = VOCABULARY[name]
+    if ftype.kind == "enum":
+        return st.sampled_from(ftype.values)
+    if ftype.kind == "bool":
+        return st.booleans()
+    if ftype.kind == "int":
+        return st.integers(min_value=0, max_value=20000)
+    if ftype.kind == "set":
+        return st.lists(st.sampled_from(["group", "token", "tensor", "per-sender-scales",
+                                         "inferred-capabilities"]), unique=True)
+    return st.sampled_from(["deepgemm", "cutlass", "triton", "marlin", "h200", "fp8", "x"])
+
+
+FACTS = st.fixed_dictionaries({name: _values(name) for name in VOCABULARY})
+
+
+@settings(max_examples=300, deadline=None)
+@given(facts=FACTS, inferred=st.booleans())
+def test_engine_is_total_and_deterministic(facts, inferred):
+    packs = [builtin_pack("deepep")]
+    sheet = deepep_sheet("deepep-legacy-29d31c0")
+    first = decide(facts, packs, sheet, lambda t, f: None, allow_inferred=inferred)
+    second = decide(dict(facts), packs, sheet, lambda t, f: None, allow_inferred=inferred)
+    assert first == second
+    fired = [s for s in first.trace if s.outcome == "fired"]
+    assert len(fired) == 1 and fired[0].rule == first.rule
+    assert first.trace[-1] == fired[0]
+    if facts["layer.kind"] == "dense":
+        assert first.order == "none"
+
+
+@settings(max_examples=200, deadline=None)
+@given(facts=FACTS)
+def test_an_infeasible_wire_never_wins(facts):
+    packs = [builtin_pack("deepep")]
+    sheet = deepep_sheet("deepep-legacy-29d31c0")
+    decision = decide(facts, packs, sheet,
+                      lambda then, f: "no fp8" if then.wire.dtype == "fp8_e4m3" else None)
+    assert decision.wire["dtype"] != "fp8_e4m3"
+
+
+def test_vllm_pack_is_total_too():
+    pack = builtin_pack("vllm")
+    assert pack.rules[-1].when.items == () and pack.rules[-1].priority == 0
