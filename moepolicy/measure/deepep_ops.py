@@ -1,0 +1,92 @@
+"""The DeepEP operations that are timed: both orders, both timed regions, and combine.
+
+Timed regions:
+- ``full``: what serving calls: ``get_dispatch_layout`` + dispatch without a cached handle (notify,
+  the CPU wait for receive counts, the kernel);
+- ``cached``: dispatch reusing a cached handle (the kernel only), as DeepEP's own sweep times it.
+A handle is bound to the SM count it was made with (FACTS.md), so each config gets fresh handles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from moepolicy.quant import triton_kernels
+
+
+@dataclass
+class Workload:
+    x: torch.Tensor
+    topk_idx: torch.Tensor
+    topk_weights: torch.Tensor
+    num_experts: int
+
+
+def make_workload(tokens: int, hidden: int, num_experts: int, top_k: int, rank: int, device,
+                  routing: str = "uniform", skew: float = 1.2) -> Workload:
+    g = torch.Generator(device="cpu").manual_seed(7919 * (rank + 1) + tokens)
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).to(device)
+    scores = torch.rand(tokens, num_experts, generator=g)
+    if routing == "skewed":  # Zipf-like popularity over experts
+        popularity = 1.0 / torch.arange(1, num_experts + 1, dtype=torch.float32) ** skew
+        scores = scores * popularity[torch.randperm(num_experts, generator=g)]
+    topk_idx = scores.topk(top_k, dim=1).indices.to(torch.int64).to(device)
+    topk_w = torch.rand(tokens, top_k, generator=g).to(device)
+    return Workload(x, topk_idx, topk_w, num_experts)
+
+
+class DeepEPOps:
+    """Callables over one buffer and workload for a given (dispatch, combine) config pair."""
+
+    def __init__(self, buffer, work: Workload, dispatch_config, combine_config, group: int = 128):
+        self.buffer, self.work = buffer, work
+        self.dcfg, self.ccfg = dispatch_config, combine_config
+        self.group = group
+        self.layout = buffer.get_dispatch_layout(work.topk_idx, work.num_experts)
+        q, s = triton_kernels.per_token_group(work.x, group)
+        self._fp8 = (q, s)
+        self.handle_bf16, self.recv_bf16 = self._dispatch(work.x, None)
+        self.handle_fp8, _ = self._dispatch(self._fp8, None)
+
+    def _dispatch(self, payload, handle, layout: Optional[tuple] = None):
+        w = self.work
+        if handle is not None:
+            recv, _, _, _, _, _ = self.buffer.dispatch(payload, handle=handle, config=self.dcfg)
+            return handle, recv
+        per_rank, per_rdma, per_expert, in_rank, _ = layout or self.layout
+        recv, _, _, _, handle, _ = self.buffer.dispatch(
+            payload, topk_idx=w.topk_idx, topk_weights=w.topk_weights, num_tokens_per_rank=per_rank,
+            num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+            config=self.dcfg)
+        return handle, recv
+
+    def _full(self, payload):
+        layout = self.buffer.get_dispatch_layout(self.work.topk_idx, self.work.num_experts)
+        return self._dispatch(payload, None, layout)[1]
+
+    # --- the timed operations ---------------------------------------------------------------
+    def quant_then_dispatch(self, region: str):
+        payload = triton_kernels.per_token_group(self.work.x, self.group)
+        if region == "cached":
+            return self._dispatch(payload, self.handle_fp8)[1]
+        return self._full(payload)
+
+    def dispatch_then_quant(self, region: str):
+        recv = self._dispatch(self.work.x, self.handle_bf16)[1] if region == "cached" else self._full(self.work.x)
+        return triton_kernels.per_token_group(recv, self.group)
+
+    def dispatch_only(self, payload_kind: str, region: str):
+        payload = self.work.x if payload_kind == "bf16" else self._fp8
+        handle = self.handle_bf16 if payload_kind == "bf16" else self.handle_fp8
+        return self._dispatch(payload, handle)[1] if region == "cached" else self._full(payload)
+
+    def combine(self):
+        out, _, _ = self.buffer.combine(self.recv_bf16, self.handle_bf16, config=self.ccfg)
+        return out
+
+    @property
+    def received_rows(self) -> int:
+        return int(self.recv_bf16.shape[0])

@@ -1,0 +1,90 @@
+"""Torch reference quantizers (run on CPU in CI and on GPU as the ground truth)."""
+
+from __future__ import annotations
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+EPS = 1e-10
+
+
+def round_scale_ue8m0(scale: torch.Tensor) -> torch.Tensor:
+    """Round positive float32 scales up to a power of two (exponent-only, UE8M0-representable)."""
+    bits = scale.contiguous().view(torch.int32)
+    exponent = (bits >> 23) & 0xFF
+    mantissa = bits & 0x7FFFFF
+    exponent = exponent + (mantissa != 0).to(torch.int32)
+    return (exponent << 23).view(torch.float32)
+
+
+def _quant(x32: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(x32 / scale, -FP8_MAX, FP8_MAX).to(FP8)
+
+
+def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic 1×``group`` quantization: (fp8 [T, H], float32 scales [T, ceil(H/group)])."""
+    tokens, hidden = x.shape
+    groups = -(-hidden // group)
+    x32 = x.to(torch.float32)
+    padded = torch.nn.functional.pad(x32, (0, groups * group - hidden)).view(tokens, groups, group)
+    amax = padded.abs().amax(dim=-1).clamp_min(EPS)
+    scale = amax / FP8_MAX
+    if ue8m0:
+        scale = round_scale_ue8m0(scale)
+    q = _quant(padded, scale.unsqueeze(-1)).view(tokens, groups * group)[:, :hidden]
+    return q.contiguous(), scale.contiguous()
+
+
+def per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token: one float32 scale per row, shape [T, 1]."""
+    return per_token_group(x, group=x.shape[1])
+
+
+def per_tensor_static(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """Static per-tensor with a known scale (bare fp8, no scales on the wire)."""
+    scale_t = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    return _quant(x.to(torch.float32), scale_t)
+
+
+def per_tensor_dynamic(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-tensor: one scale over every row this rank holds."""
+    amax = x.to(torch.float32).abs().amax().clamp_min(EPS)
+    scale = (amax / FP8_MAX).reshape(1)
+    return per_tensor_static(x, scale), scale
+
+
+def global_static_scale(per_expert_scales: torch.Tensor) -> torch.Tensor:
+    """The global-scale convention: one input scale, the maximum over the experts' scales."""
+    return per_expert_scales.to(torch.float32).amax().reshape(1)
+
+
+def pack_ue8m0(scale: torch.Tensor) -> torch.Tensor:
+    """Pack power-of-two float32 scales [T, G] into int32 [T, ceil(G/4)] of exponent bytes."""
+    tokens, groups = scale.shape
+    exponents = ((scale.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.int32)
+    padded = torch.nn.functional.pad(exponents, (0, (-groups) % 4))
+    b = padded.view(tokens, -1, 4)
+    return (b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)).contiguous()
+
+
+def unpack_ue8m0(packed: torch.Tensor, groups: int) -> torch.Tensor:
+    tokens = packed.shape[0]
+    parts = [(packed >> (8 * i)) & 0xFF for i in range(4)]
+    exponents = torch.stack(parts, dim=-1).view(tokens, -1)[:, :groups]
+    return (exponents.to(torch.int32) << 23).view(torch.float32)
+
+
+def to_col_major_tma(scale: torch.Tensor) -> torch.Tensor:
+    """[T, G] scales as DeepGEMM's TMA loads want them: column-major, T padded to 4 (16 bytes)."""
+    tokens, groups = scale.shape
+    aligned = -(-tokens // 4) * 4
+    out = torch.empty((groups, aligned), dtype=scale.dtype, device=scale.device)
+    out[:, :tokens] = scale.t()
+    return out.t()[:tokens]
+
+
+def dequant(q: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
+    tokens, hidden = q.shape
+    expanded = scale.repeat_interleave(group, dim=1)[:, :hidden] if scale.shape[1] > 1 else scale
+    return q.to(torch.float32) * expanded

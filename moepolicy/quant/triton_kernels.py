@@ -1,0 +1,105 @@
+"""Fused Triton quantization kernels (GPU). Bit-identical to :mod:`moepolicy.quant.reference`."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from moepolicy.quant.reference import EPS, FP8, FP8_MAX
+
+
+@triton.jit
+def _round_pow2(scale):
+    bits = scale.to(tl.int32, bitcast=True)
+    exponent = (bits >> 23) & 0xFF
+    exponent = exponent + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    return (exponent << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _group_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, num_groups, x_stride, q_stride, s_stride,
+                        GROUP: tl.constexpr, GROUPS_PER_PROG: tl.constexpr, UE8M0: tl.constexpr,
+                        FMAX: tl.constexpr, EPSILON: tl.constexpr):
+    row = tl.program_id(0)
+    g0 = tl.program_id(1) * GROUPS_PER_PROG
+    groups = g0 + tl.arange(0, GROUPS_PER_PROG)
+    cols = tl.arange(0, GROUP)
+    offs = groups[:, None] * GROUP + cols[None, :]
+    mask = (groups[:, None] < num_groups) & (offs < hidden)
+    x = tl.load(x_ptr + row * x_stride + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), EPSILON)
+    scale = tl.math.div_rn(amax, FMAX)
+    if UE8M0:
+        scale = _round_pow2(scale)
+    q = tl.math.div_rn(x, scale[:, None])
+    q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
+    tl.store(q_ptr + row * q_stride + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + row * s_stride + groups, scale, mask=groups < num_groups)
+
+
+def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused dynamic 1×``group`` quantization; row-major float32 scales [T, ceil(H/group)]."""
+    assert x.is_cuda and x.dim() == 2 and x.stride(1) == 1
+    tokens, hidden = x.shape
+    num_groups = -(-hidden // group)
+    q = torch.empty((tokens, hidden), dtype=FP8, device=x.device)
+    s = torch.empty((tokens, num_groups), dtype=torch.float32, device=x.device)
+    if tokens == 0:
+        return q, s
+    block_group = triton.next_power_of_2(group)
+    per_prog = max(1, min(triton.next_power_of_2(num_groups), max(1, 8192 // block_group)))
+    grid = (tokens, triton.cdiv(num_groups, per_prog))
+    if block_group != group:
+        raise ValueError(f"group {group} must be a power of two for the fused kernel")
+    _group_quant_kernel[grid](x, q, s, hidden, num_groups, x.stride(0), q.stride(0), s.stride(0),
+                              GROUP=group, GROUPS_PER_PROG=per_prog, UE8M0=ue8m0,
+                              FMAX=FP8_MAX, EPSILON=EPS, num_warps=4 if per_prog * group <= 2048 else 8)
+    return q, s
+
+
+@triton.jit
+def _token_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, x_stride, q_stride,
+                        BLOCK: tl.constexpr, FMAX: tl.constexpr, EPSILON: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(x), axis=0), EPSILON)
+    scale = tl.math.div_rn(amax, FMAX)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FMAX), FMAX)
+    tl.store(q_ptr + row * q_stride + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + row, scale)
+
+
+def per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused dynamic per-token quantization; scales [T, 1]."""
+    tokens, hidden = x.shape
+    q = torch.empty((tokens, hidden), dtype=FP8, device=x.device)
+    s = torch.empty((tokens, 1), dtype=torch.float32, device=x.device)
+    if tokens:
+        block = triton.next_power_of_2(hidden)
+        _token_quant_kernel[(tokens,)](x, q, s, hidden, x.stride(0), q.stride(0), BLOCK=block,
+                                       FMAX=FP8_MAX, EPSILON=EPS, num_warps=8 if block >= 4096 else 4)
+    return q, s
+
+
+@triton.jit
+def _static_quant_kernel(x_ptr, q_ptr, scale_ptr, n, BLOCK: tl.constexpr, FMAX: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    scale = tl.load(scale_ptr)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FMAX), FMAX)
+    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def per_tensor_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Static per-tensor quantization with a device scalar scale (bare fp8)."""
+    x = x.contiguous()
+    q = torch.empty(x.shape, dtype=FP8, device=x.device)
+    n = x.numel()
+    if n:
+        _static_quant_kernel[(triton.cdiv(n, 4096),)](x, q, scale.to(torch.float32).reshape(1), n,
+                                                      BLOCK=4096, FMAX=FP8_MAX, num_warps=8)
+    return q

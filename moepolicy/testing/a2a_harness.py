@@ -1,0 +1,164 @@
+"""Run every prepare/finalize order on R ranks and save what the experts receive.
+
+The same worker runs over the emulated transport (gloo, CPU, in CI) and over DeepEP (NCCL, GPUs);
+:func:`check_results` then compares against quantizing the same tokens on one device.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+SPECS = {
+    "block128": dict(kind="block", group=128),
+    "block128_ue8m0": dict(kind="block", group=128, ue8m0=True),
+    "token": dict(kind="token"),
+    "tensor_static": dict(kind="tensor_static"),
+    "tensor_dynamic": dict(kind="tensor_dynamic"),
+}
+
+
+def make_inputs(rank: int, tokens: int, hidden: int, num_experts: int, top_k: int, device):
+    g = torch.Generator().manual_seed(1234 + rank)
+    x = (torch.randn(tokens, hidden, generator=g) * (1 + 3 * torch.rand(tokens, 1, generator=g)))
+    scores = torch.rand(tokens, num_experts, generator=g)
+    topk_idx = scores.topk(top_k, dim=1).indices.to(torch.int64)
+    topk_w = torch.rand(tokens, top_k, generator=g).to(torch.float32)
+    return x.to(torch.bfloat16).to(device), topk_idx.to(device), topk_w.to(device)
+
+
+def per_expert_static_scales(num_experts: int) -> torch.Tensor:
+    """A checkpoint's per-expert input scales that differ (as real static checkpoints' do)."""
+    g = torch.Generator().manual_seed(99)
+    return 0.02 + 0.03 * torch.rand(num_experts, generator=g)
+
+
+def worker(rank: int, world: int, transport_kind: str, outdir: str, tokens: int = 96,
+           hidden: int = 512, num_experts: int = 16, top_k: int = 4, backend: str = "auto") -> None:
+    import torch.distributed as dist
+
+    from moepolicy.quant.reference import global_static_scale
+    from moepolicy.runtime.prepare_finalize import PrepareFinalize, QuantSpec
+
+    gpu = transport_kind == "deepep"
+    if gpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
+                            init_method=f"file://{outdir}/rendezvous")
+    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
+    if gpu:
+        import deep_ep
+
+        buffer = deep_ep.Buffer(dist.group.WORLD, int(2e8), 0)
+        from moepolicy.runtime.transport import DeepEPTransport
+
+        transport = DeepEPTransport(buffer, num_experts)
+    else:
+        from moepolicy.runtime.transport import GatherTransport
+
+        transport = GatherTransport(None, num_experts)
+    x, topk_idx, topk_w = make_inputs(rank, tokens, hidden, num_experts, top_k, device)
+    static = float(global_static_scale(per_expert_static_scales(num_experts)))
+    results = {}
+    for name, fields in SPECS.items():
+        spec = QuantSpec(**fields, static_scale=static if fields["kind"] == "tensor_static" else None)
+        for order in ("quant_then_dispatch", "dispatch_then_quant"):
+            pf = PrepareFinalize(order, spec, transport, backend=backend)
+            got = pf.prepare(x, topk_idx, topk_w)
+            results[(name, order)] = {
+                "q": got.x.view(torch.uint8).cpu(), "s": None if got.scales is None else got.scales.cpu(),
+                "src_rank": got.dispatched.src_rank.cpu(), "src_token": got.dispatched.src_token.cpu(),
+                "topk_idx": got.topk_idx.cpu(),
+            }
+    # no_quant round trip: combine sums each received row back to its token
+    pf = PrepareFinalize("no_quant", QuantSpec("none"), transport, backend=backend)
+    got = pf.prepare(x, topk_idx, topk_w)
+    combined = pf.finalize(got.x, got.handle)
+    results["combine"] = {"x": x.cpu(), "combined": combined.cpu(), "topk_idx": topk_idx.cpu()}
+    torch.save(results, Path(outdir) / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def spawn(world: int, transport_kind: str, outdir: str, **kwargs) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    os.makedirs(outdir, exist_ok=True)
+    mp.start_processes(_entry, args=(world, transport_kind, outdir, kwargs), nprocs=world,
+                       start_method="spawn", join=True)
+    return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _entry(rank, world, transport_kind, outdir, kwargs):
+    worker(rank, world, transport_kind, outdir, **kwargs)
+
+
+def reference_rows(results: list[dict], name: str, order_key, world: int, tokens: int, hidden: int,
+                   num_experts: int, top_k: int):
+    """Quantize every rank's tokens on one device (CPU, torch reference), then pick the rows a rank
+    received, in the order it received them."""
+    from moepolicy.quant import reference
+    from moepolicy.quant.reference import global_static_scale
+    from moepolicy.runtime.prepare_finalize import QuantSpec, quantize
+
+    fields = SPECS[name]
+    static = float(global_static_scale(per_expert_static_scales(num_experts)))
+    spec = QuantSpec(**fields, static_scale=static if fields["kind"] == "tensor_static" else None)
+    per_rank = []
+    for s in range(world):
+        x, _, _ = make_inputs(s, tokens, hidden, num_experts, top_k, "cpu")
+        q, sc = quantize(x, spec, backend="torch")
+        if spec.kind == "tensor_static":
+            sc = torch.full((x.shape[0], 1), static, dtype=torch.float32)
+        per_rank.append((q.view(torch.uint8), sc))
+    _ = reference
+    out = []
+    for r in range(world):
+        got = results[r][order_key]
+        q = torch.stack([per_rank[s][0][t] for s, t in zip(got["src_rank"].tolist(), got["src_token"].tolist())])
+        sc = torch.stack([per_rank[s][1][t] for s, t in zip(got["src_rank"].tolist(), got["src_token"].tolist())])
+        out.append((q, sc))
+    return out
+
+
+def low_latency_worker(rank: int, world: int, outdir: str, tokens: int = 64, hidden: int = 2048,
+                       num_experts: int = 16, top_k: int = 4) -> None:
+    """``in_kernel_quant``: DeepEP low-latency fp8 dispatch; saves what each local expert received,
+    with the source rank and token of each slot, for comparison with the reference quantizer."""
+    import deep_ep
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"file://{outdir}/rendezvous-ll")
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, world, num_experts)
+    buffer = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True,
+                            num_qps_per_rank=num_experts // world)
+    x, topk_idx, _ = make_inputs(rank, tokens, hidden, num_experts, top_k, torch.device("cuda", rank))
+    (q, scales), counts, handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, tokens, num_experts, use_fp8=True)
+    torch.cuda.synchronize()
+    src_info, layout = handle[0], handle[1]
+    rows = []
+    for e in range(num_experts // world):
+        for s in range(world):
+            packed = int(layout[e, s].item())
+            count, begin = packed & 0xFFFFFFFF, packed >> 32
+            for slot in range(begin, begin + count):
+                rows.append((s, int(src_info[e, slot].item()), q[e, slot].view(torch.uint8).cpu(),
+                             scales[e, slot].float().cpu()))
+    torch.save(rows, Path(outdir) / f"ll-rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _ll_entry(rank, world, outdir, kwargs):
+    low_latency_worker(rank, world, outdir, **kwargs)
+
+
+def spawn_low_latency(world: int, outdir: str, **kwargs) -> list:
+    import torch.multiprocessing as mp
+
+    os.makedirs(outdir, exist_ok=True)
+    mp.start_processes(_ll_entry, args=(world, outdir, kwargs), nprocs=world, start_method="spawn", join=True)
+    return [torch.load(Path(outdir) / f"ll-rank{r}.pt", weights_only=False) for r in range(world)]
