@@ -101,7 +101,7 @@ def worker(rank: int, world: int, args, rendezvous: str, out_path: str) -> None:
                       f"dtq cached {row['dtq_cached']['median_us']:7.1f} full {row['dtq_full']['median_us']:7.1f} | "
                       f"combine {row['combine']['median_us']:7.1f} | dtq/qtd cached {row['speedup_cached']:.2f} "
                       f"full {row['speedup_full']:.2f}", flush=True)
-    quant = copy_and_quant(timer, device) if rank == 0 else None
+    quant = copy_and_quant(Timer(device, collective=False), device) if rank == 0 else None
     if rank == 0:
         print(f"copy 8192x7168 bf16: {quant['copy_GBps']:.0f} GB/s; fused group quant: {quant['quant_GBps']:.0f} GB/s "
               f"= {100 * quant['quant_fraction_of_copy_bw']:.0f}% of copy; col-major TMA step {quant['col_major_tma_us']:.1f} us")

@@ -11,15 +11,16 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 
 class Timer:
-    def __init__(self, device: torch.device, group=None):
+    def __init__(self, device: torch.device, group=None, collective: bool = True):
         self.device = device
         self.group = group
+        self.collective = collective
         self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
 
     def _barrier(self) -> None:
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        if self.collective and dist.is_initialized():
             dist.barrier(group=self.group, device_ids=[self.device.index])
 
     def samples(self, fn: Callable[[], object], reps: int = 30, warmup: int = 5) -> list[float]:

@@ -18,9 +18,23 @@ def _round_pow2(scale):
 
 
 @triton.jit
+def _to_fp8(v, dtype, ROUND_ODD: tl.constexpr):
+    """fp32 -> fp8 e4m3 with round-to-nearest-even, bit-identical to torch's conversion.
+
+    ROUND_ODD goes through fp16 with round-to-odd (exact for a later 3-bit rounding), for Triton
+    builds whose direct fp32 -> fp8 conversion rounds twice."""
+    if ROUND_ODD:
+        h = v.to(tl.float16, fp_downcast_rounding="rtz")
+        inexact = (h.to(tl.float32) != v).to(tl.int16)
+        h = (h.to(tl.int16, bitcast=True) | inexact).to(tl.float16, bitcast=True)
+        return h.to(dtype)
+    return v.to(dtype, fp_downcast_rounding="rtne")
+
+
+@triton.jit
 def _group_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, num_groups, x_stride, q_stride, s_stride,
                         GROUP: tl.constexpr, GROUPS_PER_PROG: tl.constexpr, UE8M0: tl.constexpr,
-                        FMAX: tl.constexpr, EPSILON: tl.constexpr):
+                        FMAX: tl.constexpr, EPSILON: tl.constexpr, ROUND_ODD: tl.constexpr):
     row = tl.program_id(0)
     g0 = tl.program_id(1) * GROUPS_PER_PROG
     groups = g0 + tl.arange(0, GROUPS_PER_PROG)
@@ -34,8 +48,16 @@ def _group_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, num_groups, x_stride, q_str
         scale = _round_pow2(scale)
     q = tl.math.div_rn(x, scale[:, None])
     q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
-    tl.store(q_ptr + row * q_stride + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(q_ptr + row * q_stride + offs, _to_fp8(q, q_ptr.dtype.element_ty, ROUND_ODD), mask=mask)
     tl.store(s_ptr + row * s_stride + groups, scale, mask=groups < num_groups)
+
+
+# How fp32 becomes fp8: 'direct' (one rtne conversion) or 'round_odd' (through fp16, round-to-odd).
+CONVERSION = {"mode": "round_odd"}
+
+
+def _round_odd() -> bool:
+    return CONVERSION["mode"] == "round_odd"
 
 
 def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,13 +76,15 @@ def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False) -> t
         raise ValueError(f"group {group} must be a power of two for the fused kernel")
     _group_quant_kernel[grid](x, q, s, hidden, num_groups, x.stride(0), q.stride(0), s.stride(0),
                               GROUP=group, GROUPS_PER_PROG=per_prog, UE8M0=ue8m0,
-                              FMAX=FP8_MAX, EPSILON=EPS, num_warps=4 if per_prog * group <= 2048 else 8)
+                              FMAX=FP8_MAX, EPSILON=EPS, ROUND_ODD=_round_odd(),
+                              num_warps=4 if per_prog * group <= 2048 else 8)
     return q, s
 
 
 @triton.jit
 def _token_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, x_stride, q_stride,
-                        BLOCK: tl.constexpr, FMAX: tl.constexpr, EPSILON: tl.constexpr):
+                        BLOCK: tl.constexpr, FMAX: tl.constexpr, EPSILON: tl.constexpr,
+                        ROUND_ODD: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -68,7 +92,7 @@ def _token_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, x_stride, q_stride,
     amax = tl.maximum(tl.max(tl.abs(x), axis=0), EPSILON)
     scale = tl.math.div_rn(amax, FMAX)
     q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FMAX), FMAX)
-    tl.store(q_ptr + row * q_stride + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(q_ptr + row * q_stride + cols, _to_fp8(q, q_ptr.dtype.element_ty, ROUND_ODD), mask=mask)
     tl.store(s_ptr + row, scale)
 
 
@@ -80,18 +104,20 @@ def per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if tokens:
         block = triton.next_power_of_2(hidden)
         _token_quant_kernel[(tokens,)](x, q, s, hidden, x.stride(0), q.stride(0), BLOCK=block,
-                                       FMAX=FP8_MAX, EPSILON=EPS, num_warps=8 if block >= 4096 else 4)
+                                       FMAX=FP8_MAX, EPSILON=EPS, ROUND_ODD=_round_odd(),
+                                       num_warps=8 if block >= 4096 else 4)
     return q, s
 
 
 @triton.jit
-def _static_quant_kernel(x_ptr, q_ptr, scale_ptr, n, BLOCK: tl.constexpr, FMAX: tl.constexpr):
+def _static_quant_kernel(x_ptr, q_ptr, scale_ptr, n, BLOCK: tl.constexpr, FMAX: tl.constexpr,
+                         ROUND_ODD: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     scale = tl.load(scale_ptr)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FMAX), FMAX)
-    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(q_ptr + offs, _to_fp8(q, q_ptr.dtype.element_ty, ROUND_ODD), mask=mask)
 
 
 def per_tensor_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -101,5 +127,6 @@ def per_tensor_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n:
         _static_quant_kernel[(triton.cdiv(n, 4096),)](x, q, scale.to(torch.float32).reshape(1), n,
-                                                      BLOCK=4096, FMAX=FP8_MAX, num_warps=8)
+                                                      BLOCK=4096, FMAX=FP8_MAX, ROUND_ODD=_round_odd(),
+                                                      num_warps=8)
     return q

@@ -127,6 +127,7 @@ class BucketDoc(_Doc):
     max_tokens: Optional[int] = Field(default=None, gt=0)
     dispatch: ChunkDoc
     combine: ChunkDoc
+    measured: Optional[dict[str, Any]] = None
 
 
 class ProvenanceDoc(_Doc):

@@ -1,0 +1,97 @@
+"""``moepolicy tune``: plan, then tune DeepEP for the plan's wire formats; write the policy.
+
+Bench: ``live`` (DeepEP on the visible GPUs) when deep_ep imports and CUDA GPUs are visible,
+otherwise ``model`` (a cost model fitted to measurements shipped in tuning/calibration); it says
+which first. Outside the model's measured envelope the policy keeps DeepEP's defaults, labelled
+``extrapolated``. The policy is written atomically, also on Ctrl-C with what was found so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import shlex
+import sys
+from typing import Optional
+
+from moepolicy.cli._output import note, table
+from moepolicy.cli._target import add_target_flags
+from moepolicy.errors import TuningError, UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="tune DeepEP (optuna, live or modelled) and write the policy")
+    p.add_argument("--model", required=True)
+    add_target_flags(p, ep_required_hint="default: the visible GPU count when tuning live")
+    p.add_argument("--bench", choices=["live", "model"], help="default: live when deep_ep and GPUs are present")
+    p.add_argument("--trials", type=int, default=24, help="trials per (SM count, token bucket) study (default 24)")
+    p.add_argument("--max-sms", type=int, help="SM budget for communication; without it, the Pareto front")
+    p.add_argument("--sms", help="explicit SM counts to try, e.g. 20,24 (default: the space's grid)")
+    p.add_argument("--max-buffer-mb", type=int, default=2048, help="NVLink buffer budget (default 2048)")
+    p.add_argument("--tokens", help="token buckets per rank, e.g. 128,1024,4096 (default from tuning/objective.yaml)")
+    p.add_argument("--storage", help="optuna storage URL (default sqlite:///moepolicy-studies.db)")
+    p.add_argument("--study", help="study name (default from model and target)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trial-timeout", type=float, default=90.0, help="live watchdog per trial, seconds")
+    p.add_argument("-o", "--output", default="policy.yaml", help="policy file to write (default policy.yaml)")
+    p.set_defaults(run=run)
+
+
+def _bench_kind(args) -> tuple[str, str, int]:
+    from moepolicy.tuning.live_bench import deep_ep_importable, visible_gpus
+
+    gpus = visible_gpus() if args.bench != "model" else 0
+    missing = deep_ep_importable() if args.bench != "model" else "not asked"
+    if args.bench == "live":
+        if gpus < 2:
+            raise UsageError(f"--bench live needs CUDA GPUs (visible: {gpus})")
+        if missing:
+            raise UsageError(f"--bench live: {missing}")
+        return "live", "asked for with --bench live", gpus
+    if args.bench == "model":
+        return "model", "asked for with --bench model", gpus
+    if gpus >= 2 and not missing:
+        return "live", f"deep_ep imports and {gpus} GPUs are visible", gpus
+    why = f"{gpus} CUDA GPU(s) visible" if gpus < 2 else missing
+    return "model", f"{why}: using the calibrated model bench", gpus
+
+
+def _buckets(args, objective) -> list[tuple[int, float]]:
+    if args.tokens:
+        try:
+            tokens = sorted({int(t) for t in args.tokens.split(",") if t.strip()})
+        except ValueError:
+            raise UsageError(f"--tokens takes integers like 128,1024,4096, got {args.tokens!r}") from None
+        if not tokens or tokens[0] <= 0:
+            raise UsageError(f"--tokens needs positive token counts, got {args.tokens!r}")
+        return [(t, 1.0) for t in tokens]
+    return sorted((int(b["tokens"]), float(b.get("weight", 1.0))) for b in objective["buckets"])
+
+
+def run(args: argparse.Namespace) -> int:
+    from moepolicy.cli.plan import build_plan
+    from moepolicy.tuning.space import load_objective, load_space
+
+    if args.trials < 1:
+        raise UsageError(f"--trials must be at least 1, got {args.trials}")
+    if args.max_sms is not None and args.max_sms < 2:
+        raise UsageError(f"--max-sms must be at least 2, got {args.max_sms}")
+    kind, why, gpus = _bench_kind(args)
+    note(f"bench: {kind} ({why})")
+    if kind == "live" and args.ep_size is not None and args.ep_size != gpus:
+        raise UsageError(f"live tuning runs on the {gpus} visible GPUs; --ep-size {args.ep_size} differs "
+                         f"(use --bench model, or run where {args.ep_size} GPUs are visible)")
+    plan = build_plan(args, default_ep=gpus if kind == "live" else None)
+    try:
+        import optuna
+    except ImportError:
+        raise UsageError("tuning needs optuna: pip install 'moepolicy[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    objective, space = load_objective(), load_space()
+    from moepolicy.tuning.runner import tune_plan
+
+    doc = tune_plan(plan, kind=kind, args=args, space=space, objective=objective,
+                    buckets=_buckets(args, objective),
+                    command="moepolicy " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    note(f"wrote {args.output}")
+    return 0

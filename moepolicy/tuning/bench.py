@@ -1,0 +1,84 @@
+"""The measurement interface shared by the live DeepEP bench and the calibrated model bench.
+
+A bench answers one question: how long do dispatch and combine take for this config on this
+workload. Failures are raised as :class:`TrialFailed` and become FAIL trials, never crashes.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+Chunk = tuple[int, int, int, int]  # nvl_send, nvl_recv, rdma_send, rdma_recv (effective)
+
+
+class TrialFailed(Exception):
+    """A measurement did not produce a usable number; the reason goes into the trial."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    hidden: int
+    num_experts: int
+    top_k: int
+    ep_size: int
+    payload: str = "bf16"  # what goes on the wire: bf16 | fp8 (block-128 float32 scales)
+    routing: str = "uniform"
+    both_orders: bool = False  # also time quant_then_dispatch and dispatch_then_quant
+
+
+@dataclass(frozen=True)
+class TunePoint:
+    num_sms: int
+    tokens: int
+    dispatch: Chunk
+    combine: Chunk
+
+
+@dataclass(frozen=True)
+class Measurement:
+    dispatch_us: float  # the call serving makes (layout + dispatch without a cached handle)
+    dispatch_cached_us: float  # the kernel alone with a cached handle
+    combine_us: float
+    source: str  # measured | modelled
+    orders: dict = field(default_factory=dict)  # {"quant_then_dispatch": us, "dispatch_then_quant": us}
+
+    def objective(self, region: str = "full") -> float:
+        return (self.dispatch_us if region == "full" else self.dispatch_cached_us) + self.combine_us
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_measurement(m: Measurement) -> Measurement:
+    """Refuse nonsense: NaN, infinite, negative, or absurdly small times."""
+    for name in ("dispatch_us", "dispatch_cached_us", "combine_us"):
+        value = getattr(m, name)
+        if not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
+            raise TrialFailed(f"{name} is not a finite number ({value!r})")
+        if value <= 0.5:
+            raise TrialFailed(f"{name} = {value} us is not a plausible DeepEP time (<= 0.5 us)")
+    return m
+
+
+class Bench(ABC):
+    """One method to implement; ``start``/``close`` default to no-ops."""
+
+    name = "bench"
+    source = "measured"
+
+    def start(self, workload: Workload) -> None:  # noqa: B027 (optional hook)
+        """Called once before the first measurement."""
+
+    @abstractmethod
+    def measure(self, workload: Workload, point: TunePoint) -> Measurement:
+        """Time dispatch and combine for ``point``; raise :class:`TrialFailed` when it cannot."""
+
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Release workers or GPUs."""
+
+    def in_envelope(self, workload: Workload, gpu: str) -> Optional[str]:
+        """None when this bench's answers are trusted for the workload; else why not."""
+        return None

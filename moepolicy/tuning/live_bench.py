@@ -1,0 +1,182 @@
+"""The live bench: one process per GPU running DeepEP, supervised by the tuning process.
+
+The tuning process (the only optuna client) sends each trial's config to every worker; the workers
+measure it together (NCCL + DeepEP) and rank 0 answers with the slowest rank's medians. A per-trial
+watchdog kills the whole group when a worker dies or a measurement hangs (a DeepEP device trap
+poisons the CUDA context and strands the peers), the trial fails with the reason, and the next
+measurement starts a fresh group.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import time
+import traceback
+from typing import Optional
+
+from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload, check_measurement
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands, results, reps: int) -> None:
+    os.environ.update(SAFE_ENV)
+    import deep_ep
+    import torch
+    import torch.distributed as dist
+
+    from moepolicy.measure.deepep_ops import DeepEPOps, make_workload
+    from moepolicy.measure.timing import Timer
+
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"file://{rendezvous}",
+                            device_id=device)
+    buffer = deep_ep.Buffer(dist.group.WORLD, buffer_bytes, 0)
+    timer = Timer(device)
+    works: dict = {}
+    results.put(("ready", rank, None))
+    while True:
+        command = commands.get()
+        if command is None:
+            break
+        token, workload, point = command
+        try:
+            key = (point.tokens, workload.hidden, workload.num_experts, workload.top_k, workload.routing)
+            if key not in works:
+                works[key] = make_workload(point.tokens, workload.hidden, workload.num_experts,
+                                           workload.top_k, rank, device, routing=workload.routing)
+            dcfg = deep_ep.Config(point.num_sms, *point.dispatch)
+            ccfg = deep_ep.Config(point.num_sms, *point.combine)
+            ops = DeepEPOps(buffer, works[key], dcfg, ccfg)
+            payload = workload.payload
+            full = timer.median_max_over_ranks(lambda: ops.dispatch_only(payload, "full"), reps)
+            cached = timer.median_max_over_ranks(lambda: ops.dispatch_only(payload, "cached"), reps)
+            combine = timer.median_max_over_ranks(ops.combine, reps)
+            orders = {}
+            if workload.both_orders:
+                orders = {"quant_then_dispatch": timer.median_max_over_ranks(
+                              lambda: ops.quant_then_dispatch("full"), reps)["median_us"],
+                          "dispatch_then_quant": timer.median_max_over_ranks(
+                              lambda: ops.dispatch_then_quant("full"), reps)["median_us"]}
+            result = Measurement(full["median_us"], cached["median_us"], combine["median_us"], "measured", orders)
+            if rank == 0:
+                results.put(("ok", token, result))
+        except Exception as exc:  # noqa: BLE001 (reported as a FAIL trial)
+            results.put(("error", token, f"rank {rank}: {type(exc).__name__}: {exc}"
+                         f" [{traceback.format_exc(limit=2).splitlines()[-1]}]"))
+    dist.destroy_process_group()
+
+
+class LiveBench(Bench):
+    name = "live"
+    source = "measured"
+
+    def __init__(self, world: int, buffer_bytes: int, trial_timeout_s: float = 90.0, reps: int = 20,
+                 start_timeout_s: float = 180.0):
+        self.world, self.buffer_bytes = world, buffer_bytes
+        self.trial_timeout_s, self.start_timeout_s, self.reps = trial_timeout_s, start_timeout_s, reps
+        self._procs: list = []
+        self._commands: list = []
+        self._results = None
+        self._token = 0
+        self.restarts = 0
+
+    def _start_group(self) -> None:
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        self._commands = [ctx.Queue() for _ in range(self.world)]
+        rendezvous = tempfile.mktemp(prefix="moepolicy-live-")
+        self._procs = [ctx.Process(target=_worker, args=(r, self.world, rendezvous, self.buffer_bytes,
+                                                         self._commands[r], self._results, self.reps),
+                                   daemon=True) for r in range(self.world)]
+        for p in self._procs:
+            p.start()
+        ready = 0
+        deadline = time.monotonic() + self.start_timeout_s
+        while ready < self.world:
+            kind, _, payload = self._get(deadline, "starting the worker group")
+            if kind == "ready":
+                ready += 1
+
+    def _get(self, deadline: float, what: str):
+        while True:
+            dead = [p for p in self._procs if p.exitcode is not None]
+            if dead:
+                codes = ", ".join(f"rank {self._procs.index(p)} exit {p.exitcode}" for p in dead)
+                self._kill_group()
+                raise TrialFailed(f"worker died while {what} ({codes}); group restarted")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._kill_group()
+                raise TrialFailed(f"no answer within the watchdog while {what}; group killed and restarted")
+            try:
+                return self._results.get(timeout=min(1.0, remaining))
+            except queue.Empty:
+                continue
+
+    def _kill_group(self) -> None:
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join(timeout=10)
+        if self._procs:
+            self.restarts += 1
+        self._procs = []
+
+    def measure(self, workload: Workload, point: TunePoint) -> Measurement:
+        if not self._procs:
+            self._start_group()
+        self._token += 1
+        for q in self._commands:
+            q.put((self._token, workload, point))
+        deadline = time.monotonic() + self.trial_timeout_s
+        while True:
+            kind, token, payload = self._get(deadline, f"measuring {point}")
+            if token != self._token:
+                continue  # a late answer from an earlier trial
+            if kind == "error":
+                self._kill_group()  # a failed collective leaves peers in an unknown state
+                raise TrialFailed(payload)
+            return check_measurement(payload)
+
+    def kill_workers_for_test(self) -> None:
+        """Fault injection: kill rank 0 as a device trap would."""
+        if self._procs:
+            self._procs[0].kill()
+
+    def close(self) -> None:
+        for q in self._commands:
+            try:
+                q.put(None)
+            except Exception:  # noqa: BLE001
+                pass
+        for p in self._procs:
+            p.join(timeout=15)
+        self._kill_group()
+
+
+def visible_gpus() -> int:
+    import sys
+
+    if "torch" not in sys.modules:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def deep_ep_importable() -> Optional[str]:
+    try:
+        import deep_ep  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"deep_ep does not import ({type(exc).__name__}: {exc})"
+    return None

@@ -1,0 +1,203 @@
+"""Run the search: num_sms outer, chunk configs per token bucket, one optuna study each.
+
+The tuning process is the only optuna client (ask/tell). Each sub-study is named
+``<study>/sms<S>/t<T>`` in the same storage; the parent study records a fingerprint of the model,
+target, search space, objective and bench, and a resume that does not match is refused. DeepEP's
+default config is enqueued first, so a tune never reports worse than the default it measured;
+an effective config already measured in a sub-study is told its earlier value without measuring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from moepolicy.errors import TuningError
+from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload
+from moepolicy.tuning.space import Space
+
+
+@dataclass
+class BucketResult:
+    tokens: int
+    weight: float
+    best: Optional[TunePoint] = None
+    best_measurement: Optional[Measurement] = None
+    default_measurement: Optional[Measurement] = None
+    trials: int = 0
+    failed: int = 0
+    deduplicated: int = 0
+
+
+@dataclass
+class SmsResult:
+    num_sms: int
+    buckets: list[BucketResult] = field(default_factory=list)
+
+    def weighted(self, region: str) -> float:
+        total = 0.0
+        for b in self.buckets:
+            if b.best_measurement is None:
+                return math.inf
+            total += b.weight * b.best_measurement.objective(region)
+        return total
+
+
+@dataclass
+class TuneResult:
+    per_sms: list[SmsResult]
+    chosen: SmsResult
+    why: str
+    study_name: str
+    region: str
+
+
+def fingerprint(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def open_parent_study(storage, name: str, print_fn: Callable[[str], None], fp: str):
+    import optuna
+
+    study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True)
+    existing = study.user_attrs.get("fingerprint")
+    if existing is None:
+        study.set_user_attr("fingerprint", fp)
+    elif existing != fp:
+        raise TuningError(
+            f"study '{name}' was made for another model, target, search space or bench "
+            f"(fingerprint {existing[:12]} != {fp[:12]}); use a new --study name or another --storage")
+    return study
+
+
+def _heartbeat(storage, trial_id: int, stop: threading.Event) -> None:
+    record = getattr(storage, "record_heartbeat", None)
+    if record is None:
+        return
+    while not stop.wait(5.0):
+        try:
+            record(trial_id)
+        except Exception:  # noqa: BLE001 (a missed heartbeat only delays stale-trial detection)
+            pass
+
+
+def _effective_key(point: TunePoint) -> str:
+    return json.dumps([point.num_sms, point.tokens, list(point.dispatch), list(point.combine)])
+
+
+def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Space, num_sms: int,
+                bucket: BucketResult, trials: int, default: tuple, internode: bool, max_nvl_recv: int,
+                region: str, seed: int, enqueue_default: bool, progress: Callable[[str], None]) -> None:
+    import optuna
+
+    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
+                                direction="minimize", sampler=sampler)
+    try:
+        optuna.storages.fail_stale_trials(study)
+    except Exception:  # noqa: BLE001 (storages without heartbeats)
+        pass
+    done = [t for t in study.trials if t.state.is_finished()]
+    seen = {t.user_attrs["effective"]: t.value for t in done
+            if t.state == optuna.trial.TrialState.COMPLETE and "effective" in t.user_attrs}
+    if enqueue_default and not any(t.user_attrs.get("is_default") for t in study.trials):
+        d, c = default
+        params = {"dispatch.nvl_send": d[0], "dispatch.nvl_recv": d[1],
+                  "combine.nvl_send": c[0], "combine.nvl_recv": c[1]}
+        if internode:
+            params.update({"dispatch.rdma_send": d[2], "dispatch.rdma_recv": d[3],
+                           "combine.rdma_send": c[2], "combine.rdma_recv": c[3]})
+        study.enqueue_trial(params, user_attrs={"is_default": True}, skip_if_exists=True)
+    remaining = max(0, trials - len(done))
+    for i in range(remaining):
+        trial = study.ask()
+        try:
+            point = TunePoint(num_sms, bucket.tokens, space.suggest(trial, "dispatch", internode, max_nvl_recv),
+                              space.suggest(trial, "combine", internode, max_nvl_recv))
+        except TuningError:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        key = _effective_key(point)
+        trial.set_user_attr("effective", key)
+        if key in seen:
+            trial.set_user_attr("dedup", True)
+            study.tell(trial, seen[key])
+            bucket.deduplicated += 1
+            continue
+        stop = threading.Event()
+        beat = threading.Thread(target=_heartbeat, args=(study._storage, trial._trial_id, stop), daemon=True)
+        beat.start()
+        try:
+            m = bench.measure(workload, point)
+        except TrialFailed as exc:
+            stop.set()
+            trial.set_user_attr("reason", str(exc))
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            bucket.failed += 1
+            progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {len(done) + i + 1}/{trials}: FAIL ({exc})")
+            continue
+        finally:
+            stop.set()
+        value = m.objective(region)
+        trial.set_user_attr("measurement", m.as_dict())
+        study.tell(trial, value)
+        seen[key] = value
+        progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {len(done) + i + 1}/{trials}: "
+                 f"{value:8.1f} us (best {study.best_value:8.1f})")
+    _collect(study, bucket, num_sms)
+
+
+def _collect(study, bucket: BucketResult, num_sms: int) -> None:
+    import optuna
+
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and "measurement" in t.user_attrs]
+    bucket.trials = len([t for t in study.trials if t.state.is_finished()])
+    bucket.failed = len([t for t in study.trials if t.state == optuna.trial.TrialState.FAIL])
+    if not complete:
+        return
+    best = min(complete, key=lambda t: t.value)
+    eff = json.loads(best.user_attrs["effective"])
+    bucket.best = TunePoint(eff[0], eff[1], tuple(eff[2]), tuple(eff[3]))
+    bucket.best_measurement = Measurement(**best.user_attrs["measurement"])
+    defaults = [t for t in complete if t.user_attrs.get("is_default")]
+    if defaults:
+        bucket.default_measurement = Measurement(**defaults[0].user_attrs["measurement"])
+
+
+def choose_sms(results: list[SmsResult], region: str, max_sms: Optional[int], tolerance: float) -> tuple[SmsResult, str]:
+    usable = [r for r in results if math.isfinite(r.weighted(region))]
+    if not usable:
+        raise TuningError("every trial failed: no usable measurement (see the study's FAIL trials)")
+    fastest = min(usable, key=lambda r: r.weighted(region))
+    if max_sms:
+        return fastest, (f"fastest measured point within the --max-sms {max_sms} budget "
+                         f"({fastest.weighted(region):.1f} us weighted)")
+    front = [r for r in usable if r.weighted(region) <= fastest.weighted(region) * (1 + tolerance)]
+    knee = min(front, key=lambda r: r.num_sms)
+    return knee, (f"fewest SMs within {tolerance:.0%} of the fastest ({fastest.num_sms} SMs, "
+                  f"{fastest.weighted(region):.1f} us): {knee.num_sms} SMs at {knee.weighted(region):.1f} us; "
+                  "SMs taken by communication are SMs the expert GEMMs lose")
+
+
+def pareto_front(results: list[SmsResult], region: str) -> list[dict]:
+    points = sorted((r.num_sms, r.weighted(region)) for r in results if math.isfinite(r.weighted(region)))
+    front, best = [], math.inf
+    for sms, t in points:
+        if t < best:
+            front.append({"num_sms": sms, "weighted_us": round(t, 2)})
+            best = t
+    return front
+
+
+def stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def now() -> float:
+    return time.monotonic()
