@@ -18,6 +18,12 @@ def round_scale_ue8m0(scale: torch.Tensor) -> torch.Tensor:
     return (exponent << 23).view(torch.float32)
 
 
+def _ieee_div(a: torch.Tensor, b: float) -> torch.Tensor:
+    """``a / b`` rounded once (IEEE). Dividing a CUDA tensor by a Python scalar multiplies by the
+    reciprocal instead, which can differ in the last bit from the kernels' division."""
+    return torch.div(a, torch.full_like(a, b))
+
+
 def _quant(x32: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.clamp(x32 / scale, -FP8_MAX, FP8_MAX).to(FP8)
 
@@ -29,7 +35,7 @@ def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False) -> t
     x32 = x.to(torch.float32)
     padded = torch.nn.functional.pad(x32, (0, groups * group - hidden)).view(tokens, groups, group)
     amax = padded.abs().amax(dim=-1).clamp_min(EPS)
-    scale = amax / FP8_MAX
+    scale = _ieee_div(amax, FP8_MAX)
     if ue8m0:
         scale = round_scale_ue8m0(scale)
     q = _quant(padded, scale.unsqueeze(-1)).view(tokens, groups * group)[:, :hidden]
@@ -50,7 +56,7 @@ def per_tensor_static(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Ten
 def per_tensor_dynamic(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-tensor: one scale over every row this rank holds."""
     amax = x.to(torch.float32).abs().amax().clamp_min(EPS)
-    scale = (amax / FP8_MAX).reshape(1)
+    scale = _ieee_div(amax, FP8_MAX).reshape(1)
     return per_tensor_static(x, scale), scale
 
 

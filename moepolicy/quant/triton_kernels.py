@@ -60,7 +60,13 @@ def _round_odd() -> bool:
     return CONVERSION["mode"] == "round_odd"
 
 
-def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+# Launch shape: groups per program and warps (tuned at 8192x7168 on H200 by scripts/bench_dispatch.py).
+LAUNCH = {"groups_per_prog": 8, "num_warps": 4}
+
+
+def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False,
+                    groups_per_prog: int | None = None, num_warps: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused dynamic 1×``group`` quantization; row-major float32 scales [T, ceil(H/group)]."""
     assert x.is_cuda and x.dim() == 2 and x.stride(1) == 1
     tokens, hidden = x.shape
@@ -69,15 +75,14 @@ def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False) -> t
     s = torch.empty((tokens, num_groups), dtype=torch.float32, device=x.device)
     if tokens == 0:
         return q, s
-    block_group = triton.next_power_of_2(group)
-    per_prog = max(1, min(triton.next_power_of_2(num_groups), max(1, 8192 // block_group)))
-    grid = (tokens, triton.cdiv(num_groups, per_prog))
-    if block_group != group:
+    if triton.next_power_of_2(group) != group:
         raise ValueError(f"group {group} must be a power of two for the fused kernel")
+    per_prog = min(groups_per_prog or LAUNCH["groups_per_prog"], triton.next_power_of_2(num_groups))
+    warps = num_warps or LAUNCH["num_warps"]
+    grid = (tokens, triton.cdiv(num_groups, per_prog))
     _group_quant_kernel[grid](x, q, s, hidden, num_groups, x.stride(0), q.stride(0), s.stride(0),
                               GROUP=group, GROUPS_PER_PROG=per_prog, UE8M0=ue8m0,
-                              FMAX=FP8_MAX, EPSILON=EPS, ROUND_ODD=_round_odd(),
-                              num_warps=4 if per_prog * group <= 2048 else 8)
+                              FMAX=FP8_MAX, EPSILON=EPS, ROUND_ODD=_round_odd(), num_warps=warps)
     return q, s
 
 
