@@ -91,6 +91,10 @@ def test_low_latency_in_kernel_quant_measured_against_reference(tmp_path, record
     record_property("ll_fp8_mismatch_fraction", fraction)
     record_property("ll_fp8_worst_scale_rel_diff", worst_scale)
     print(f"low-latency in-kernel fp8 vs reference: {fraction:.6f} of bytes differ, worst scale rel diff {worst_scale:.3e}")
-    labels = {r.id: r.then.numerics for r in builtin_pack("deepep").rules}
-    assert labels["deepep-ll/block-fp8"] == ("exact" if mismatched_bytes == 0 and worst_scale == 0 else "approximate")
-    assert fraction < 0.05 and worst_scale < 1e-3  # the same 1x128 scheme, different arithmetic
+    label = {r.id: r.then.numerics for r in builtin_pack("deepep").rules}["deepep-ll/block-fp8"]
+    identical = mismatched_bytes == 0 and worst_scale == 0
+    if not identical:
+        assert label == "approximate", "in-kernel quantization differs from the reference: label approximate"
+    if label == "exact":
+        assert identical, "labelled exact, so it must be bit-identical to the reference"
+    assert fraction < 0.05 and worst_scale < 1e-3  # the same 1x128 scheme at worst

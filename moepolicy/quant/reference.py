@@ -6,7 +6,8 @@ import torch
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-EPS = 1e-10
+FP8_MAX_INV = float(torch.tensor(1.0 / 448.0, dtype=torch.float32))  # 1/448 rounded to float32
+EPS = 1e-4  # the amax floor DeepEP's low-latency kernel uses (kFP8Margin)
 
 
 def round_scale_ue8m0(scale: torch.Tensor) -> torch.Tensor:
@@ -18,14 +19,26 @@ def round_scale_ue8m0(scale: torch.Tensor) -> torch.Tensor:
     return (exponent << 23).view(torch.float32)
 
 
-def _ieee_div(a: torch.Tensor, b: float) -> torch.Tensor:
+def _ieee_div(a, b) -> torch.Tensor:
     """``a / b`` rounded once (IEEE). Dividing a CUDA tensor by a Python scalar multiplies by the
     reciprocal instead, which can differ in the last bit from the kernels' division."""
-    return torch.div(a, torch.full_like(a, b))
+    a = torch.as_tensor(a, dtype=torch.float32)
+    b = torch.as_tensor(b, dtype=torch.float32, device=a.device)
+    return torch.div(*torch.broadcast_tensors(a, b))
 
 
-def _quant(x32: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return torch.clamp(x32 / scale, -FP8_MAX, FP8_MAX).to(FP8)
+def _scales(amax: torch.Tensor, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale written out, multiplier applied to x), as DeepEP's low-latency kernel computes them:
+    ``scale = amax * (1/448)``, ``x * (448 / amax)``; power-of-two scales invert exactly."""
+    amax = amax.clamp_min(EPS)
+    if ue8m0:
+        scale = round_scale_ue8m0(amax * torch.full_like(amax, FP8_MAX_INV))
+        return scale, _ieee_div(torch.ones_like(scale), scale)
+    return amax * torch.full_like(amax, FP8_MAX_INV), _ieee_div(torch.full_like(amax, FP8_MAX), amax)
+
+
+def _quant(x32: torch.Tensor, multiplier: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(x32 * multiplier, -FP8_MAX, FP8_MAX).to(FP8)
 
 
 def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,11 +47,8 @@ def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False) -> t
     groups = -(-hidden // group)
     x32 = x.to(torch.float32)
     padded = torch.nn.functional.pad(x32, (0, groups * group - hidden)).view(tokens, groups, group)
-    amax = padded.abs().amax(dim=-1).clamp_min(EPS)
-    scale = _ieee_div(amax, FP8_MAX)
-    if ue8m0:
-        scale = round_scale_ue8m0(scale)
-    q = _quant(padded, scale.unsqueeze(-1)).view(tokens, groups * group)[:, :hidden]
+    scale, multiplier = _scales(padded.abs().amax(dim=-1), ue8m0)
+    q = _quant(padded, multiplier.unsqueeze(-1)).view(tokens, groups * group)[:, :hidden]
     return q.contiguous(), scale.contiguous()
 
 
@@ -48,16 +58,15 @@ def per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def per_tensor_static(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
-    """Static per-tensor with a known scale (bare fp8, no scales on the wire)."""
-    scale_t = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
-    return _quant(x.to(torch.float32), scale_t)
+    """Static per-tensor with a known scale (bare fp8, no scales on the wire): ``x * (1/scale)``."""
+    scale_t = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reshape(1)
+    return _quant(x.to(torch.float32), _ieee_div(torch.ones_like(scale_t), scale_t))
 
 
 def per_tensor_dynamic(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-tensor: one scale over every row this rank holds."""
-    amax = x.to(torch.float32).abs().amax().clamp_min(EPS)
-    scale = _ieee_div(amax, FP8_MAX).reshape(1)
-    return per_tensor_static(x, scale), scale
+    scale, multiplier = _scales(x.to(torch.float32).abs().amax().reshape(1), False)
+    return _quant(x.to(torch.float32), multiplier), scale
 
 
 def global_static_scale(per_expert_scales: torch.Tensor) -> torch.Tensor:

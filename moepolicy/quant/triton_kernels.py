@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moepolicy.quant.reference import EPS, FP8, FP8_MAX
+from moepolicy.quant.reference import EPS, FP8, FP8_MAX, FP8_MAX_INV
 
 
 @triton.jit
@@ -34,7 +34,8 @@ def _to_fp8(v, dtype, ROUND_ODD: tl.constexpr):
 @triton.jit
 def _group_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, num_groups, x_stride, q_stride, s_stride,
                         GROUP: tl.constexpr, GROUPS_PER_PROG: tl.constexpr, UE8M0: tl.constexpr,
-                        FMAX: tl.constexpr, EPSILON: tl.constexpr, ROUND_ODD: tl.constexpr):
+                        FMAX: tl.constexpr, FMAX_INV: tl.constexpr, EPSILON: tl.constexpr,
+                        ROUND_ODD: tl.constexpr):
     row = tl.program_id(0)
     g0 = tl.program_id(1) * GROUPS_PER_PROG
     groups = g0 + tl.arange(0, GROUPS_PER_PROG)
@@ -43,17 +44,19 @@ def _group_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, num_groups, x_stride, q_str
     mask = (groups[:, None] < num_groups) & (offs < hidden)
     x = tl.load(x_ptr + row * x_stride + offs, mask=mask, other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), EPSILON)
-    scale = tl.math.div_rn(amax, FMAX)
+    scale = amax * FMAX_INV
     if UE8M0:
         scale = _round_pow2(scale)
-    q = tl.math.div_rn(x, scale[:, None])
-    q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
+        multiplier = tl.math.div_rn(scale * 0.0 + 1.0, scale)
+    else:
+        multiplier = tl.math.div_rn(amax * 0.0 + FMAX, amax)
+    q = tl.minimum(tl.maximum(x * multiplier[:, None], -FMAX), FMAX)
     tl.store(q_ptr + row * q_stride + offs, _to_fp8(q, q_ptr.dtype.element_ty, ROUND_ODD), mask=mask)
     tl.store(s_ptr + row * s_stride + groups, scale, mask=groups < num_groups)
 
 
 # How fp32 becomes fp8: 'direct' (one rtne conversion) or 'round_odd' (through fp16, round-to-odd).
-CONVERSION = {"mode": "round_odd"}
+CONVERSION = {"mode": "direct"}  # both were bit-identical to torch on H200 (scripts/diag_fp8_conversion.py)
 
 
 def _round_odd() -> bool:
@@ -82,21 +85,23 @@ def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False,
     grid = (tokens, triton.cdiv(num_groups, per_prog))
     _group_quant_kernel[grid](x, q, s, hidden, num_groups, x.stride(0), q.stride(0), s.stride(0),
                               GROUP=group, GROUPS_PER_PROG=per_prog, UE8M0=ue8m0,
-                              FMAX=FP8_MAX, EPSILON=EPS, ROUND_ODD=_round_odd(), num_warps=warps)
+                              FMAX=FP8_MAX, FMAX_INV=FP8_MAX_INV, EPSILON=EPS, ROUND_ODD=_round_odd(),
+                              num_warps=warps)
     return q, s
 
 
 @triton.jit
 def _token_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, x_stride, q_stride,
-                        BLOCK: tl.constexpr, FMAX: tl.constexpr, EPSILON: tl.constexpr,
-                        ROUND_ODD: tl.constexpr):
+                        BLOCK: tl.constexpr, FMAX: tl.constexpr, FMAX_INV: tl.constexpr,
+                        EPSILON: tl.constexpr, ROUND_ODD: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(x), axis=0), EPSILON)
-    scale = tl.math.div_rn(amax, FMAX)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FMAX), FMAX)
+    scale = amax * FMAX_INV
+    multiplier = tl.math.div_rn(amax * 0.0 + FMAX, amax)
+    q = tl.minimum(tl.maximum(x * multiplier, -FMAX), FMAX)
     tl.store(q_ptr + row * q_stride + cols, _to_fp8(q, q_ptr.dtype.element_ty, ROUND_ODD), mask=mask)
     tl.store(s_ptr + row, scale)
 
@@ -109,7 +114,7 @@ def per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if tokens:
         block = triton.next_power_of_2(hidden)
         _token_quant_kernel[(tokens,)](x, q, s, hidden, x.stride(0), q.stride(0), BLOCK=block,
-                                       FMAX=FP8_MAX, EPSILON=EPS, ROUND_ODD=_round_odd(),
+                                       FMAX=FP8_MAX, FMAX_INV=FP8_MAX_INV, EPSILON=EPS, ROUND_ODD=_round_odd(),
                                        num_warps=8 if block >= 4096 else 4)
     return q, s
 
@@ -120,8 +125,9 @@ def _static_quant_kernel(x_ptr, q_ptr, scale_ptr, n, BLOCK: tl.constexpr, FMAX: 
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     scale = tl.load(scale_ptr)
+    multiplier = tl.math.div_rn(scale * 0.0 + 1.0, scale)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FMAX), FMAX)
+    q = tl.minimum(tl.maximum(x * multiplier, -FMAX), FMAX)
     tl.store(q_ptr + offs, _to_fp8(q, q_ptr.dtype.element_ty, ROUND_ODD), mask=mask)
 
 

@@ -133,6 +133,8 @@ class LiveBench(Bench):
         if not self._procs:
             self._start_group()
         self._token += 1
+        if self._token == int(os.environ.get("MOEPOLICY_FAULT_KILL_AT", "0") or 0):
+            self.kill_workers_for_test()  # fault injection: a rank dies as on a device trap
         for q in self._commands:
             q.put((self._token, workload, point))
         deadline = time.monotonic() + self.trial_timeout_s
