@@ -108,24 +108,24 @@ class LiveBench(Bench):
             dead = [p for p in self._procs if p.exitcode is not None]
             if dead:
                 codes = ", ".join(f"rank {self._procs.index(p)} exit {p.exitcode}" for p in dead)
-                self._kill_group()
+                self._kill_group(failed=True)
                 raise TrialFailed(f"worker died while {what} ({codes}); group restarted")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self._kill_group()
+                self._kill_group(failed=True)
                 raise TrialFailed(f"no answer within the watchdog while {what}; group killed and restarted")
             try:
                 return self._results.get(timeout=min(1.0, remaining))
             except queue.Empty:
                 continue
 
-    def _kill_group(self) -> None:
+    def _kill_group(self, failed: bool = False) -> None:
         for p in self._procs:
             if p.is_alive():
                 p.kill()
         for p in self._procs:
             p.join(timeout=10)
-        if self._procs:
+        if self._procs and failed:
             self.restarts += 1
         self._procs = []
 
@@ -143,7 +143,7 @@ class LiveBench(Bench):
             if token != self._token:
                 continue  # a late answer from an earlier trial
             if kind == "error":
-                self._kill_group()  # a failed collective leaves peers in an unknown state
+                self._kill_group(failed=True)  # a failed collective leaves peers in an unknown state
                 raise TrialFailed(payload)
             return check_measurement(payload)
 

@@ -11,6 +11,8 @@ measured envelope (same GPU and EP size, hidden within the calibrated range) ans
 from __future__ import annotations
 
 import math
+import os
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -145,6 +147,9 @@ class ModelBench(Bench):
         return None
 
     def measure(self, workload: Workload, point: TunePoint) -> Measurement:
+        delay = float(os.environ.get("MOEPOLICY_MODEL_BENCH_DELAY_S", "0") or 0)
+        if delay:  # lets tests interrupt or kill a tune mid-study
+            time.sleep(delay)
         cal = self._calibration(workload)
         if cal is None:
             from moepolicy.tuning.bench import TrialFailed

@@ -26,7 +26,13 @@ def redact(url: str) -> str:
 
 
 def make_storage(url: str):
+    import warnings
+
     import optuna
+
+    # ask/tell with our own heartbeat thread is the point; optuna's experimental notes are noise here
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
     if url.endswith(".log") or url.startswith("journal:"):
         path = url.removeprefix("journal:")

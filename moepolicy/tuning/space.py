@@ -33,7 +33,9 @@ class Space:
             raise TuningError(f"no even SM count fits the budget: --max-sms {max_sms}, GPU has {sm_count}")
         return sorted(grid)
 
-    def suggest(self, trial, kind: str, internode: bool, max_nvl_recv: int) -> Chunk:
+    def suggest(self, trial, kind: str, internode: bool, max_nvl_recv: int,
+                rdma_default: tuple[int, int] = (6, 132)) -> Chunk:
+        """One feasible chunk config; intranode keeps the default RDMA fields (unused there)."""
         spec = self.raw[kind]
         recv_choices = [c for c in spec["nvl_recv"]["choices"] if c <= max_nvl_recv]
         if not recv_choices:
@@ -42,7 +44,7 @@ class Space:
         nvl_send = trial.suggest_int(f"{kind}.nvl_send", spec["nvl_send"]["low"],
                                      min(spec["nvl_send"]["high"], nvl_recv - 1))
         if not internode:
-            return (nvl_send, nvl_recv, 6, effective_rdma_recv(6, 256))
+            return (nvl_send, nvl_recv, *rdma_default)
         r = spec["rdma_send"]
         rdma_send = trial.suggest_int(f"{kind}.rdma_send", r["low"], r["high"], step=r.get("step", 1))
         rdma_recv = trial.suggest_categorical(f"{kind}.rdma_recv", spec["rdma_recv"]["choices"])

@@ -41,12 +41,11 @@ class SmsResult:
     buckets: list[BucketResult] = field(default_factory=list)
 
     def weighted(self, region: str) -> float:
-        total = 0.0
-        for b in self.buckets:
-            if b.best_measurement is None:
-                return math.inf
-            total += b.weight * b.best_measurement.objective(region)
-        return total
+        """Weighted time over the buckets measured (all of them unless a run was interrupted)."""
+        done = [b for b in self.buckets if b.best_measurement is not None]
+        if not done:
+            return math.inf
+        return sum(b.weight * b.best_measurement.objective(region) for b in done)
 
 
 @dataclass
@@ -99,10 +98,14 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
     sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
                                 direction="minimize", sampler=sampler)
-    try:
-        optuna.storages.fail_stale_trials(study)
-    except Exception:  # noqa: BLE001 (storages without heartbeats)
-        pass
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            optuna.storages.fail_stale_trials(study)
+        except Exception:  # noqa: BLE001 (storages without heartbeats)
+            pass
     done = [t for t in study.trials if t.state.is_finished()]
     seen = {t.user_attrs["effective"]: t.value for t in done
             if t.state == optuna.trial.TrialState.COMPLETE and "effective" in t.user_attrs}
@@ -118,8 +121,9 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
     for i in range(remaining):
         trial = study.ask()
         try:
-            point = TunePoint(num_sms, bucket.tokens, space.suggest(trial, "dispatch", internode, max_nvl_recv),
-                              space.suggest(trial, "combine", internode, max_nvl_recv))
+            point = TunePoint(num_sms, bucket.tokens,
+                              space.suggest(trial, "dispatch", internode, max_nvl_recv, default[0][2:]),
+                              space.suggest(trial, "combine", internode, max_nvl_recv, default[1][2:]))
         except TuningError:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise

@@ -1,0 +1,253 @@
+"""The tuner on CPUs: search space, feasibility, dedup, FAIL trials, fingerprint refusal, resume
+after kill -9, Ctrl-C, atomic output, the model bench, and the bench contract."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+optuna = pytest.importorskip("optuna", reason="tuning tests need optuna (pip install 'moepolicy[tune]')")
+
+from moepolicy.testing.bench_contract import BenchContract  # noqa: E402
+from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload  # noqa: E402
+from moepolicy.tuning.model_bench import ModelBench  # noqa: E402
+from moepolicy.tuning.space import load_space  # noqa: E402
+from moepolicy.tuning.study import BucketResult, tune_bucket  # noqa: E402
+
+from conftest import run_cli  # noqa: E402
+
+DEFAULT = ((24, 256, 6, 132), (10, 256, 6, 132))
+WORK = Workload(7168, 256, 8, 2, "fp8")
+
+
+class TestModelBenchContract(BenchContract):
+    @pytest.fixture
+    def bench(self):
+        return ModelBench("h200")
+
+    @pytest.fixture
+    def workload(self):
+        return WORK
+
+
+class CountingBench(Bench):
+    """Wraps a bench; counts measurements; can be told to misbehave on given calls."""
+
+    source = "modelled"
+
+    def __init__(self, inner: Bench, faults: dict | None = None):
+        self.inner, self.faults, self.calls, self.points = inner, faults or {}, 0, []
+
+    def measure(self, workload, point):
+        self.calls += 1
+        self.points.append(point)
+        fault = self.faults.get(self.calls)
+        if fault == "raise":
+            raise TrialFailed("injected: DeepEP host assert")
+        m = self.inner.measure(workload, point)
+        if fault == "nan":
+            from moepolicy.tuning.bench import check_measurement
+
+            return check_measurement(Measurement(float("nan"), m.dispatch_cached_us, m.combine_us, "modelled"))
+        return m
+
+
+def run_bucket(bench, trials, space=None, storage=None, name="s", seed=0):
+    storage = storage or optuna.storages.InMemoryStorage()
+    bucket = BucketResult(4096, 1.0)
+    tune_bucket(storage, name, bench, WORK, space or load_space(), 24, bucket, trials, DEFAULT, False, 768,
+                "full", seed, True, lambda line: None)
+    return bucket, optuna.load_study(study_name=name, storage=storage)
+
+
+def test_space_proposes_only_feasible_points():
+    space = load_space()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    budget = 128 * 1024 * 1024
+    max_recv = space.max_nvl_recv(24, 7168, 2, budget)
+    from moepolicy.runtime.buffers import nvl_bytes_hint
+
+    for _ in range(300):
+        trial = study.ask()
+        for kind in ("dispatch", "combine"):
+            send, recv, rsend, rrecv = space.suggest(trial, kind, internode=True, max_nvl_recv=max_recv)
+            assert 0 < send < recv <= max_recv
+            assert nvl_bytes_hint(24, recv, 7168 * 2, 2) <= budget
+            assert rrecv % rsend == 0 and rsend <= rrecv // 2  # DeepEP's rounding already applied
+        study.tell(trial, 1.0)
+
+
+def test_sms_candidates_respect_budget_and_gpu():
+    space = load_space()
+    assert space.sms_candidates(132, 24) == [8, 12, 16, 20, 24]
+    assert space.sms_candidates(132, 25)[-1] == 24
+    assert max(space.sms_candidates(78, None)) <= 78
+
+
+def test_default_is_measured_first_and_never_beaten_by_worse(tmp_path):
+    bench = CountingBench(ModelBench("h200"))
+    bucket, study = run_bucket(bench, 8)
+    assert bench.points[0].dispatch == DEFAULT[0] and bench.points[0].combine == DEFAULT[1]
+    assert bucket.best_measurement.objective("full") <= bucket.default_measurement.objective("full")
+
+
+def test_effective_config_measured_once(tmp_path):
+    import yaml
+
+    raw = yaml.safe_load(open(load_space().path))
+    raw["dispatch"]["nvl_send"] = {"low": 2, "high": 3}
+    raw["dispatch"]["nvl_recv"] = {"choices": [256]}
+    raw["combine"]["nvl_send"] = {"low": 9, "high": 10}
+    raw["combine"]["nvl_recv"] = {"choices": [256]}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    from moepolicy.tuning.space import load_space as load
+
+    bench = CountingBench(ModelBench("h200"))
+    bucket, study = run_bucket(bench, 12, space=load(str(path)))
+    keys = [(p.dispatch, p.combine) for p in bench.points]
+    assert len(keys) == len(set(keys))  # never measured twice
+    assert len(set(keys)) <= 5 and bucket.deduplicated >= 12 - len(set(keys))
+    assert len([t for t in study.trials if t.user_attrs.get("dedup")]) == bucket.deduplicated
+
+
+def test_failed_and_nonsense_trials_are_fail_states_and_the_study_goes_on():
+    bench = CountingBench(ModelBench("h200"), faults={2: "raise", 3: "nan"})
+    bucket, study = run_bucket(bench, 6)
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.FAIL) == 2
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 4
+    reasons = [t.user_attrs.get("reason", "") for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert any("injected" in r for r in reasons) and any("not a finite number" in r for r in reasons)
+    assert bucket.best is not None
+
+
+def tune_args(tmp_path, *extra, study="s", out="p.yaml", trials=6):
+    return ("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200", "--bench", "model",
+            "--sms", "24", "--tokens", "1024,4096", "--trials", str(trials), "--storage",
+            f"sqlite:///{tmp_path}/studies.db", "--study", study, "-o", str(tmp_path / out), *extra)
+
+
+def test_tune_cli_model_bench_writes_a_loadable_modelled_policy(tmp_path):
+    result = run_cli(*tune_args(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[0].startswith("bench: model (asked for with --bench model)")
+    from moepolicy import load_policy
+
+    policy = load_policy(tmp_path / "p.yaml", ep_size=2, model="DeepSeek-V3")
+    assert not policy.is_fallback and policy.deepep.num_sms == 24
+    assert policy.deepep.source == "modelled"
+    assert [b.max_tokens for b in policy.deepep.buckets] == [1024, None]
+    import yaml
+
+    doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert doc["deepep"]["provenance"]["source"] == "modelled"
+    assert "measured" not in {doc["deepep"]["provenance"]["source"]}
+
+
+def test_outside_envelope_is_extrapolated_defaults(tmp_path):
+    result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "8", "--bench", "model", "--gpu", "h200",
+                     "-o", str(tmp_path / "p.yaml"), "--storage", f"sqlite:///{tmp_path}/s.db")
+    assert result.returncode == 0, result.stderr
+    assert "no calibration for h200 EP8" in result.stderr
+    import yaml
+
+    doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert doc["deepep"]["provenance"]["source"] == "extrapolated"
+    assert doc["deepep"]["num_sms"] == 20
+
+
+def test_resume_with_another_target_is_refused(tmp_path):
+    assert run_cli(*tune_args(tmp_path)).returncode == 0
+    other = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "model",
+                    "--sms", "24", "--tokens", "1024,4096", "--trials", "6", "--storage",
+                    f"sqlite:///{tmp_path}/studies.db", "--study", "s", "-o", str(tmp_path / "q.yaml"))
+    assert other.returncode == 7
+    assert "was made for another model" in other.stderr and len(other.stderr.strip().splitlines()) <= 3
+
+
+def test_storage_password_never_printed_or_written(tmp_path):
+    from moepolicy.tuning.runner import redact
+
+    assert redact("postgresql://tuner:s3cret@db:5432/x") == "postgresql://tuner:***@db:5432/x"
+    assert "s3cret" not in redact("mysql+pymysql://u:s3cret@h/db")
+
+
+def completed_trials(db):
+    storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
+    out = []
+    for summary in optuna.get_all_study_summaries(storage):
+        if "/sms" in summary.study_name:
+            study = optuna.load_study(study_name=summary.study_name, storage=storage)
+            out += [(summary.study_name, t.user_attrs.get("effective"), t.state.name) for t in study.trials]
+    return out
+
+
+def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
+    env = {**os.environ, "MOEPOLICY_OFFLINE": "1", "MOEPOLICY_MODEL_BENCH_DELAY_S": "0.15"}
+    args = [sys.executable, "-m", "moepolicy", *tune_args(tmp_path, study="k")]
+    out = tmp_path / "p.yaml"
+    out.write_text("previous complete policy\n")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    time.sleep(3.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert out.read_text() == "previous complete policy\n"  # never a partial file
+    before = [t for t in completed_trials(tmp_path / "studies.db") if t[2] == "COMPLETE"]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    after = completed_trials(tmp_path / "studies.db")
+    complete = [t for t in after if t[2] == "COMPLETE"]
+    assert set(before) <= set(complete)  # nothing completed was lost
+    per_study = {}
+    for name, eff, state in complete:
+        per_study.setdefault(name, []).append(eff)
+    assert all(len(v) == 6 for v in per_study.values()), per_study  # the budget, not more
+    measured = [t for t in after if t[2] == "COMPLETE"]
+    assert out.read_text().startswith("schema_version")
+
+
+def test_ctrl_c_writes_what_was_found(tmp_path):
+    env = {**os.environ, "MOEPOLICY_OFFLINE": "1", "MOEPOLICY_MODEL_BENCH_DELAY_S": "0.15"}
+    args = [sys.executable, "-m", "moepolicy", *tune_args(tmp_path, study="c", trials=40)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    time.sleep(3.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    import yaml
+
+    doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert "interrupted" in doc["deepep"]["provenance"]["note"]
+
+
+def test_atomic_write_keeps_the_previous_file_on_failure(tmp_path, monkeypatch):
+    from moepolicy import document
+
+    target = tmp_path / "p.yaml"
+    target.write_text("old\n")
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(document.os, "replace", boom)
+    with pytest.raises(OSError):
+        document.atomic_write(target, "new\n")
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["p.yaml"]
+
+
+def test_model_bench_close_to_calibration_points():
+    """The fitted model stays within 25 % of every measured anchor it was fitted to."""
+    from moepolicy.tuning.model_bench import load_calibrations
+
+    bench = ModelBench("h200")
+    for hidden, experts, dtype, sms, us in [(7168, 256, "fp8", 24, 245), (7168, 256, "bf16", 8, 976),
+                                             (2048, 128, "fp8", 48, 109), (2048, 128, "bf16", 20, 240)]:
+        m = bench.measure(Workload(hidden, experts, 8, 2, dtype), TunePoint(sms, 4096, *DEFAULT))
+        assert abs(m.dispatch_cached_us - us) / us < 0.25, (hidden, dtype, sms, m.dispatch_cached_us, us)
+    assert load_calibrations()[0].files
