@@ -118,43 +118,45 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
                            "combine.rdma_send": c[2], "combine.rdma_recv": c[3]})
         study.enqueue_trial(params, user_attrs={"is_default": True}, skip_if_exists=True)
     remaining = max(0, trials - len(done))
-    for i in range(remaining):
-        trial = study.ask()
-        try:
-            point = TunePoint(num_sms, bucket.tokens,
-                              space.suggest(trial, "dispatch", internode, max_nvl_recv, default[0][2:]),
-                              space.suggest(trial, "combine", internode, max_nvl_recv, default[1][2:]))
-        except TuningError:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            raise
-        key = _effective_key(point)
-        trial.set_user_attr("effective", key)
-        if key in seen:
-            trial.set_user_attr("dedup", True)
-            study.tell(trial, seen[key])
-            bucket.deduplicated += 1
-            continue
-        stop = threading.Event()
-        beat = threading.Thread(target=_heartbeat, args=(study._storage, trial._trial_id, stop), daemon=True)
-        beat.start()
-        try:
-            m = bench.measure(workload, point)
-        except TrialFailed as exc:
-            stop.set()
-            trial.set_user_attr("reason", str(exc))
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            bucket.failed += 1
-            progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {len(done) + i + 1}/{trials}: FAIL ({exc})")
-            continue
-        finally:
-            stop.set()
-        value = m.objective(region)
-        trial.set_user_attr("measurement", m.as_dict())
-        study.tell(trial, value)
-        seen[key] = value
-        progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {len(done) + i + 1}/{trials}: "
-                 f"{value:8.1f} us (best {study.best_value:8.1f})")
-    _collect(study, bucket, num_sms)
+    try:
+        for i in range(remaining):
+            trial = study.ask()
+            try:
+                point = TunePoint(num_sms, bucket.tokens,
+                                  space.suggest(trial, "dispatch", internode, max_nvl_recv, default[0][2:]),
+                                  space.suggest(trial, "combine", internode, max_nvl_recv, default[1][2:]))
+            except TuningError:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            key = _effective_key(point)
+            trial.set_user_attr("effective", key)
+            if key in seen:
+                trial.set_user_attr("dedup", True)
+                study.tell(trial, seen[key])
+                bucket.deduplicated += 1
+                continue
+            stop = threading.Event()
+            beat = threading.Thread(target=_heartbeat, args=(study._storage, trial._trial_id, stop), daemon=True)
+            beat.start()
+            try:
+                m = bench.measure(workload, point)
+            except TrialFailed as exc:
+                stop.set()
+                trial.set_user_attr("reason", str(exc))
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                bucket.failed += 1
+                progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {len(done) + i + 1}/{trials}: FAIL ({exc})")
+                continue
+            finally:
+                stop.set()
+            value = m.objective(region)
+            trial.set_user_attr("measurement", m.as_dict())
+            study.tell(trial, value)
+            seen[key] = value
+            progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {len(done) + i + 1}/{trials}: "
+                     f"{value:8.1f} us (best {study.best_value:8.1f})")
+    finally:
+        _collect(study, bucket, num_sms)  # also when interrupted: what was measured counts
 
 
 def _collect(study, bucket: BucketResult, num_sms: int) -> None:
