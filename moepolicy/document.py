@@ -79,12 +79,22 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
+        _remove_stale_temps(directory, target.name)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+
+
+def _remove_stale_temps(directory: Path, name: str) -> None:
+    """Temporary files of writers killed mid-write (kill -9 leaves them behind)."""
+    for stale in directory.glob(f".{name}.*.tmp"):
+        try:
+            stale.unlink()
+        except OSError:
+            pass
 
 
 def _umask() -> int:
@@ -98,6 +108,38 @@ def write_document(doc: dict[str, Any], path: str | os.PathLike, fmt: str | None
     atomic_write(path, dumps(doc, fmt))
 
 
+MAX_EXPANDED_NODES = 2_000_000
+
+
+def expanded_size(node: Any, limit: int = MAX_EXPANDED_NODES) -> int:
+    """How many nodes ``node`` has once YAML aliases are expanded, counting shared objects once
+    per reference (linear time over distinct objects); stops early past ``limit``."""
+    memo: dict[int, int] = {}
+
+    def size(n: Any, depth: int) -> int:
+        if depth > 200:
+            raise ValueError("nested deeper than 200 levels")
+        if not isinstance(n, (dict, list)):
+            return 1
+        key = id(n)
+        if key in memo:
+            return memo[key]
+        items = n.values() if isinstance(n, dict) else n
+        total = 1
+        for item in items:
+            total += size(item, depth + 1)
+            if total > limit:
+                break
+        memo[key] = total
+        return total
+
+    return size(node, 0)
+
+
 def parse_text(text: str) -> Any:
-    """Safe-load YAML (JSON is YAML); raises yaml.YAMLError on bad input."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 (safe loader)
+    """Safe-load YAML (JSON is YAML). Raises yaml.YAMLError on bad input and ValueError for a
+    document that explodes when its aliases are expanded (a 'billion laughs')."""
+    data = yaml.load(text, Loader=_Loader)  # noqa: S506 (safe loader)
+    if expanded_size(data) > MAX_EXPANDED_NODES:
+        raise ValueError(f"more than {MAX_EXPANDED_NODES} nodes once aliases are expanded")
+    return data

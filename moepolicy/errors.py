@@ -8,9 +8,12 @@ from __future__ import annotations
 
 
 class MoePolicyError(Exception):
-    """Root of every error moepolicy raises on purpose."""
+    """Root of every error moepolicy raises on purpose. Its message is always one line."""
 
     exit_code = 1
+
+    def __init__(self, message: object = "") -> None:
+        super().__init__(one_line(str(message)))
 
 
 class UsageError(MoePolicyError):

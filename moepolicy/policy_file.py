@@ -57,13 +57,15 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         raise PolicyError(f"{source}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
-    except (ValueError, RecursionError) as exc:  # e.g. absurd numbers, deep nesting
-        raise PolicyError(f"{source}: unreadable document ({type(exc).__name__})") from None
+    except (ValueError, RecursionError) as exc:  # alias bombs, absurd numbers, deep nesting
+        raise PolicyError(f"{source}: unreadable document ({type(exc).__name__}: {exc})") from None
     if not isinstance(raw, dict):
         raise PolicyError(f"{source}: a policy is a mapping at the top, got {type(raw).__name__}")
     check_version(raw, source)
     try:
         doc = PolicyDoc.model_validate(raw)
+    except RecursionError:
+        raise PolicyError(f"{source}: nested too deeply to be a policy") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
@@ -82,7 +84,10 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
         if strict:
             raise PolicyError(message + " (refused under --strict)")
         warnings.append(message + " (ignored)")
-    expected = compute_keys(raw)
+    try:
+        expected = compute_keys(raw)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise PolicyError(f"{source}: key parts cannot be computed ({type(exc).__name__}: {exc})") from None
     for part in ("decision", "tuning", "content"):
         if getattr(doc.key, part) != expected[part]:
             raise PolicyError(
@@ -91,9 +96,15 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
     return LoadedPolicy(doc=doc, raw=raw, warnings=tuple(warnings))
 
 
+MAX_POLICY_BYTES = 64 * 1024 * 1024
+
+
 def read_policy(path: str | Path, strict: bool = False) -> LoadedPolicy:
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_POLICY_BYTES:
+            raise PolicyError(f"{p}: {p.stat().st_size} bytes is larger than any policy "
+                              f"({MAX_POLICY_BYTES} bytes at most)")
         data = p.read_bytes()
     except OSError as exc:
         raise PolicyError(f"{p}: cannot be read ({exc.strerror or exc})") from None

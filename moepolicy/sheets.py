@@ -29,13 +29,17 @@ def read_yaml(path: Path) -> Any:
         raise RulePackError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise RulePackError(f"{path}: is not UTF-8 text") from None
+    from moepolicy.document import parse_text
+
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 (safe loader)
+        return parse_text(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise RulePackError(f"{path}: invalid YAML{where}: {problem}") from None
+    except (ValueError, RecursionError) as exc:
+        raise RulePackError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
 
 
 def yaml_path(loc: tuple) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from moepolicy.checkpoint.fields import ConfigView
 from moepolicy.errors import CheckpointError
 
+MAX_LAYERS = 10_000
 _SPARSE_TYPES = {"sparse", "moe"}
 _DENSE_TYPES = {"dense", "mlp"}
 
@@ -69,10 +70,11 @@ def moe_flags(view: ConfigView, n: int, has_experts: bool) -> tuple[list[bool], 
 
 
 def layer_slots(view: ConfigView, has_experts: bool) -> list[LayerSlot]:
-    n = view.integer("num_hidden_layers", "n_layers", "num_layers", required=True, minimum=1)
+    n = view.integer("num_hidden_layers", "n_layers", "num_layers", required=True, minimum=1,
+                     maximum=MAX_LAYERS)
     flags, scheme = moe_flags(view, n, has_experts)
     slots = [LayerSlot(index=i, is_moe=flag, scheme=scheme) for i, flag in enumerate(flags)]
-    mtp = view.integer("num_nextn_predict_layers") or 0
+    mtp = view.integer("num_nextn_predict_layers", maximum=64) or 0
     for j in range(mtp):
         slots.append(LayerSlot(index=n + j, is_moe=has_experts, is_mtp=True, scheme="num_nextn_predict_layers"))
     return slots

@@ -70,7 +70,8 @@ def facts_from_raw(raw: RawCheckpoint, engine: str = "vllm") -> ModelFacts:
         else:
             layers.append(LayerFacts(index=slot.index, kind="dense", hidden_size=hidden,
                                      is_mtp=slot.is_mtp))
-    n = view.integer("num_hidden_layers", "n_layers", "num_layers", required=True, minimum=1)
+    n = view.integer("num_hidden_layers", "n_layers", "num_layers", required=True, minimum=1,
+                     maximum=10_000)
     notes = list(raw.notes) + list(scheme.notes)
     if slots:
         notes.append(f"layer schedule: {slots[0].scheme}")

@@ -50,6 +50,8 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})"
         ) from None
+    except (RecursionError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable JSON ({type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object at the top, got {type(data).__name__}")
     return data

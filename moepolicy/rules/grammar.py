@@ -309,6 +309,14 @@ def parse_rule(ctx: _Ctx, raw: Any, path: str, pack: str) -> Rule:
 
 def parse_pack(raw: Any, file: str, text_sha: str, known_caps: frozenset[str],
                builtin: bool = False) -> RulePack:
+    try:
+        return _parse_pack(raw, file, text_sha, known_caps, builtin)
+    except RecursionError:
+        raise RulePackError(f"{file}: conditions nested too deeply") from None
+
+
+def _parse_pack(raw: Any, file: str, text_sha: str, known_caps: frozenset[str],
+                builtin: bool = False) -> RulePack:
     ctx = _Ctx(file=file, known_caps=known_caps)
     if not isinstance(raw, dict):
         raise RulePackError(f"{file}: a rule pack is a mapping with pack, version and rules")

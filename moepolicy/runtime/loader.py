@@ -90,6 +90,17 @@ def _safe(source: str, reason: str, ep_size: Optional[int], report: dict[str, st
 
 def load_policy(path: str | Path, *, ep_size: Optional[int] = None, model: Optional[str] = None,
                 strict: bool = False) -> Policy:
+    """Load ``path`` for a serving process (see :func:`_load`); never raises unless ``strict``."""
+    if strict:
+        return _load(path, ep_size=ep_size, model=model, strict=True)
+    try:
+        return _load(path, ep_size=ep_size, model=model, strict=False)
+    except Exception as exc:  # noqa: BLE001 (serving must never be taken down by a policy file)
+        return _safe(str(path), f"unexpected error while loading ({type(exc).__name__}: {exc})", ep_size,
+                     {"decision": "unchecked", "tuning": "unchecked"})
+
+
+def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], strict: bool) -> Policy:
     """Load ``path`` for a serving process with ``ep_size`` ranks serving ``model``.
 
     Args:

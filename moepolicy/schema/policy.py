@@ -31,7 +31,7 @@ class WireDoc(_Doc):
 
 
 class LayerDoc(_Doc):
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=100_000)
     kind: Literal["moe", "dense"]
     order: Order
     wire: WireDoc
@@ -72,8 +72,8 @@ class TargetDoc(_Doc):
     gpu: str
     arch: Literal["sm80", "sm90", "sm100"] = "sm90"
     sm_count: int = Field(default=132, gt=0)
-    ep_size: int = Field(gt=0)
-    gpus_per_node: int = Field(gt=0)
+    ep_size: int = Field(gt=0, le=65536)
+    gpus_per_node: int = Field(gt=0, le=65536)
     layout: Literal["intranode", "internode"] = "intranode"
     backend: Literal["deepep_ht", "deepep_ll"]
     expert_kernel: str
@@ -97,10 +97,10 @@ class RulesDoc(_Doc):
 class ChunkDoc(_Doc):
     """One DeepEP ``Config``'s chunk fields (names as deep_ep.Config and SGLang's JSON use them)."""
 
-    num_max_nvl_chunked_send_tokens: int = Field(gt=0)
-    num_max_nvl_chunked_recv_tokens: int = Field(gt=0)
-    num_max_rdma_chunked_send_tokens: int = Field(default=6, gt=0)
-    num_max_rdma_chunked_recv_tokens: int = Field(default=256, gt=0)
+    num_max_nvl_chunked_send_tokens: int = Field(gt=0, le=65536)
+    num_max_nvl_chunked_recv_tokens: int = Field(gt=0, le=65536)
+    num_max_rdma_chunked_send_tokens: int = Field(default=6, gt=0, le=65536)
+    num_max_rdma_chunked_recv_tokens: int = Field(default=256, gt=0, le=65536)
 
     @model_validator(mode="after")
     def _deepep_asserts(self) -> "ChunkDoc":
@@ -124,7 +124,7 @@ class ChunkDoc(_Doc):
 
 
 class BucketDoc(_Doc):
-    max_tokens: Optional[int] = Field(default=None, gt=0)
+    max_tokens: Optional[int] = Field(default=None, gt=0, le=10_000_000)
     dispatch: ChunkDoc
     combine: ChunkDoc
     measured: Optional[dict[str, Any]] = None
@@ -138,9 +138,9 @@ class ProvenanceDoc(_Doc):
 
 
 class DeepEPDoc(_Doc):
-    num_sms: int = Field(gt=0)
-    num_nvl_bytes: int = Field(ge=0)
-    num_rdma_bytes: int = Field(ge=0)
+    num_sms: int = Field(gt=0, le=1024)
+    num_nvl_bytes: int = Field(ge=0, le=2**40)
+    num_rdma_bytes: int = Field(ge=0, le=2**40)
     buckets: list[BucketDoc] = Field(min_length=1)
     provenance: ProvenanceDoc
     low_latency: Optional[dict[str, int]] = None

@@ -75,9 +75,10 @@ class LiveBench(Bench):
     source = "measured"
 
     def __init__(self, world: int, buffer_bytes: int, trial_timeout_s: float = 90.0, reps: int = 20,
-                 start_timeout_s: float = 180.0):
+                 start_timeout_s: float = 180.0, worker=None):
         self.world, self.buffer_bytes = world, buffer_bytes
         self.trial_timeout_s, self.start_timeout_s, self.reps = trial_timeout_s, start_timeout_s, reps
+        self._worker = worker or _worker
         self._procs: list = []
         self._commands: list = []
         self._results = None
@@ -91,7 +92,7 @@ class LiveBench(Bench):
         self._results = ctx.Queue()
         self._commands = [ctx.Queue() for _ in range(self.world)]
         rendezvous = tempfile.mktemp(prefix="moepolicy-live-")
-        self._procs = [ctx.Process(target=_worker, args=(r, self.world, rendezvous, self.buffer_bytes,
+        self._procs = [ctx.Process(target=self._worker, args=(r, self.world, rendezvous, self.buffer_bytes,
                                                          self._commands[r], self._results, self.reps),
                                    daemon=True) for r in range(self.world)]
         for p in self._procs:

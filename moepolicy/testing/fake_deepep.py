@@ -1,0 +1,48 @@
+"""A fake DeepEP worker for the supervised live bench: no GPU, answers with the model bench, and
+misbehaves on request so the watchdog, restarts and FAIL trials can be tested in CI.
+
+``MOEPOLICY_FAKE_FAULTS="2:hang,4:die,6:raise,7:nan"``: what to do on the n-th measurement of a
+worker group's life (hang past the watchdog, kill the process as a device trap would, raise as a
+DeepEP host assert does, or answer NaN).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def _faults() -> dict[int, str]:
+    out = {}
+    for item in filter(None, os.environ.get("MOEPOLICY_FAKE_FAULTS", "").split(",")):
+        n, kind = item.split(":")
+        out[int(n)] = kind
+    return out
+
+
+def fake_worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands, results, reps: int) -> None:
+    from moepolicy.tuning.bench import Measurement
+    from moepolicy.tuning.model_bench import ModelBench
+
+    bench = ModelBench("h200")
+    faults = _faults()
+    results.put(("ready", rank, None))
+    while True:
+        command = commands.get()
+        if command is None:
+            break
+        token, workload, point = command
+        fault = faults.get(token)
+        if fault == "hang":
+            time.sleep(3600)
+        if fault == "die" and rank == 1:
+            os._exit(134)  # a peer rank trapping: the group is poisoned
+        if rank != 0:
+            continue
+        if fault == "raise":
+            results.put(("error", token, "rank 0: RuntimeError: injected host assert (x_scales->dim() == 2)"))
+            continue
+        m = bench.measure(workload, point)
+        if fault == "nan":
+            m = Measurement(float("nan"), m.dispatch_cached_us, m.combine_us, "measured")
+        results.put(("ok", token, m))

@@ -1,0 +1,79 @@
+"""Crash safety: kill -9 a real `moepolicy tune` at random moments (>= 20 times), then run the same
+command again. The study resumes, no completed trial is lost or measured twice, and the output file
+is always the previous complete policy or the new complete one, never a partial file."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+optuna = pytest.importorskip("optuna", reason="tuning needs optuna")
+
+KILLS = int(os.environ.get("MOEPOLICY_CRASH_KILLS", "20"))
+TRIALS = 5
+
+
+def complete_trials(db):
+    storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
+    out = {}
+    for summary in optuna.get_all_study_summaries(storage):
+        if "/sms" not in summary.study_name:
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        out[summary.study_name] = [(t.number, t.user_attrs.get("effective"), bool(t.user_attrs.get("dedup")))
+                                   for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    return out
+
+
+def output_is_whole(path, previous: str) -> bool:
+    if not path.exists():
+        return previous == ""
+    text = path.read_text()
+    if text == previous:
+        return True
+    from moepolicy.policy_file import read_policy
+
+    read_policy(path)  # raises on a partial or damaged file
+    return True
+
+
+def test_kill_9_at_random_moments_then_resume(tmp_path):
+    rng = random.Random(20261130)
+    env = {**os.environ, "MOEPOLICY_OFFLINE": "1", "MOEPOLICY_MODEL_BENCH_DELAY_S": "0.05"}
+    out = tmp_path / "policy.yaml"
+    db = tmp_path / "studies.db"
+    args = [sys.executable, "-m", "moepolicy", "tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2",
+            "--gpu", "h200", "--bench", "model", "--sms", "20,24", "--tokens", "512,4096",
+            "--trials", str(TRIALS), "--storage", f"sqlite:///{db}", "--study", "crash", "-o", str(out)]
+    previous = ""
+    seen_complete: dict = {}
+    for i in range(KILLS):
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        time.sleep(rng.uniform(0.2, 2.2))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert output_is_whole(out, previous), f"kill {i}: partial output"
+        previous = out.read_text() if out.exists() else ""
+        if db.exists():
+            now = complete_trials(db)
+            for name, trials in seen_complete.items():  # nothing completed is ever lost
+                assert set(trials) <= set(now.get(name, [])), f"kill {i}: lost completed trials in {name}"
+            seen_complete = now
+    final = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert final.returncode == 0, final.stderr
+    from moepolicy.policy_file import read_policy
+
+    doc = read_policy(out).doc
+    assert doc.deepep.provenance.source == "modelled"
+    studies = complete_trials(db)
+    assert len(studies) == 4  # 2 SM counts x 2 buckets
+    for name, trials in studies.items():
+        assert len(trials) == TRIALS, (name, trials)  # the budget, not more: nothing repeated
+        measured = [eff for _, eff, dedup in trials if not dedup]
+        assert len(measured) == len(set(measured)), f"{name}: an effective config was measured twice"
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert not leftovers, leftovers

@@ -1,0 +1,230 @@
+"""Property-based fuzzing of every reader of user files: checkpoint configs, rule packs, policy
+documents. Each reader either accepts the input or refuses it with its own error naming the place;
+nothing else escapes, and a non-strict load_policy always returns a usable policy.
+
+The example count per reader is MOEPOLICY_FUZZ_EXAMPLES (CI: 10000)."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from moepolicy.checkpoint.reader import facts_from_raw
+from moepolicy.checkpoint.source import RawCheckpoint
+from moepolicy.errors import CheckpointError, PolicyError, RulePackError
+
+EXAMPLES = int(os.environ.get("MOEPOLICY_FUZZ_EXAMPLES", "300"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
+                suppress_health_check=list(HealthCheck))
+ROOT = Path(__file__).resolve().parents[1]
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
+                    st.sampled_from(["fp8", "e4m3", "dynamic", "static", "re:.*", "*", "Linear", "token",
+                                     "group", "NVFP4", "FP8", "mxfp4", "compressed-tensors", "gptq"]))
+json_values = st.recursive(scalars, lambda children: st.one_of(
+    st.lists(children, max_size=5), st.dictionaries(st.text(max_size=12), children, max_size=5)), max_leaves=20)
+
+
+def catalog_configs():
+    out = []
+    for folder in sorted((ROOT / "catalog").iterdir()):
+        config = json.loads((folder / "config.json").read_text())
+        quant = folder / "hf_quant_config.json"
+        out.append((config, json.loads(quant.read_text()) if quant.exists() else None))
+    return out
+
+
+CONFIGS = catalog_configs()
+CONFIG_KEYS = sorted({k for c, _ in CONFIGS for k in c} | {"text_config", "mlp_layer_types", "moe_layers",
+                                                          "num_nextn_predict_layers", "quantization_config"})
+
+
+@st.composite
+def mutated_config(draw):
+    config, quant = draw(st.sampled_from(CONFIGS))
+    config = json.loads(json.dumps(config))
+    for _ in range(draw(st.integers(1, 4))):
+        key = draw(st.sampled_from(CONFIG_KEYS))
+        action = draw(st.sampled_from(["delete", "replace", "nest"]))
+        if action == "delete":
+            config.pop(key, None)
+        elif action == "replace":
+            config[key] = draw(json_values)
+        elif isinstance(config.get("quantization_config"), dict):
+            qc = config["quantization_config"]
+            qc[draw(st.sampled_from(["quant_method", "fmt", "weight_block_size", "activation_scheme",
+                                     "config_groups", "ignore", "modules_to_not_convert", "bits",
+                                     "group_size", "scale_fmt"]))] = draw(json_values)
+    if quant is not None and draw(st.booleans()):
+        quant = {"quantization": draw(st.dictionaries(st.sampled_from(["quant_algo", "group_size",
+                                                                        "exclude_modules"]), json_values))}
+    return config, quant
+
+
+@FUZZ
+@given(mutated_config(), st.sampled_from(["vllm", "sglang"]))
+def test_checkpoint_reader_accepts_or_refuses(case, engine):
+    config, quant = case
+    raw = RawCheckpoint(name="fuzz", source="fuzz", config=config, hf_quant_config=quant,
+                        config_path="fuzz/config.json", hf_quant_path="fuzz/hf_quant_config.json")
+    try:
+        facts = facts_from_raw(raw, engine=engine)
+    except CheckpointError as exc:
+        assert "fuzz/" in str(exc)  # names the file
+        return
+    assert len(facts.layers) >= 1 and facts.sha256()
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_checkpoint_file_bytes(tmp_path_factory, data):
+    from moepolicy.checkpoint import read_model
+
+    path = tmp_path_factory.mktemp("c") / "config.json"
+    path.write_bytes(data)
+    try:
+        read_model(str(path))
+    except CheckpointError as exc:
+        assert str(path) in str(exc)
+
+
+PACK_TEXT = (ROOT / "policies" / "packs" / "deepep.yaml").read_text()
+
+
+@st.composite
+def mutated_pack(draw):
+    text = PACK_TEXT
+    kind = draw(st.sampled_from(["truncate", "splice", "tag", "bomb", "replace_line", "deep"]))
+    if kind == "truncate":
+        return text[: draw(st.integers(0, len(text)))]
+    if kind == "splice":
+        at = draw(st.integers(0, len(text)))
+        return text[:at] + draw(st.text(max_size=30)) + text[at:]
+    if kind == "tag":
+        return "pack: !!python/object/apply:os.system ['true']\nversion: '1'\nrules: []\n"
+    if kind == "bomb":
+        lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+        lines += [f"a{i}: &a{i} [{', '.join(['*a%d' % (i - 1)] * 10)}]" for i in range(1, 9)]
+        return "\n".join(lines) + "\npack: p\nversion: '1'\nrules: *a8\n"
+    if kind == "deep":
+        depth = draw(st.integers(50, 3000))
+        cond = "{fact: layer.kind, op: eq, value: moe}"
+        for _ in range(depth):
+            cond = "{not: " + cond + "}"
+        return f"pack: p\nversion: '1'\nrules:\n  - {{id: r, priority: 1, why: w, source: s, when: {cond}, then: {{order: none}}}}\n"
+    lines = text.splitlines()
+    i = draw(st.integers(0, len(lines) - 1))
+    lines[i] = draw(st.text(max_size=40))
+    return "\n".join(lines)
+
+
+@FUZZ
+@given(mutated_pack())
+def test_rule_pack_loader_accepts_or_refuses(tmp_path_factory, text):
+    from moepolicy.rules.grammar import load_pack
+    from moepolicy.rules.packs import known_capabilities
+
+    path = tmp_path_factory.mktemp("p") / "pack.yaml"
+    path.write_bytes(text.encode("utf-8", "replace"))
+    try:
+        pack = load_pack(path, known_capabilities())
+    except RulePackError as exc:
+        assert str(path) in str(exc)
+        return
+    assert pack.name
+
+
+def _policy_text():
+    """A small but complete policy (DeepSeek-V3's scheme on 5 layers: dense, MoE, MTP) keeps each
+    example fast; every section and code path of a real policy is there."""
+    from moepolicy.checkpoint.reader import facts_from_raw
+    from moepolicy.document import dumps
+    from moepolicy.planner import build_document, make_plan
+    from moepolicy.rules.packs import pack_stack
+    from moepolicy.target import resolve_target
+
+    config, _ = next(c for c in CONFIGS if c[0].get("model_type") == "deepseek_v3" and
+                     (c[0].get("quantization_config") or {}).get("quant_method") == "fp8")
+    config = {**config, "num_hidden_layers": 4, "first_k_dense_replace": 2}
+    raw = RawCheckpoint(name="small", source="fuzz", config=config)
+    plan = make_plan(facts_from_raw(raw), resolve_target(gpu="h200", ep_size=8, probe=False), pack_stack())
+    return dumps(build_document(plan))
+
+
+POLICY_TEXT = _policy_text()
+POLICY = yaml.safe_load(POLICY_TEXT)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k != "facts":
+                yield from _paths(v, prefix + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node[:3]):
+            yield from _paths(v, prefix + (i,))
+
+
+PATHS = [p for p in _paths(POLICY) if p]
+
+
+@st.composite
+def mutated_policy(draw):
+    kind = draw(st.sampled_from(["edit", "edit", "edit", "truncate", "splice", "tag", "bomb"]))
+    if kind == "truncate":
+        return POLICY_TEXT[: draw(st.integers(0, len(POLICY_TEXT)))]
+    if kind == "splice":
+        at = draw(st.integers(0, len(POLICY_TEXT)))
+        return POLICY_TEXT[:at] + draw(st.text(max_size=20)) + POLICY_TEXT[at:]
+    if kind == "tag":
+        return POLICY_TEXT.replace("schema_version: '1.0'", "schema_version: !!python/name:os.system ''", 1)
+    if kind == "bomb":
+        lines = ["x0: &x0 [a, a, a, a, a, a, a, a, a, a]"]
+        lines += [f"x{i}: &x{i} [{', '.join(['*x%d' % (i - 1)] * 10)}]" for i in range(1, 9)]
+        return POLICY_TEXT + "\n".join(lines) + "\n"
+    doc = json.loads(json.dumps(POLICY))
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(PATHS))
+        parent = doc
+        try:
+            for part in path[:-1]:
+                parent = parent[part]
+            if draw(st.booleans()) and isinstance(parent, dict):
+                parent.pop(path[-1], None)
+            else:
+                parent[path[-1]] = draw(json_values)
+        except (KeyError, IndexError, TypeError):
+            continue
+    if draw(st.booleans()):  # keep the keys consistent so the deeper checks are reached
+        from moepolicy.keys import compute_keys
+
+        try:
+            doc["key"] = compute_keys(doc)
+        except Exception:  # noqa: BLE001
+            pass
+    return yaml.dump(doc, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
+
+
+@FUZZ
+@given(mutated_policy())
+def test_policy_reader_never_crashes_serving(tmp_path_factory, text):
+    from moepolicy import load_policy
+
+    path = tmp_path_factory.mktemp("d") / "policy.yaml"
+    path.write_bytes(text.encode("utf-8", "replace"))
+    policy = load_policy(path, ep_size=8)  # non-strict: always usable
+    layer = policy.layer(3)
+    assert layer.order in ("quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none")
+    assert policy.deepep.num_sms > 0
+    if policy.is_fallback:
+        assert policy.fallback_reason
+    try:
+        load_policy(path, ep_size=8, strict=True)
+    except PolicyError as exc:
+        assert str(path) in str(exc) and "\n" not in str(exc)

@@ -1,0 +1,42 @@
+"""The live bench's supervised worker group on CPUs, with a fake DeepEP that hangs, dies, raises
+and answers NaN on given trials: each becomes a FAIL trial with its reason and the study goes on."""
+
+import time
+
+import pytest
+
+optuna = pytest.importorskip("optuna", reason="tuning needs optuna")
+
+from moepolicy.testing.fake_deepep import fake_worker  # noqa: E402
+from moepolicy.tuning.bench import Workload  # noqa: E402
+from moepolicy.tuning.live_bench import LiveBench  # noqa: E402
+from moepolicy.tuning.space import load_space  # noqa: E402
+from moepolicy.tuning.study import BucketResult, tune_bucket  # noqa: E402
+
+DEFAULT = ((24, 256, 6, 132), (10, 256, 6, 132))
+
+
+def test_faults_become_fail_trials_and_the_group_restarts(monkeypatch):
+    # faults are keyed by the bench's running measurement number (LiveBench._token)
+    monkeypatch.setenv("MOEPOLICY_FAKE_FAULTS", "2:hang,4:die,6:raise,7:nan")
+    bench = LiveBench(2, 1 << 20, trial_timeout_s=3.0, start_timeout_s=60, worker=fake_worker)
+    storage = optuna.storages.InMemoryStorage()
+    bucket = BucketResult(4096, 1.0)
+    lines = []
+    started = time.monotonic()
+    try:
+        tune_bucket(storage, "sup", bench, Workload(7168, 256, 8, 2, "fp8"), load_space(), 24, bucket, 9,
+                    DEFAULT, False, 768, "full", 0, True, lines.append)
+    finally:
+        bench.close()
+    study = optuna.load_study(study_name="sup", storage=storage)
+    failed = {t.number: t.user_attrs.get("reason", "") for t in study.trials
+              if t.state == optuna.trial.TrialState.FAIL}
+    reasons = " | ".join(failed.values())
+    assert "no answer within the watchdog" in reasons
+    assert "worker died" in reasons
+    assert "injected host assert" in reasons
+    assert "not a finite number" in reasons
+    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 4
+    assert bench.restarts >= 3  # hang, die and the host assert each cost the group
+    assert time.monotonic() - started < 120
