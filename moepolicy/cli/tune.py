@@ -33,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--study", help="study name (default from model and target)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trial-timeout", type=float, default=90.0, help="live watchdog per trial, seconds")
+    p.add_argument("--launcher", choices=["local", "torchrun"], default="local",
+                   help="torchrun: one process per rank from torchrun's environment; rank 0 alone "
+                        "talks to the study (coordination over gloo; with --bench model)")
     p.add_argument("-o", "--output", default="policy.yaml", help="policy file to write (default policy.yaml)")
     p.set_defaults(run=run)
 
@@ -68,7 +71,45 @@ def _buckets(args, objective) -> list[tuple[int, float]]:
     return sorted((int(b["tokens"]), float(b.get("weight", 1.0))) for b in objective["buckets"])
 
 
+def _torchrun(args: argparse.Namespace) -> int:
+    """Rank 0 tunes as usual with a coordinated bench; the other ranks serve measurements."""
+    import os
+
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise UsageError("--launcher torchrun: RANK and WORLD_SIZE are not set (start it with torchrun)")
+    if args.bench != "model":
+        raise UsageError("--launcher torchrun coordinates the model bench (--bench model); live multi-node "
+                         "measurement needs a per-rank DeepEP bench, not built yet")
+    dist.init_process_group("gloo")
+    from moepolicy.target import resolve_target
+    from moepolicy.tuning.coordinate import CoordinatedBench, serve
+    from moepolicy.tuning.model_bench import ModelBench
+
+    gpu = resolve_target(gpu=args.gpu, ep_size=args.ep_size or 1, probe=False).gpu
+    try:
+        if dist.get_rank() != 0:
+            served = serve(ModelBench(gpu))
+            note(f"rank {dist.get_rank()}: measured {served} trials")
+            return 0
+        args.coordinated = CoordinatedBench(ModelBench(gpu))
+        try:
+            return _run_local(args)
+        finally:
+            args.coordinated.close()
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.launcher == "torchrun":
+        return _torchrun(args)
+    return _run_local(args)
+
+
+def _run_local(args: argparse.Namespace) -> int:
     from moepolicy.cli.plan import build_plan
     from moepolicy.tuning.space import load_objective, load_space
 
@@ -88,10 +129,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("tuning needs optuna: pip install 'moepolicy[tune]'") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     objective, space = load_objective(), load_space()
-    from moepolicy.tuning.runner import tune_plan
+    from moepolicy.tuning.runner import redact, tune_plan
 
     doc = tune_plan(plan, kind=kind, args=args, space=space, objective=objective,
                     buckets=_buckets(args, objective),
-                    command="moepolicy " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+                    command=redact("moepolicy " + " ".join(shlex.quote(a) for a in sys.argv[1:])))
     note(f"wrote {args.output}")
     return 0

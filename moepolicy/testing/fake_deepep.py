@@ -35,8 +35,8 @@ def fake_worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, comma
         fault = faults.get(token)
         if fault == "hang":
             time.sleep(3600)
-        if fault == "die" and rank == 1:
-            os._exit(134)  # a peer rank trapping: the group is poisoned
+        if fault == "die":
+            os._exit(134)  # a device trap: the process dies and strands its peers
         if rank != 0:
             continue
         if fault == "raise":

@@ -79,6 +79,10 @@ class Bench(ABC):
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release workers or GPUs."""
 
+    def identity(self) -> str:
+        """The hardware this bench measures on (recorded on every trial)."""
+        return self.name
+
     def in_envelope(self, workload: Workload, gpu: str) -> Optional[str]:
         """None when this bench's answers are trusted for the workload; else why not."""
         return None

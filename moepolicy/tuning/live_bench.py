@@ -148,6 +148,12 @@ class LiveBench(Bench):
                 raise TrialFailed(payload)
             return check_measurement(payload)
 
+    def identity(self) -> str:
+        from moepolicy.runtime.hardware import nvml_gpus
+
+        names = nvml_gpus()
+        return f"{names[0]} x{self.world}" if names else f"{self.world} GPUs (NVML unavailable)"
+
     def kill_workers_for_test(self) -> None:
         """Fault injection: kill rank 0 as a device trap would."""
         if self._procs:

@@ -130,6 +130,9 @@ class ModelBench(Bench):
         self.gpu = gpu
         self.calibrations = load_calibrations(calibration_folder)
 
+    def identity(self) -> str:
+        return f"model bench for {self.gpu} ({', '.join(f for c in self.calibrations for f in c.files)})"
+
     def _calibration(self, workload: Workload) -> Optional[Calibration]:
         for cal in self.calibrations:
             if cal.gpu == self.gpu and cal.ep_size == workload.ep_size:

@@ -38,9 +38,35 @@ def make_storage(url: str):
         path = url.removeprefix("journal:")
         return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(path))
     if url.startswith(("sqlite", "postgresql", "mysql")):
-        return optuna.storages.RDBStorage(url, heartbeat_interval=10, grace_period=60)
+        try:
+            return _rdb_with_retry(url)
+        except ImportError:
+            raise TuningError(f"--storage {redact(url)}: the database driver is not installed "
+                              "(PostgreSQL: pip install 'psycopg[binary]'; MySQL: pip install pymysql)") from None
+        except Exception as exc:  # noqa: BLE001 (sqlalchemy's errors: connection refused, bad URL)
+            reason = redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
+            raise TuningError(f"--storage {redact(url)}: cannot open the study database ({reason})") from None
     raise TuningError(f"--storage {redact(url)!r}: expected an optuna RDB URL (sqlite, postgresql, "
                       "mysql) or a journal file (*.log)")
+
+
+def _rdb_with_retry(url: str, attempts: int = 6):
+    """Workers that start together race to create optuna's tables; the loser retries."""
+    import random
+    import time
+
+    import optuna
+
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, heartbeat_interval=10, grace_period=60)
+        except ImportError:
+            raise
+        except Exception:  # noqa: BLE001
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 + random.random() * 0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def workload_for(plan: Plan, routing: str) -> Workload:
@@ -55,6 +81,8 @@ def workload_for(plan: Plan, routing: str) -> Workload:
 
 
 def _bench(kind: str, plan: Plan, args, objective) -> Bench:
+    if getattr(args, "coordinated", None) is not None:
+        return args.coordinated
     if kind == "model":
         from moepolicy.tuning.model_bench import ModelBench
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import socket
 import sys
 import threading
 import time
@@ -106,6 +108,7 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
             optuna.storages.fail_stale_trials(study)
         except Exception:  # noqa: BLE001 (storages without heartbeats)
             pass
+    _fail_orphans(study)
     done = [t for t in study.trials if t.state.is_finished()]
     seen = {t.user_attrs["effective"]: t.value for t in done
             if t.state == optuna.trial.TrialState.COMPLETE and "effective" in t.user_attrs}
@@ -117,10 +120,19 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
             params.update({"dispatch.rdma_send": d[2], "dispatch.rdma_recv": d[3],
                            "combine.rdma_send": c[2], "combine.rdma_recv": c[3]})
         study.enqueue_trial(params, user_attrs={"is_default": True}, skip_if_exists=True)
-    remaining = max(0, trials - len(done))
+    host = socket.gethostname()
     try:
-        for i in range(remaining):
+        while True:
+            if _budget_used(study) >= trials:
+                break
             trial = study.ask()
+            trial.set_user_attr("host", host)
+            trial.set_user_attr("pid", os.getpid())
+            trial.set_user_attr("hardware", bench.identity())
+            if _budget_used(study, below=trial.number) >= trials:  # earlier trials of other workers filled it
+                trial.set_user_attr("reason", "budget reached by other workers")
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                break
             try:
                 point = TunePoint(num_sms, bucket.tokens,
                                   space.suggest(trial, "dispatch", internode, max_nvl_recv, default[0][2:]),
@@ -130,11 +142,22 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
                 raise
             key = _effective_key(point)
             trial.set_user_attr("effective", key)
-            if key in seen:
+            state, value, other = _same_config(study, key, trial.number, seen)
+            if state is None:  # claim it, then look again: of two racing claims at least one yields
+                trial.set_user_attr("measuring", True)
+                state, value, other = _same_config(study, key, trial.number, seen)
+            if state == "complete":
                 trial.set_user_attr("dedup", True)
-                study.tell(trial, seen[key])
+                trial.set_user_attr("dedup_of", other)
+                study.tell(trial, value)
                 bucket.deduplicated += 1
                 continue
+            if state == "running":
+                trial.set_user_attr("reason", f"the same effective config is being measured by trial {other}")
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                bucket.deduplicated += 1
+                continue
+            n = trial.number + 1
             stop = threading.Event()
             beat = threading.Thread(target=_heartbeat, args=(study._storage, trial._trial_id, stop), daemon=True)
             beat.start()
@@ -145,7 +168,7 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
                 trial.set_user_attr("reason", str(exc))
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 bucket.failed += 1
-                progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {len(done) + i + 1}/{trials}: FAIL ({exc})")
+                progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {n}/{trials}: FAIL ({exc})")
                 continue
             finally:
                 stop.set()
@@ -153,10 +176,68 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
             trial.set_user_attr("measurement", m.as_dict())
             study.tell(trial, value)
             seen[key] = value
-            progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {len(done) + i + 1}/{trials}: "
+            progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {n}/{trials}: "
                      f"{value:8.1f} us (best {study.best_value:8.1f})")
     finally:
         _collect(study, bucket, num_sms)  # also when interrupted: what was measured counts
+
+
+def _fail_orphans(study) -> None:
+    """RUNNING trials left by a worker on this host whose process is gone (kill -9) are failed at
+    once, without waiting for the heartbeat's grace period, so the budget counts only live work."""
+    import optuna
+
+    host = socket.gethostname()
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        pid = t.user_attrs.get("pid")
+        if t.user_attrs.get("host") != host or not isinstance(pid, int) or pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # still alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        study._storage.set_trial_user_attr(t._trial_id, "reason", f"worker process {pid} is gone")
+        study._storage.set_trial_user_attr(t._trial_id, "orphan", True)
+        study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+
+
+def _budget_used(study, below: Optional[int] = None) -> int:
+    """Trials that count against the budget, by every worker: complete, failed, running (not the
+    orphans of killed workers: their measurement never finished). With ``below``, running trials
+    count only when their number is lower, so of two racing workers exactly the later one yields."""
+    import optuna
+
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING)
+    count = 0
+    for t in study.get_trials(deepcopy=False, states=states):
+        if t.user_attrs.get("orphan"):
+            continue
+        if below is not None and t.state == optuna.trial.TrialState.RUNNING and t.number >= below:
+            continue
+        count += 1
+    return count
+
+
+def _same_config(study, key: str, number: int, seen: dict) -> tuple[Optional[str], Optional[float], Optional[int]]:
+    """Has this effective config been measured (by any worker), or has another trial claimed it
+    ('measuring')? A trial claims before its second look, so two claims cannot both pass unseen:
+    two workers never both measure one config (at worst both yield and it is proposed again)."""
+    import optuna
+
+    if key in seen:
+        return "complete", seen[key], None
+    for t in study.get_trials(deepcopy=False):
+        if t.number == number or t.user_attrs.get("effective") != key:
+            continue
+        if t.state == optuna.trial.TrialState.COMPLETE and "measurement" in t.user_attrs:
+            seen[key] = t.value
+            return "complete", t.value, t.number
+        if t.state == optuna.trial.TrialState.RUNNING and t.user_attrs.get("measuring"):
+            return "running", None, t.number
+    return None, None, None
 
 
 def _collect(study, bucket: BucketResult, num_sms: int) -> None:
