@@ -18,14 +18,14 @@ DEFAULT = ((24, 256, 6, 132), (10, 256, 6, 132))
 
 def test_faults_become_fail_trials_and_the_group_restarts(monkeypatch):
     # faults are keyed by the bench's running measurement number (LiveBench._token)
-    monkeypatch.setenv("MOEPOLICY_FAKE_FAULTS", "2:hang,4:die,6:raise,7:nan")
+    monkeypatch.setenv("MOEPOLICY_FAKE_FAULTS", "2:hang,4:die,6:raise,7:nan,9:negative,10:tiny")
     bench = LiveBench(2, 1 << 20, trial_timeout_s=3.0, start_timeout_s=60, worker=fake_worker)
     storage = optuna.storages.InMemoryStorage()
     bucket = BucketResult(4096, 1.0)
     lines = []
     started = time.monotonic()
     try:
-        tune_bucket(storage, "sup", bench, Workload(7168, 256, 8, 2, "fp8"), load_space(), 24, bucket, 9,
+        tune_bucket(storage, "sup", bench, Workload(7168, 256, 8, 2, "fp8"), load_space(), 24, bucket, 12,
                     DEFAULT, False, 768, "full", 0, True, lines.append)
     finally:
         bench.close()
@@ -37,6 +37,8 @@ def test_faults_become_fail_trials_and_the_group_restarts(monkeypatch):
     assert "worker died" in reasons
     assert "injected host assert" in reasons
     assert "not a finite number" in reasons
-    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 4
+    assert "is not a plausible DeepEP time" in reasons  # negative and absurdly small
+    assert len(failed) == 6, failed
+    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 5
     assert bench.restarts >= 3  # hang, die and the host assert each cost the group
     assert time.monotonic() - started < 120

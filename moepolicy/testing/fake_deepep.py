@@ -1,9 +1,9 @@
 """A fake DeepEP worker for the supervised live bench: no GPU, answers with the model bench, and
 misbehaves on request so the watchdog, restarts and FAIL trials can be tested in CI.
 
-``MOEPOLICY_FAKE_FAULTS="2:hang,4:die,6:raise,7:nan"``: what to do on the n-th measurement of a
-worker group's life (hang past the watchdog, kill the process as a device trap would, raise as a
-DeepEP host assert does, or answer NaN).
+``MOEPOLICY_FAKE_FAULTS="2:hang,4:die,6:raise,7:nan"``: what to do on the bench's n-th
+measurement (hang past the watchdog, kill the process as a device trap would, raise as a DeepEP host
+assert does, or answer nonsense: ``nan``, ``negative``, ``tiny``).
 """
 
 from __future__ import annotations
@@ -45,4 +45,8 @@ def fake_worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, comma
         m = bench.measure(workload, point)
         if fault == "nan":
             m = Measurement(float("nan"), m.dispatch_cached_us, m.combine_us, "measured")
+        if fault == "negative":
+            m = Measurement(-m.dispatch_us, m.dispatch_cached_us, m.combine_us, "measured")
+        if fault == "tiny":
+            m = Measurement(1e-3, 1e-3, 1e-3, "measured")
         results.put(("ok", token, m))
