@@ -77,7 +77,7 @@ def postgres(tmp_path):
     initdb = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if not initdb:
         pytest.skip("PostgreSQL server binaries are not installed (.ci/run installs them)")
-    pytest.importorskip("psycopg2", reason="psycopg2 is not installed (.ci/run installs it)")
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'moepolicy[postgres]')")
     import tempfile
     from pathlib import Path
 

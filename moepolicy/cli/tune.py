@@ -33,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--study", help="study name (default from model and target)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trial-timeout", type=float, default=90.0, help="live watchdog per trial, seconds")
+    p.add_argument("--overlap", action="store_true",
+                   help="choose DeepEP's SMs against an expert-sized GEMM on the other SMs (live bench)")
     p.add_argument("--launcher", choices=["local", "torchrun"], default="local",
                    help="torchrun: one process per rank from torchrun's environment; rank 0 alone "
                         "talks to the study (coordination over gloo; with --bench model)")
@@ -41,7 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench_kind(args) -> tuple[str, str, int]:
+    import os
+
     from moepolicy.tuning.live_bench import deep_ep_importable, visible_gpus
+
+    if os.environ.get("MOEPOLICY_FAKE_DEEPEP") and args.bench == "live":  # CI: the supervisor, no GPUs
+        return "live", "fake DeepEP workers (MOEPOLICY_FAKE_DEEPEP)", int(os.environ["MOEPOLICY_FAKE_DEEPEP"])
 
     gpus = visible_gpus() if args.bench != "model" else 0
     missing = deep_ep_importable() if args.bench != "model" else "not asked"

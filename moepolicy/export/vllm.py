@@ -53,7 +53,16 @@ def export(doc: PolicyDoc) -> dict[str, Any]:
     env = {"VLLM_DEEPEP_BUFFER_SIZE_MB": str(max(buffer_mb, 1))}
     args = ["--enable-expert-parallel", "--all2all-backend", backend]
     cannot: list[str] = []
-    if target.backend == "deepep_ht":
+    overlap = doc.deepep.overlap
+    if overlap and target.backend == "deepep_ht":
+        comm = int(overlap.get("comm_sms", doc.deepep.num_sms))
+        if comm <= VLLM_HT_NUM_SMS:
+            env["VLLM_DBO_COMM_SMS"] = str(comm)
+            args.append("--enable-dbo")
+        else:
+            cannot.append(f"communication SMs {comm} for dual-batch overlap: VLLM_DBO_COMM_SMS takes at most "
+                          f"vLLM's {VLLM_HT_NUM_SMS} DeepEP SMs, so it is not emitted")
+    if target.backend == "deepep_ht" and not overlap:
         if doc.deepep.num_sms > VLLM_HT_NUM_SMS:
             cannot.append(f"num_sms {doc.deepep.num_sms}: vLLM fixes DeepEP at {VLLM_HT_NUM_SMS} SMs "
                           f"and can only lower it")
@@ -61,8 +70,8 @@ def export(doc: PolicyDoc) -> dict[str, Any]:
             env["VLLM_DBO_COMM_SMS"] = str(doc.deepep.num_sms)
             cannot.append(f"num_sms {doc.deepep.num_sms} outside dual-batch overlap: vLLM lowers "
                           "DeepEP's SMs only through VLLM_DBO_COMM_SMS with --enable-dbo")
-        if doc.deepep.provenance.source != "default":
-            cannot.append("tuned dispatch/combine chunk configs: vLLM uses DeepEP's built-in table")
+    if target.backend == "deepep_ht" and doc.deepep.provenance.source != "default":
+        cannot.append("tuned dispatch/combine chunk configs: vLLM uses DeepEP's built-in table")
     differ: dict[str, list[int]] = {}
     for layer in doc.layers:
         vllm_order, _ = _vllm_would_do(layer)

@@ -144,6 +144,7 @@ class DeepEPDoc(_Doc):
     buckets: list[BucketDoc] = Field(min_length=1)
     provenance: ProvenanceDoc
     low_latency: Optional[dict[str, int]] = None
+    overlap: Optional[dict[str, Any]] = None  # tune --overlap: the communication/GEMM SM split
 
     @field_validator("num_sms")
     @classmethod

@@ -31,13 +31,16 @@ def fake_worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, comma
         command = commands.get()
         if command is None:
             break
-        token, workload, point = command
+        token, workload, point, *extra = command
         fault = faults.get(token)
         if fault == "hang":
             time.sleep(3600)
         if fault == "die":
             os._exit(134)  # a device trap: the process dies and strands its peers
         if rank != 0:
+            continue
+        if extra:
+            results.put(("ok", token, modelled_overlap(bench, workload, point, extra[0])))
             continue
         if fault == "raise":
             results.put(("error", token, "rank 0: RuntimeError: injected host assert (x_scales->dim() == 2)"))
@@ -50,3 +53,19 @@ def fake_worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, comma
         if fault == "tiny":
             m = Measurement(1e-3, 1e-3, 1e-3, "measured")
         results.put(("ok", token, m))
+
+
+def modelled_overlap(bench, workload, point, gemm_shape, sm_count: int = 132) -> dict:
+    """A stand-in overlap answer: the comm time from the model bench, a GEMM that scales with its
+    SMs, imperfect overlap. Only for exercising the coordination on CPUs."""
+    m = bench.measure(workload, point)
+    comm = m.dispatch_us + m.combine_us
+    gemm = 2 * gemm_shape.rows * gemm_shape.hidden * gemm_shape.out / (6e6 * (sm_count - point.num_sms))
+    overlapped = max(comm, gemm) + 0.15 * min(comm, gemm)
+
+    def spread(v):
+        return {"median_us": v, "min_us": v * 0.98, "max_us": v * 1.02, "reps": 5}
+
+    return {"comm": spread(comm), "gemm": spread(gemm), "serial": spread(comm + gemm),
+            "overlapped": spread(overlapped), "floor_us": max(comm, gemm), "comm_sms": point.num_sms,
+            "gemm_sms": sm_count - point.num_sms, "gemm_fp8": True, "gemm_tflop": 0.0}

@@ -42,8 +42,13 @@ def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands,
         command = commands.get()
         if command is None:
             break
-        token, workload, point = command
+        token, workload, point, *extra = command
         try:
+            if extra:  # an overlapped measurement: (gemm shape,)
+                results_value = _overlap(buffer, works, workload, point, extra[0], rank, device, timer, reps)
+                if rank == 0:
+                    results.put(("ok", token, results_value))
+                continue
             key = (point.tokens, workload.hidden, workload.num_experts, workload.top_k, workload.routing)
             if key not in works:
                 works[key] = make_workload(point.tokens, workload.hidden, workload.num_experts,
@@ -68,6 +73,40 @@ def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands,
             results.put(("error", token, f"rank {rank}: {type(exc).__name__}: {exc}"
                          f" [{traceback.format_exc(limit=2).splitlines()[-1]}]"))
     dist.destroy_process_group()
+
+
+def _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, reps):
+    import deep_ep
+
+    from moepolicy.measure.deepep_ops import DeepEPOps, make_workload
+    from moepolicy.measure.overlap import ConfinedGemm, measure_overlap
+
+    key = (point.tokens, workload.hidden, workload.num_experts, workload.top_k, workload.routing)
+    if key not in works:
+        works[key] = make_workload(point.tokens, workload.hidden, workload.num_experts, workload.top_k,
+                                   rank, device, routing=workload.routing)
+    ops = DeepEPOps(buffer, works[key], deep_ep.Config(point.num_sms, *point.dispatch),
+                    deep_ep.Config(point.num_sms, *point.combine))
+    import torch
+
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    gemm_key = ("gemm", gemm_shape, sm_count - point.num_sms)
+    if gemm_key not in works:  # one green context and operand set per split, reused
+        works[gemm_key] = ConfinedGemm(gemm_shape, sm_count - point.num_sms, device)
+    gemm = works[gemm_key]
+
+    def comm():
+        ops.dispatch_only(workload.payload, "full")
+        ops.combine()
+
+    def flush():
+        timer._flush.zero_()
+        timer._barrier()
+
+    result = measure_overlap(comm, gemm, reps, flush)
+    result.update({"comm_sms": point.num_sms, "gemm_sms": sm_count - point.num_sms, "gemm_fp8": gemm.fp8,
+                   "gemm_tflop": gemm.flops / 1e12})
+    return result
 
 
 class LiveBench(Bench):
@@ -147,6 +186,23 @@ class LiveBench(Bench):
                 self._kill_group(failed=True)  # a failed collective leaves peers in an unknown state
                 raise TrialFailed(payload)
             return check_measurement(payload)
+
+    def measure_overlap(self, workload: Workload, point: TunePoint, gemm_shape) -> dict:
+        """Dispatch + combine on ``point.num_sms`` SMs beside a GEMM on the rest (green context)."""
+        if not self._procs:
+            self._start_group()
+        self._token += 1
+        for q in self._commands:
+            q.put((self._token, workload, point, gemm_shape))
+        deadline = time.monotonic() + self.trial_timeout_s
+        while True:
+            kind, token, payload = self._get(deadline, f"measuring overlap at {point.num_sms} SMs")
+            if token != self._token:
+                continue
+            if kind == "error":
+                self._kill_group(failed=True)
+                raise TrialFailed(payload)
+            return payload
 
     def identity(self) -> str:
         from moepolicy.runtime.hardware import nvml_gpus

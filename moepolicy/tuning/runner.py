@@ -87,10 +87,15 @@ def _bench(kind: str, plan: Plan, args, objective) -> Bench:
         from moepolicy.tuning.model_bench import ModelBench
 
         return ModelBench(plan.target.gpu)
+    import os
+
     from moepolicy.tuning.live_bench import LiveBench
 
+    worker = None
+    if os.environ.get("MOEPOLICY_FAKE_DEEPEP"):
+        from moepolicy.testing.fake_deepep import fake_worker as worker
     return LiveBench(plan.target.ep_size, args.max_buffer_mb * 1024 * 1024 // 128 * 128,
-                     trial_timeout_s=args.trial_timeout, reps=int(objective.get("reps", 20)))
+                     trial_timeout_s=args.trial_timeout, reps=int(objective.get("reps", 20)), worker=worker)
 
 
 def _layer_with_orders(doc: dict, plan: Plan, orders: dict[int, dict]) -> None:
@@ -151,6 +156,47 @@ def _section(plan: Plan, chosen: SmsResult, results: list[SmsResult], why: str, 
             "provenance": provenance}, per_bucket
 
 
+def default_chunks_effective(target) -> tuple:
+    from moepolicy.runtime.buffers import effective_rdma_recv
+
+    d, c = default_chunks(target)
+    return ((d[0], d[1], d[2], effective_rdma_recv(d[2], d[3])), (c[0], c[1], c[2], effective_rdma_recv(c[2], c[3])))
+
+
+def _tune_overlap(plan: Plan, bench, workload: Workload, space: Space, buckets, args, command, default) -> dict:
+    from moepolicy.tuning.overlap import search_overlap
+
+    if not hasattr(bench, "measure_overlap"):
+        raise TuningError("--overlap needs the live bench: it times DeepEP beside a confined GEMM on GPUs")
+    grid = space.sms_candidates(plan.target.profile.sm_count, args.max_sms)
+    if getattr(args, "sms", None):
+        grid = sorted({int(s) for s in args.sms.split(",")})
+    try:
+        found = search_overlap(plan, bench, workload, buckets, grid, default)
+    finally:
+        bench.close()
+    c = found["comm_sms"]
+    buckets_doc, configs = [], []
+    for i, (tokens, _) in enumerate(buckets):
+        d, cc = found["chunks"][tokens]
+        configs += [d, cc]
+        buckets_doc.append({"max_tokens": None if i == len(buckets) - 1 else tokens, "dispatch": chunk_doc(d),
+                            "combine": chunk_doc(cc), "measured": found["per_bucket"][tokens]})
+    moe = plan.model.moe_layers
+    nvl, rdma = buffer_bytes(plan.target, max(x.hidden_size for x in moe), max(x.num_experts for x in moe), c, configs)
+    section = {"num_sms": c, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma, "buckets": buckets_doc,
+               "provenance": {"source": "measured", "bench": "live-overlap", "command": command,
+                              "date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()},
+               "overlap": {k: found[k] for k in ("comm_sms", "gemm_sms", "gemm", "splits_us", "why")}}
+    doc = build_document(plan, deepep=section, command=command)
+    write_document(doc, args.output)
+    note(f"overlap: {c} communication SMs, GEMM on {found['gemm_sms']}: {found['why']}")
+    for tokens, row in found["per_bucket"].items():
+        note(f"  T={tokens}: overlapped {row['overlapped_us']} us, vLLM's split {row['vllm_split_overlapped_us']} us "
+             f"(x{row['vs_vllm_split']}), floor {row['floor_us']} us (x{row['vs_floor']}), serial {row['serial_us']} us")
+    return doc
+
+
 def _extrapolated(plan: Plan, why: str, command: str) -> dict[str, Any]:
     section = default_deepep_section(plan)
     section["provenance"] = {"source": "extrapolated", "note": f"outside the model bench's measured "
@@ -183,6 +229,8 @@ def tune_plan(plan: Plan, *, kind: str, args, space: Space, objective: dict, buc
 
     default = ((default_d[0], default_d[1], default_d[2], effective_rdma_recv(default_d[2], default_d[3])),
                (default_c[0], default_c[1], default_c[2], effective_rdma_recv(default_c[2], default_c[3])))
+    if getattr(args, "overlap", False):
+        return _tune_overlap(plan, bench, workload, space, buckets, args, command, default_chunks_effective(target))
     sms_list = space.sms_candidates(target.profile.sm_count, args.max_sms)
     if getattr(args, "sms", None):
         try:

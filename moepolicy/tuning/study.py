@@ -187,18 +187,26 @@ def _fail_orphans(study) -> None:
     once, without waiting for the heartbeat's grace period, so the budget counts only live work."""
     import optuna
 
+    import datetime as dt
+
     host = socket.gethostname()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         pid = t.user_attrs.get("pid")
-        if t.user_attrs.get("host") != host or not isinstance(pid, int) or pid == os.getpid():
+        if pid is None:
+            # killed between ask and its first attribute: nobody owns it once it is a moment old
+            age = (dt.datetime.now() - t.datetime_start).total_seconds() if t.datetime_start else 0
+            if age < 2.0:
+                continue
+        elif t.user_attrs.get("host") != host or not isinstance(pid, int) or pid == os.getpid():
             continue
-        try:
-            os.kill(pid, 0)
-            continue  # still alive
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
+        else:
+            try:
+                os.kill(pid, 0)
+                continue  # still alive
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
         study._storage.set_trial_user_attr(t._trial_id, "reason", f"worker process {pid} is gone")
         study._storage.set_trial_user_attr(t._trial_id, "orphan", True)
         study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)

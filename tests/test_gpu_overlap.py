@@ -1,0 +1,28 @@
+"""Overlapped measurement on 2 × H200: DeepEP on c SMs beside a GEMM confined by a green context."""
+
+import pytest
+
+from gpu_support import require
+
+pytestmark = pytest.mark.gpu
+
+
+def test_overlap_measurement_is_consistent():
+    require(2, need_deep_ep=True)
+    pytest.importorskip("optuna")
+    from moepolicy.measure.overlap import GemmShape
+    from moepolicy.tuning.bench import TunePoint, Workload
+    from moepolicy.tuning.live_bench import LiveBench
+
+    bench = LiveBench(2, 1 << 30, reps=5)
+    try:
+        r = bench.measure_overlap(Workload(7168, 256, 8, 2, "fp8"),
+                                  TunePoint(20, 1024, (24, 256, 6, 132), (10, 256, 6, 132)),
+                                  GemmShape(rows=8192, hidden=7168, out=4096))
+    finally:
+        bench.close()
+    assert r["comm_sms"] == 20 and r["gemm_sms"] == 112
+    for part in ("comm", "gemm", "serial", "overlapped"):
+        assert r[part]["median_us"] > 0 and r[part]["min_us"] <= r[part]["median_us"] <= r[part]["max_us"]
+    assert r["overlapped"]["median_us"] >= 0.9 * r["floor_us"]  # cannot beat the slower side by much
+    assert r["overlapped"]["median_us"] <= 1.5 * r["serial"]["median_us"]

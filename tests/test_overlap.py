@@ -1,0 +1,48 @@
+"""`tune --overlap` coordination on CPUs: fake DeepEP workers answer overlapped measurements, the
+search picks a split, compares it with vLLM's 20-SM split, and the policy and exports carry it."""
+
+import json
+
+import pytest
+import yaml
+
+pytest.importorskip("optuna", reason="tuning needs optuna")
+
+from conftest import run_cli  # noqa: E402
+
+
+def test_overlap_tune_records_the_split_and_exports_it(tmp_path):
+    out = tmp_path / "p.yaml"
+    result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
+                     "--overlap", "--sms", "12,32,48", "--tokens", "1024,4096", "-o", str(out),
+                     "--storage", f"sqlite:///{tmp_path}/s.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
+    assert result.returncode == 0, result.stderr
+    assert "fake DeepEP workers" in result.stderr.splitlines()[0]
+    doc = yaml.safe_load(out.read_text())
+    overlap = doc["deepep"]["overlap"]
+    assert overlap["comm_sms"] == doc["deepep"]["num_sms"]
+    assert set(overlap["splits_us"]) == {12, 20, 32, 48}  # vLLM's 20 is always measured beside
+    chosen = min(overlap["splits_us"], key=overlap["splits_us"].get)
+    assert overlap["comm_sms"] == chosen
+    for bucket in doc["deepep"]["buckets"]:
+        measured = bucket["measured"]
+        assert measured["vllm_split_overlapped_us"] is not None
+        assert measured["overlapped_us"] <= measured["vllm_split_overlapped_us"]
+        assert measured["vs_floor"] >= 1.0
+    vllm = run_cli("export", str(out), "--to", "vllm", "--format", "json")
+    assert vllm.returncode == 0, vllm.stderr
+    exported = json.loads(vllm.stdout)
+    if overlap["comm_sms"] <= 20:
+        assert exported["env"]["VLLM_DBO_COMM_SMS"] == str(overlap["comm_sms"])
+    else:
+        assert "VLLM_DBO_COMM_SMS" not in exported["env"]
+        assert any("dual-batch overlap" in item for item in exported["cannot_express"])
+    sglang = json.loads(run_cli("export", str(out), "--to", "sglang").stdout)
+    assert sglang["normal_dispatch"]["num_sms"] == overlap["comm_sms"]
+
+
+def test_overlap_needs_the_live_bench(tmp_path):
+    result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200", "--bench", "model",
+                     "--overlap", "--sms", "20", "--tokens", "1024", "-o", str(tmp_path / "p.yaml"),
+                     "--storage", f"sqlite:///{tmp_path}/s.db")
+    assert result.returncode != 0 and "--overlap needs the live bench" in result.stderr
