@@ -3,7 +3,8 @@
 
 Replays samplers over the dispatch grid that scripts/tune_compare.py --grid measured on 2 x H200
 (nvl send chunk x receive capacity, full call + combine, one value per point), counting how many
-measurements each needs to get within 2 % of the grid's best. The default config is NOT enqueued.
+measurements each needs to get within 2 % of the grid's best. The default config is NOT enqueued; "tpe" is the tuner's own sampler
+(moepolicy.tuning.study.make_sampler).
 
     python scripts/sample_efficiency.py benchmarks/raw/2026-11-30-run4-tune_compare.json
 """
@@ -46,8 +47,9 @@ def main(path: str, seeds: int = 10, budget: int = 64) -> int:
         target = best * 1.02
         within = sum(1 for v in grid.values() if v <= target)
         res = {}
-        for name, make in (("tpe", lambda s: optuna.samplers.TPESampler(seed=s, n_startup_trials=5, multivariate=True)),
-                           ("random", lambda s: optuna.samplers.RandomSampler(seed=s))):
+        from moepolicy.tuning.study import make_sampler
+
+        for name, make in (("tpe", make_sampler), ("random", lambda s: optuna.samplers.RandomSampler(seed=s))):
             res[name] = [trials_to_target(grid, make(s), target, budget) for s in range(seeds)]
         print(f"{shape}: {len(grid)} points, best {best:.1f} us, {within} within 2 %; measurements to reach it "
               f"over {seeds} seeds: TPE mean {statistics.mean(res['tpe']):.1f} (median {statistics.median(res['tpe'])}), "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from moepolicy.errors import RulePackError
+from moepolicy.wire import Scale, Wire
 from moepolicy.rules.vocabulary import VOCABULARY, FactType
 
 ORDERS = ("quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none")
@@ -61,28 +62,6 @@ class Not:
 
 
 Cond = Union[Leaf, All, AnyOf, Not]
-
-
-@dataclass(frozen=True)
-class Scale:
-    granularity: str
-    dtype: str
-    layout: str = "row"
-    group: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class Wire:
-    dtype: str
-    scale: Optional[Scale] = None
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"dtype": self.dtype}
-        if self.scale is not None:
-            s = self.scale
-            out["scale"] = {"granularity": s.granularity, **({"group": s.group} if s.group else {}),
-                            "dtype": s.dtype, "layout": s.layout}
-        return out
 
 
 @dataclass(frozen=True)

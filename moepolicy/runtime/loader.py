@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Optional
 
 from moepolicy.errors import PolicyError
+from moepolicy.wire import Scale, Wire
 from moepolicy.runtime.policy import (
-    Bucket, ChunkConfig, DeepEPSettings, LayerDecision, Policy, SafePolicy, Scale, Wire,
+    Bucket, ChunkConfig, DeepEPSettings, LayerDecision, Policy, SafePolicy,
 )
 
 _WARNED: set[tuple[str, str]] = set()

@@ -8,20 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from moepolicy.runtime import buffers
-
-
-@dataclass(frozen=True)
-class Scale:
-    granularity: str
-    dtype: str
-    layout: str = "row"
-    group: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class Wire:
-    dtype: str
-    scale: Optional[Scale] = None
+from moepolicy.wire import Scale, Wire
 
 
 @dataclass(frozen=True)

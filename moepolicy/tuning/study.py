@@ -59,6 +59,14 @@ class TuneResult:
     region: str
 
 
+def make_sampler(seed: int):
+    """TPE with 3 random start-up trials; constant_liar keeps parallel workers' proposals apart.
+    Chosen by replaying samplers over live-measured grids (scripts/sample_efficiency.py)."""
+    import optuna
+
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=3, constant_liar=True)
+
+
 def fingerprint(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -97,7 +105,7 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
                 region: str, seed: int, enqueue_default: bool, progress: Callable[[str], None]) -> None:
     import optuna
 
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    sampler = make_sampler(seed)
     study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
                                 direction="minimize", sampler=sampler)
     import warnings
