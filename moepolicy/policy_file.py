@@ -8,20 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import Any, Callable, Optional
 
 from moepolicy.errors import PolicyError
 from moepolicy.keys import compute_keys
-from moepolicy.schema.policy import SCHEMA_VERSION, PolicyDoc, unknown_keys
+from moepolicy.schema.policy_rules import SCHEMA_VERSION
 
 READER_MAJOR, READER_MINOR = (int(x) for x in SCHEMA_VERSION.split("."))
 
 
 @dataclass(frozen=True)
 class LoadedPolicy:
-    doc: PolicyDoc
+    doc: Any  # PolicyDoc (CLI) or the validated dict (runtime)
     raw: dict[str, Any]
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
@@ -46,7 +44,7 @@ def check_version(raw: dict[str, Any], source: str) -> None:
             f"moepolicy reads {READER_MAJOR}.x (upgrade moepolicy, or re-plan with this one)")
 
 
-def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
+def _parse_raw(text: str, source: str) -> dict[str, Any]:
     from moepolicy.document import parse_text
 
     import yaml
@@ -62,22 +60,15 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
     if not isinstance(raw, dict):
         raise PolicyError(f"{source}: a policy is a mapping at the top, got {type(raw).__name__}")
     check_version(raw, source)
-    try:
-        doc = PolicyDoc.model_validate(raw)
-    except RecursionError:
-        raise PolicyError(f"{source}: nested too deeply to be a policy") from None
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        msg = err.get("msg", "invalid").removeprefix("Value error, ")
-        if err.get("type") == "missing":
-            msg = "missing (a policy needs it)"
-        raise PolicyError(f"{source}: {_yaml_path(tuple(err.get('loc', ())))}: {msg}{more}") from None
-    extra = unknown_keys(doc)
+    return raw
+
+
+def _finish(raw: dict[str, Any], doc: Any, extra: list[str], version: str, source: str,
+            strict: bool) -> LoadedPolicy:
     warnings = []
     if extra:
-        newer = tuple(int(x) for x in doc.schema_version.split(".")) > (READER_MAJOR, READER_MINOR)
-        why = (f"from schema {doc.schema_version}, newer than this reader's {SCHEMA_VERSION}"
+        newer = tuple(int(x) for x in version.split(".")) > (READER_MAJOR, READER_MINOR)
+        why = (f"from schema {version}, newer than this reader's {SCHEMA_VERSION}"
                if newer else "not in schema " + SCHEMA_VERSION)
         message = f"{source}: unknown keys {why}: {', '.join(extra[:5])}" + (
             f" (+{len(extra) - 5} more)" if len(extra) > 5 else "")
@@ -89,17 +80,49 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise PolicyError(f"{source}: key parts cannot be computed ({type(exc).__name__}: {exc})") from None
     for part in ("decision", "tuning", "content"):
-        if getattr(doc.key, part) != expected[part]:
+        if raw["key"][part] != expected[part]:
             raise PolicyError(
                 f"{source}: key.{part} does not match the document's contents (edited by hand or "
                 f"damaged); re-plan, or run 'moepolicy validate --rekey' after checking the edit")
     return LoadedPolicy(doc=doc, raw=raw, warnings=tuple(warnings))
 
 
+def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
+    """Validate with the Pydantic models (the CLI's reader: attribute access, JSON Schema)."""
+    from pydantic import ValidationError
+
+    from moepolicy.schema.policy import PolicyDoc, unknown_keys
+
+    raw = _parse_raw(text, source)
+    try:
+        doc = PolicyDoc.model_validate(raw)
+    except RecursionError:
+        raise PolicyError(f"{source}: nested too deeply to be a policy") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        if err.get("type") == "missing":
+            msg = "missing (a policy needs it)"
+        raise PolicyError(f"{source}: {_yaml_path(tuple(err.get('loc', ())))}: {msg}{more}") from None
+    return _finish(raw, doc, unknown_keys(doc), doc.schema_version, source, strict)
+
+
+def parse_policy_light(text: str, source: str, strict: bool = False) -> LoadedPolicy:
+    """Validate with pydantic-core directly (the runtime's reader: the same rules, a fraction of
+    the import time); ``doc`` is the validated dict."""
+    from moepolicy.runtime.fast_validate import unknown_keys, validate
+
+    raw = _parse_raw(text, source)
+    doc = validate(raw, source)
+    return _finish(raw, doc, unknown_keys(raw), doc["schema_version"], source, strict)
+
+
 MAX_POLICY_BYTES = 64 * 1024 * 1024
 
 
-def read_policy(path: str | Path, strict: bool = False) -> LoadedPolicy:
+def read_policy(path: str | Path, strict: bool = False,
+                parse: Optional[Callable[..., LoadedPolicy]] = None) -> LoadedPolicy:
     p = Path(path)
     try:
         if p.stat().st_size > MAX_POLICY_BYTES:
@@ -112,4 +135,4 @@ def read_policy(path: str | Path, strict: bool = False) -> LoadedPolicy:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise PolicyError(f"{p}: is not UTF-8 text") from None
-    return parse_policy(text, str(p), strict=strict)
+    return (parse or parse_policy)(text, str(p), strict=strict)

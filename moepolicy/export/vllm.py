@@ -53,6 +53,11 @@ def export(doc: PolicyDoc) -> dict[str, Any]:
     env = {"VLLM_DEEPEP_BUFFER_SIZE_MB": str(max(buffer_mb, 1))}
     args = ["--enable-expert-parallel", "--all2all-backend", backend]
     cannot: list[str] = []
+    if target.backend == "deepep_ll":  # vLLM sizes the low-latency RDMA buffer itself
+        env = {}
+        ll = doc.deepep.low_latency or {}
+        cannot.append(f"low-latency buffer for {ll.get('num_max_dispatch_tokens_per_rank', '?')} tokens per rank: "
+                      "vLLM sizes it from its own max_num_tokens (get_low_latency_rdma_size_hint)")
     overlap = doc.deepep.overlap
     if overlap and target.backend == "deepep_ht":
         comm = int(overlap.get("comm_sms", doc.deepep.num_sms))

@@ -10,7 +10,9 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from moepolicy.schema.policy import PolicyDoc
+from typing import Any
+
+PolicyDoc = Any  # a validated document with attribute access (runtime View or the CLI's PolicyDoc)
 
 
 @dataclass(frozen=True)

@@ -33,17 +33,17 @@ def _warn_once(source: str, message: str) -> None:
     logging.getLogger("moepolicy").warning("moepolicy: %s", message)
 
 
-def _chunk(doc_chunk) -> ChunkConfig:
-    return ChunkConfig(*doc_chunk.as_tuple())
+def _chunk(c: dict) -> ChunkConfig:
+    return ChunkConfig(c["num_max_nvl_chunked_send_tokens"], c["num_max_nvl_chunked_recv_tokens"],
+                       c["num_max_rdma_chunked_send_tokens"], c["num_max_rdma_chunked_recv_tokens"])
 
 
-def _settings_from_doc(deepep) -> DeepEPSettings:
-    buckets = tuple(Bucket(b.max_tokens, _chunk(b.dispatch), _chunk(b.combine)) for b in deepep.buckets)
-    extra = deepep.model_extra or {}
-    return DeepEPSettings(num_sms=deepep.num_sms, num_nvl_bytes=deepep.num_nvl_bytes,
-                          num_rdma_bytes=deepep.num_rdma_bytes, buckets=buckets,
-                          source=deepep.provenance.source, is_default=deepep.provenance.source == "default",
-                          low_latency=dict(extra.get("low_latency") or {}))
+def _settings_from_doc(deepep: dict) -> DeepEPSettings:
+    buckets = tuple(Bucket(b["max_tokens"], _chunk(b["dispatch"]), _chunk(b["combine"])) for b in deepep["buckets"])
+    source = deepep["provenance"]["source"]
+    return DeepEPSettings(num_sms=deepep["num_sms"], num_nvl_bytes=deepep["num_nvl_bytes"],
+                          num_rdma_bytes=deepep["num_rdma_bytes"], buckets=buckets, source=source,
+                          is_default=source == "default", low_latency=dict(deepep.get("low_latency") or {}))
 
 
 def default_settings(ep_size: Optional[int], hidden: Optional[int] = None,
@@ -74,12 +74,12 @@ def default_settings(ep_size: Optional[int], hidden: Optional[int] = None,
                           is_default=True)
 
 
-def _layer(entry) -> LayerDecision:
-    scale = entry.wire.scale
-    wire = Wire(entry.wire.dtype, Scale(scale.granularity, scale.dtype, scale.layout, scale.group)
+def _layer(entry: dict) -> LayerDecision:
+    scale = entry["wire"]["scale"]
+    wire = Wire(entry["wire"]["dtype"], Scale(scale["granularity"], scale["dtype"], scale["layout"], scale["group"])
                 if scale is not None else None)
-    return LayerDecision(index=entry.index, kind=entry.kind, order=entry.order, wire=wire,
-                         numerics=entry.numerics, rule=entry.rule, reason=entry.reason)
+    return LayerDecision(index=entry["index"], kind=entry["kind"], order=entry["order"], wire=wire,
+                         numerics=entry["numerics"], rule=entry["rule"], reason=entry["reason"])
 
 
 def _safe(source: str, reason: str, ep_size: Optional[int], report: dict[str, str],
@@ -111,12 +111,13 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
             hashed and compared with the policy's.
         strict: raise :class:`~moepolicy.errors.PolicyError` instead of falling back.
     """
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_file import parse_policy_light, read_policy
+    from moepolicy.runtime.fast_validate import View
     from moepolicy.runtime.keycheck import check_keys, summarise
 
     source = str(path)
     try:
-        loaded = read_policy(path, strict=strict)
+        loaded = read_policy(path, strict=strict, parse=parse_policy_light)
     except PolicyError as exc:
         if strict:
             raise
@@ -124,7 +125,8 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
                      {"decision": "unchecked", "tuning": "unchecked"})
     for warning in loaded.warnings:
         _warn_once(source, warning)
-    doc = loaded.doc
+    data = loaded.doc
+    doc = View(data)
     checks = check_keys(doc, ep_size=ep_size, model=model)
     report = {"decision": summarise(checks, "decision", "model_facts"),
               "tuning": summarise(checks, "tuning", "ep_size")}
@@ -136,15 +138,15 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
         reason = "decision key mismatch: " + "; ".join(c.render() for c in checks
                                                         if c.part == "decision" and c.status == "mismatched")
         return _safe(source, reason, ep_size, report, details, loaded.warnings)
-    layers = tuple(_layer(entry) for entry in doc.layers)
+    layers = tuple(_layer(entry) for entry in data["layers"])
     if report["tuning"] == "mismatched":
         reason = "tuning key mismatch (decisions kept, DeepEP default configs used): " + "; ".join(
             c.render() for c in checks if c.part == "tuning" and c.status == "mismatched")
         _warn_once(source, f"{source}: {reason}")
-        settings = default_settings(ep_size, doc.model.hidden_size, doc.target.deep_ep.sheet)
+        settings = default_settings(ep_size, data["model"]["hidden_size"], data["target"]["deep_ep"]["sheet"])
         return Policy(layers, settings, is_fallback=True, fallback_reason=reason, report=report,
                       report_details=details, source=source, model_name=doc.model.name,
                       warnings=loaded.warnings)
-    return Policy(layers, _settings_from_doc(doc.deepep), is_fallback=False, fallback_reason=None,
+    return Policy(layers, _settings_from_doc(data["deepep"]), is_fallback=False, fallback_reason=None,
                   report=report, report_details=details, source=source, model_name=doc.model.name,
                   warnings=loaded.warnings)

@@ -10,7 +10,10 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = "1.0"
+from moepolicy.schema import policy_rules as rules
+
+
+SCHEMA_VERSION = rules.SCHEMA_VERSION
 Order = Literal["quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none"]
 
 
@@ -42,13 +45,9 @@ class LayerDoc(_Doc):
 
     @model_validator(mode="after")
     def _consistent(self) -> "LayerDoc":
-        if (self.kind == "dense") != (self.order == "none"):
-            raise ValueError(f"kind {self.kind} does not go with order {self.order}")
-        quantized_wire = self.order in ("quant_then_dispatch", "in_kernel_quant")
-        if quantized_wire and self.wire.dtype != "fp8_e4m3":
-            raise ValueError(f"order {self.order} needs an fp8 wire, got {self.wire.dtype}")
-        if self.order in ("dispatch_then_quant", "no_quant") and self.wire.dtype != "bf16":
-            raise ValueError(f"order {self.order} sends bf16, got wire {self.wire.dtype}")
+        problem = rules.layer_problem(self.kind, self.order, self.wire.dtype)
+        if problem:
+            raise ValueError(problem)
         return self
 
 
@@ -104,18 +103,9 @@ class ChunkDoc(_Doc):
 
     @model_validator(mode="after")
     def _deepep_asserts(self) -> "ChunkDoc":
-        nvl_s, nvl_r = self.num_max_nvl_chunked_send_tokens, self.num_max_nvl_chunked_recv_tokens
-        if nvl_s >= nvl_r:
-            raise ValueError(
-                f"NVLink send chunk must be below the receive capacity (DeepEP config.hpp:40-49): "
-                f"send {nvl_s} >= recv {nvl_r}")
-        rd_s, rd_r = self.num_max_rdma_chunked_send_tokens, self.num_max_rdma_chunked_recv_tokens
-        if rd_r % rd_s:
-            raise ValueError(
-                f"RDMA receive capacity {rd_r} is not a multiple of the send chunk {rd_s}; DeepEP "
-                f"rounds it up silently, so write the effective value {-(-rd_r // rd_s) * rd_s}")
-        if rd_s > rd_r // 2:
-            raise ValueError(f"RDMA send chunk {rd_s} must be at most half the receive capacity {rd_r}")
+        problem = rules.chunk_problem(*self.as_tuple())
+        if problem:
+            raise ValueError(problem)
         return self
 
     def as_tuple(self) -> tuple[int, int, int, int]:
@@ -149,25 +139,24 @@ class DeepEPDoc(_Doc):
     @field_validator("num_sms")
     @classmethod
     def _even(cls, value: int) -> int:
-        if value % 2:
-            raise ValueError(f"num_sms must be even (DeepEP Buffer.set_num_sms), got {value}")
+        problem = rules.num_sms_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("num_nvl_bytes", "num_rdma_bytes")
     @classmethod
     def _aligned(cls, value: int) -> int:
-        if value % 128:
-            raise ValueError(f"buffer sizes must be a multiple of 128 bytes (deep_ep.cpp:152-155), got {value}")
+        problem = rules.buffer_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")
     def _bucket_order(self) -> "DeepEPDoc":
-        bounds = [b.max_tokens for b in self.buckets]
-        if any(b is None for b in bounds[:-1]):
-            raise ValueError("only the last bucket may have no max_tokens (it takes every larger batch)")
-        finite = [b for b in bounds if b is not None]
-        if finite != sorted(set(finite)):
-            raise ValueError(f"bucket max_tokens must strictly increase, got {bounds}")
+        problem = rules.buckets_problem([b.max_tokens for b in self.buckets])
+        if problem:
+            raise ValueError(problem)
         return self
 
 
@@ -189,13 +178,9 @@ class PolicyDoc(_Doc):
 
     @model_validator(mode="after")
     def _layers_in_order(self) -> "PolicyDoc":
-        for position, layer in enumerate(self.layers):
-            if layer.index != position:
-                seen = [lay.index for lay in self.layers]
-                dup = sorted({i for i in seen if seen.count(i) > 1})
-                what = f"repeats index {dup[0]}" if dup else f"skips index {position}"
-                raise ValueError(f"layers must list every index once, in order: the list {what} "
-                                 f"(layers[{position}] has index {layer.index})")
+        problem = rules.layer_indices_problem([layer.index for layer in self.layers])
+        if problem:
+            raise ValueError(problem[1])
         return self
 
 
