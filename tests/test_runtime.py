@@ -373,3 +373,16 @@ def test_vllm_export_refuses_low_latency_hidden(tmp_path):
     write_document(raw, path)
     with pytest.raises(PolicyError, match="asserts hidden in"):
         export(read_policy(path).doc)
+
+
+def test_loading_without_a_model_does_not_import_pydantic(ds_policy):
+    """The runtime validates with pydantic-core alone (import weight: docs/BENCHMARKS.md)."""
+    code = (
+        "import sys\n"
+        "from moepolicy import load_policy\n"
+        f"p = load_policy({str(ds_policy)!r}, ep_size=8)\n"
+        "assert p.layer(3).order == 'quant_then_dispatch' and not p.is_fallback\n"
+        "print(','.join(m for m in ('pydantic', 'torch', 'optuna') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", out.stdout
