@@ -86,21 +86,35 @@ def _torchrun(args: argparse.Namespace) -> int:
 
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise UsageError("--launcher torchrun: RANK and WORLD_SIZE are not set (start it with torchrun)")
-    if args.bench != "model":
-        raise UsageError("--launcher torchrun coordinates the model bench (--bench model); live multi-node "
-                         "measurement needs a per-rank DeepEP bench, not built yet")
-    dist.init_process_group("gloo")
+    if args.bench not in ("model", "live"):
+        raise UsageError("--launcher torchrun needs --bench model (CPUs, gloo) or --bench live (GPUs, NCCL)")
+    world = int(os.environ["WORLD_SIZE"])
+    if args.ep_size is not None and args.ep_size != world:
+        raise UsageError(f"--launcher torchrun measures on its {world} ranks; --ep-size {args.ep_size} differs")
+    args.ep_size = world
     from moepolicy.target import resolve_target
     from moepolicy.tuning.coordinate import CoordinatedBench, serve
-    from moepolicy.tuning.model_bench import ModelBench
 
-    gpu = resolve_target(gpu=args.gpu, ep_size=args.ep_size or 1, probe=False).gpu
+    if args.bench == "live":
+        import torch
+
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        from moepolicy.tuning.live_bench import RankBench
+
+        inner = RankBench(dist.group.WORLD, args.max_buffer_mb * 1024 * 1024 // 128 * 128)
+    else:
+        dist.init_process_group("gloo")
+        from moepolicy.tuning.model_bench import ModelBench
+
+        inner = ModelBench(resolve_target(gpu=args.gpu, ep_size=world, probe=False).gpu)
     try:
         if dist.get_rank() != 0:
-            served = serve(ModelBench(gpu))
+            served = serve(inner)
             note(f"rank {dist.get_rank()}: measured {served} trials")
             return 0
-        args.coordinated = CoordinatedBench(ModelBench(gpu))
+        args.coordinated = CoordinatedBench(inner)
         try:
             return _run_local(args)
         finally:
@@ -124,9 +138,12 @@ def _run_local(args: argparse.Namespace) -> int:
         raise UsageError(f"--trials must be at least 1, got {args.trials}")
     if args.max_sms is not None and args.max_sms < 2:
         raise UsageError(f"--max-sms must be at least 2, got {args.max_sms}")
-    kind, why, gpus = _bench_kind(args)
+    if getattr(args, "coordinated", None) is not None:
+        kind, why, gpus = args.bench, f"torchrun, {args.ep_size} ranks, rank 0 drives the study", args.ep_size
+    else:
+        kind, why, gpus = _bench_kind(args)
     note(f"bench: {kind} ({why})")
-    if kind == "live" and args.ep_size is not None and args.ep_size != gpus:
+    if kind == "live" and args.ep_size is not None and args.ep_size != gpus and getattr(args, "coordinated", None) is None:
         raise UsageError(f"live tuning runs on the {gpus} visible GPUs; --ep-size {args.ep_size} differs "
                          f"(use --bench model, or run where {args.ep_size} GPUs are visible)")
     plan = build_plan(args, default_ep=gpus if kind == "live" else None)

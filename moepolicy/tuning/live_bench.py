@@ -49,30 +49,79 @@ def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands,
                 if rank == 0:
                     results.put(("ok", token, results_value))
                 continue
-            key = (point.tokens, workload.hidden, workload.num_experts, workload.top_k, workload.routing)
-            if key not in works:
-                works[key] = make_workload(point.tokens, workload.hidden, workload.num_experts,
-                                           workload.top_k, rank, device, routing=workload.routing)
-            dcfg = deep_ep.Config(point.num_sms, *point.dispatch)
-            ccfg = deep_ep.Config(point.num_sms, *point.combine)
-            ops = DeepEPOps(buffer, works[key], dcfg, ccfg)
-            payload = workload.payload
-            full = timer.median_max_over_ranks(lambda: ops.dispatch_only(payload, "full"), reps)
-            cached = timer.median_max_over_ranks(lambda: ops.dispatch_only(payload, "cached"), reps)
-            combine = timer.median_max_over_ranks(ops.combine, reps)
-            orders = {}
-            if workload.both_orders:
-                orders = {"quant_then_dispatch": timer.median_max_over_ranks(
-                              lambda: ops.quant_then_dispatch("full"), reps)["median_us"],
-                          "dispatch_then_quant": timer.median_max_over_ranks(
-                              lambda: ops.dispatch_then_quant("full"), reps)["median_us"]}
-            result = Measurement(full["median_us"], cached["median_us"], combine["median_us"], "measured", orders)
+            result = measure_point(buffer, works, workload, point, rank, device, timer, reps)
             if rank == 0:
                 results.put(("ok", token, result))
         except Exception as exc:  # noqa: BLE001 (reported as a FAIL trial)
             results.put(("error", token, f"rank {rank}: {type(exc).__name__}: {exc}"
                          f" [{traceback.format_exc(limit=2).splitlines()[-1]}]"))
     dist.destroy_process_group()
+
+
+def measure_point(buffer, works: dict, workload: Workload, point: TunePoint, rank: int, device, timer,
+                  reps: int) -> Measurement:
+    """One collective measurement on this rank (every rank calls it with the same point): the full
+    dispatch call, the cached-handle kernel, combine, and both orders when asked; slowest rank's medians."""
+    import deep_ep
+
+    from moepolicy.measure.deepep_ops import DeepEPOps, make_workload
+
+    key = (point.tokens, workload.hidden, workload.num_experts, workload.top_k, workload.routing)
+    if key not in works:
+        works[key] = make_workload(point.tokens, workload.hidden, workload.num_experts,
+                                   workload.top_k, rank, device, routing=workload.routing)
+    ops = DeepEPOps(buffer, works[key], deep_ep.Config(point.num_sms, *point.dispatch),
+                    deep_ep.Config(point.num_sms, *point.combine))
+    payload = workload.payload
+    full = timer.median_max_over_ranks(lambda: ops.dispatch_only(payload, "full"), reps)
+    cached = timer.median_max_over_ranks(lambda: ops.dispatch_only(payload, "cached"), reps)
+    combine = timer.median_max_over_ranks(ops.combine, reps)
+    orders = {}
+    if workload.both_orders:
+        orders = {"quant_then_dispatch": timer.median_max_over_ranks(
+                      lambda: ops.quant_then_dispatch("full"), reps)["median_us"],
+                  "dispatch_then_quant": timer.median_max_over_ranks(
+                      lambda: ops.dispatch_then_quant("full"), reps)["median_us"]}
+    return Measurement(full["median_us"], cached["median_us"], combine["median_us"], "measured", orders)
+
+
+class RankBench(Bench):
+    """The live bench for ``torchrun``: this process measures on its own GPU, in the job's process
+    group, together with every other rank (multi-node EP). No supervisor here: torchrun restarts
+    a failed job (``--max-restarts``) and the study resumes."""
+
+    name = "live"
+    source = "measured"
+
+    def __init__(self, group, buffer_bytes: int, reps: int = 20, max_sms: int = 64):
+        import deep_ep
+        import torch
+        import torch.distributed as dist
+
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(self.device)
+        internode = self.world > 8
+        nvl = min(buffer_bytes, 2**31 - 1) // 128 * 128 if internode else buffer_bytes
+        rdma = buffer_bytes // 128 * 128 if internode else 0
+        self.buffer = deep_ep.Buffer(group, nvl, rdma, num_qps_per_rank=max(max_sms, 24) if internode else 1)
+        from moepolicy.measure.timing import Timer
+
+        self.timer, self.reps, self.works = Timer(self.device, group), reps, {}
+
+    def measure(self, workload: Workload, point: TunePoint) -> Measurement:
+        try:
+            return check_measurement(measure_point(self.buffer, self.works, workload, point, self.rank,
+                                                   self.device, self.timer, self.reps))
+        except TrialFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 (a host assert; a device trap would end the job)
+            raise TrialFailed(f"rank {self.rank}: {type(exc).__name__}: {exc}") from None
+
+    def identity(self) -> str:
+        import torch
+
+        return f"{torch.cuda.get_device_name(self.device)} x{self.world} (torchrun)"
 
 
 def _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, reps):
