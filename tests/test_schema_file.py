@@ -1,0 +1,35 @@
+"""The shipped JSON Schema is the one the Pydantic models generate, and it accepts a real policy."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_schema_is_current():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gen_schema import render
+
+    assert (ROOT / "policies" / "policy.schema.json").read_text() == render(), \
+        "run: python scripts/gen_schema.py"
+
+
+def test_schema_is_shipped_in_the_package():
+    from moepolicy._resources import data_dir
+
+    assert (data_dir("policies") / "policy.schema.json").is_file()
+
+
+def test_schema_accepts_a_planned_policy():
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    from moepolicy.checkpoint import read_model
+    from moepolicy.planner import build_document, make_plan
+    from moepolicy.rules.packs import pack_stack
+    from moepolicy.target import resolve_target
+
+    doc = build_document(make_plan(read_model("DeepSeek-V3"), resolve_target(gpu="h200", ep_size=8, probe=False),
+                                   pack_stack()))
+    jsonschema.validate(json.loads(json.dumps(doc)), json.loads((ROOT / "policies" / "policy.schema.json").read_text()))
