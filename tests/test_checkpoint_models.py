@@ -1,7 +1,6 @@
 """Every real checkpoint in ../shared/models reads into the per-layer facts written out here by hand
 (from each folder's SOURCE.md), not derived from the code under test."""
 
-from pathlib import Path
 
 import pytest
 

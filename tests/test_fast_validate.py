@@ -3,7 +3,6 @@ policy documents, and agree on what they read (fuzzed with the same mutations as
 
 import os
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 
 from moepolicy.errors import PolicyError

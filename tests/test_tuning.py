@@ -1,7 +1,6 @@
 """The tuner on CPUs: search space, feasibility, dedup, FAIL trials, fingerprint refusal, resume
 after kill -9, Ctrl-C, atomic output, the model bench, and the bench contract."""
 
-import math
 import os
 import signal
 import subprocess
@@ -204,10 +203,9 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     complete = [t for t in after if t[2] == "COMPLETE"]
     assert set(before) <= set(complete)  # nothing completed was lost
     per_study = {}
-    for name, eff, state in complete:
+    for name, eff, _state in complete:
         per_study.setdefault(name, []).append(eff)
     assert all(len(v) == 6 for v in per_study.values()), per_study  # the budget, not more
-    measured = [t for t in after if t[2] == "COMPLETE"]
     assert out.read_text().startswith("schema_version")
 
 

@@ -47,13 +47,13 @@ def run(args: argparse.Namespace) -> int:
           f"({doc.target.expert_kernel}): {len(doc.layers)} layers, {moe} MoE, "
           f"{n_fb} fell back to bf16 dispatch with quantization after it")
     rows = []
-    for (order, rule, reason), idx in sorted(groups.items(), key=lambda kv: (kv[0][0] not in FALLBACK_ORDERS, kv[0][0], kv[0][1])):
+    for (order, rule, _reason), idx in sorted(groups.items(), key=lambda kv: (kv[0][0] not in FALLBACK_ORDERS, kv[0][0], kv[0][1])):
         mark = "FALLBACK " if order in FALLBACK_ORDERS else ""
         rows.append([f"{mark}{order}", rule, len(idx), ranges(idx)])
     table(["order", "rule", "layers", "indices"], rows)
     if fallback:
         print("\nwhy the fallbacks happened:")
-        for (order, rule, reason), idx in fallback.items():
+        for (_order, rule, reason), idx in fallback.items():
             print(f"- {len(idx)} layer(s) [{ranges(idx)}] by {rule}: {reason}")
             print(f"  see: moepolicy explain {args.policy} --layer {idx[0]}")
     return 0

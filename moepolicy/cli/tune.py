@@ -9,14 +9,12 @@ which first. Outside the model's measured envelope the policy keeps DeepEP's def
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import shlex
 import sys
-from typing import Optional
 
-from moepolicy.cli._output import note, table
+from moepolicy.cli._output import note
 from moepolicy.cli._target import add_target_flags
-from moepolicy.errors import TuningError, UsageError
+from moepolicy.errors import UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -155,7 +153,7 @@ def _run_local(args: argparse.Namespace) -> int:
     objective, space = load_objective(), load_space()
     from moepolicy.tuning.runner import redact, tune_plan
 
-    doc = tune_plan(plan, kind=kind, args=args, space=space, objective=objective,
+    tune_plan(plan, kind=kind, args=args, space=space, objective=objective,
                     buckets=_buckets(args, objective),
                     command=redact("moepolicy " + " ".join(shlex.quote(a) for a in sys.argv[1:])))
     note(f"wrote {args.output}")

@@ -6,7 +6,6 @@ process already imported or from NVML, never by importing torch or deep_ep.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -128,5 +127,3 @@ def summarise(checks: list[SubCheck], part: str, required: str) -> str:
     main = [c for c in mine if c.name == required]
     return "matched" if main and main[0].status == "matched" else "unchecked"
 
-
-_ = sys  # keep the import for callers that patch sys.modules in tests

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from moepolicy.runtime import buffers
-from moepolicy.wire import Scale, Wire
+from moepolicy.wire import Wire
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands,
     import torch
     import torch.distributed as dist
 
-    from moepolicy.measure.deepep_ops import DeepEPOps, make_workload
     from moepolicy.measure.timing import Timer
 
     torch.cuda.set_device(rank)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any, Optional
+from typing import Any
 
 from moepolicy.cli._output import note, table
 from moepolicy.document import write_document
 from moepolicy.errors import TuningError
 from moepolicy.keys import compute_keys
 from moepolicy.planner import Plan, buffer_bytes, build_document, chunk_doc, default_chunks, default_deepep_section
-from moepolicy.tuning.bench import Bench, TunePoint, Workload
+from moepolicy.tuning.bench import Bench, Workload
 from moepolicy.tuning.space import Space
 from moepolicy.tuning.study import (
     BucketResult, SmsResult, choose_sms, fingerprint, open_parent_study, pareto_front, tune_bucket,
@@ -295,5 +295,5 @@ def _report(chosen: SmsResult, per_bucket, why: str, kind: str, region: str) -> 
     import sys
 
     print(f"num_sms {chosen.num_sms}: {why}", file=sys.stderr)
-    table([f"tokens", f"default us ({label}, {region})", "tuned us", "gain", "config (nvl send, recv)"], rows,
+    table(["tokens", f"default us ({label}, {region})", "tuned us", "gain", "config (nvl send, recv)"], rows,
           out=sys.stderr)
