@@ -47,17 +47,25 @@ def main() -> int:
     p.add_argument("--grid", action="store_true", help="also record the dispatch grid for the replay")
     args = p.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    import torch
+
+    world = torch.cuda.device_count()
+    if world < 2:
+        print("tune_compare: needs at least 2 GPUs", file=sys.stderr)
+        return 2
     sheet = deepep_sheet("deepep-legacy-29d31c0")
-    d0, c0 = sheet.defaults.dispatch[2], sheet.defaults.combine[2]
+    fallback = sheet.defaults.config_fallback
+    d0, c0 = sheet.defaults.dispatch.get(world, fallback), sheet.defaults.combine.get(world, fallback)
     default = ((d0[0], d0[1], d0[2], effective_rdma_recv(d0[2], d0[3])), (c0[0], c0[1], c0[2], effective_rdma_recv(c0[2], c0[3])))
     space = load_space()
     out = {"provenance": {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                           "command": " ".join(["tune_compare.py", *sys.argv[1:]]), "deepep_commit": "29d31c0",
-                          "region": "full call + combine", "sms": args.sms, "tokens": args.tokens}, "shapes": {}}
+                          "region": "full call + combine", "sms": args.sms, "tokens": args.tokens,
+                          "ep_size": world}, "shapes": {}}
     for shape in args.shapes:
         hidden, experts, top_k = SHAPES[shape]
-        work = Workload(hidden, experts, top_k, 2, "fp8")
-        bench = LiveBench(2, 1024 * 1024 * 1024, trial_timeout_s=90, reps=20)
+        work = Workload(hidden, experts, top_k, world, "fp8")
+        bench = LiveBench(world, 1024 * 1024 * 1024, trial_timeout_s=90, reps=20)
         t0 = time.monotonic()
 
         def total(point):
@@ -103,7 +111,7 @@ def main() -> int:
                         grid[f"{send},{recv}"] = total(TunePoint(args.sms, args.tokens, (send, recv, default[0][2], default[0][3]), default[1]))
         bench.close()
         # re-measure in a fresh worker group
-        fresh = LiveBench(2, 1024 * 1024 * 1024, trial_timeout_s=90, reps=20)
+        fresh = LiveBench(world, 1024 * 1024 * 1024, trial_timeout_s=90, reps=20)
         candidates = {"default": TunePoint(args.sms, args.tokens, *default), "deepep_sweep_best": sweep_best}
         candidates.update({f"tuned_top{i + 1}": pt for i, pt in enumerate(top)})
         remeasured = {}
