@@ -21,30 +21,28 @@ def _faults() -> dict[int, str]:
 
 
 def fake_worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands, results, reps: int) -> None:
+    """The live bench's own command loop (``serve_commands``) with a model-bench measurement."""
     from moepolicy.tuning.bench import Measurement
+    from moepolicy.tuning.live_bench import serve_commands
     from moepolicy.tuning.model_bench import ModelBench
 
     bench = ModelBench("h200")
     faults = _faults()
-    results.put(("ready", rank, None))
-    while True:
-        command = commands.get()
-        if command is None:
-            break
-        token, workload, point, *extra = command
+
+    def misbehave(token):
         fault = faults.get(token)
         if fault == "hang":
             time.sleep(3600)
         if fault == "die":
             os._exit(134)  # a device trap: the process dies and strands its peers
+        if fault == "raise" and rank == 0:
+            raise RuntimeError("injected host assert (x_scales->dim() == 2)")
+        return fault
+
+    def measure(token, workload, point):
+        fault = misbehave(token)
         if rank != 0:
-            continue
-        if extra:
-            results.put(("ok", token, modelled_overlap(bench, workload, point, extra[0])))
-            continue
-        if fault == "raise":
-            results.put(("error", token, "rank 0: RuntimeError: injected host assert (x_scales->dim() == 2)"))
-            continue
+            return None
         m = bench.measure(workload, point)
         if fault == "nan":
             m = Measurement(float("nan"), m.dispatch_cached_us, m.combine_us, "measured")
@@ -52,7 +50,13 @@ def fake_worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, comma
             m = Measurement(-m.dispatch_us, m.dispatch_cached_us, m.combine_us, "measured")
         if fault == "tiny":
             m = Measurement(1e-3, 1e-3, 1e-3, "measured")
-        results.put(("ok", token, m))
+        return m
+
+    def overlap(token, workload, point, gemm_shape):
+        misbehave(token)
+        return modelled_overlap(bench, workload, point, gemm_shape) if rank == 0 else None
+
+    serve_commands(rank, commands, results, measure, overlap)
 
 
 def modelled_overlap(bench, workload, point, gemm_shape, sm_count: int = 132) -> dict:

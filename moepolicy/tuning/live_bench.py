@@ -36,25 +36,33 @@ def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands,
     buffer = deep_ep.Buffer(dist.group.WORLD, buffer_bytes, 0)
     timer = Timer(device)
     works: dict = {}
+
+    def measure(token, workload, point):
+        return measure_point(buffer, works, workload, point, rank, device, timer, reps)
+
+    def overlap(token, workload, point, gemm_shape):
+        return _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, reps)
+
+    serve_commands(rank, commands, results, measure, overlap)
+    dist.destroy_process_group()
+
+
+def serve_commands(rank: int, commands, results, measure, overlap) -> None:
+    """A worker's loop: answer each (token, workload, point[, gemm shape]) until ``None``. Every rank
+    measures (the measurement is collective); rank 0 answers; an error from any rank is reported."""
     results.put(("ready", rank, None))
     while True:
         command = commands.get()
         if command is None:
-            break
+            return
         token, workload, point, *extra = command
         try:
-            if extra:  # an overlapped measurement: (gemm shape,)
-                results_value = _overlap(buffer, works, workload, point, extra[0], rank, device, timer, reps)
-                if rank == 0:
-                    results.put(("ok", token, results_value))
-                continue
-            result = measure_point(buffer, works, workload, point, rank, device, timer, reps)
-            if rank == 0:
-                results.put(("ok", token, result))
+            value = overlap(token, workload, point, extra[0]) if extra else measure(token, workload, point)
+            if rank == 0 and value is not None:
+                results.put(("ok", token, value))
         except Exception as exc:  # noqa: BLE001 (reported as a FAIL trial)
             results.put(("error", token, f"rank {rank}: {type(exc).__name__}: {exc}"
                          f" [{traceback.format_exc(limit=2).splitlines()[-1]}]"))
-    dist.destroy_process_group()
 
 
 def measure_point(buffer, works: dict, workload: Workload, point: TunePoint, rank: int, device, timer,
