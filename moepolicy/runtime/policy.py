@@ -68,10 +68,13 @@ class DeepEPSettings:
     is_default: bool = False
     low_latency: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        bounds = tuple(b.max_tokens if b.max_tokens is not None else sys.maxsize for b in self.buckets)
+        object.__setattr__(self, "_bounds", bounds)  # computed once: bucket_for runs per forward pass
+
     def bucket_for(self, num_tokens: int) -> Bucket:
         """The first bucket whose ``max_tokens`` holds ``num_tokens`` (the last one otherwise)."""
-        bounds = [b.max_tokens if b.max_tokens is not None else sys.maxsize for b in self.buckets]
-        i = bisect.bisect_left(bounds, num_tokens)
+        i = bisect.bisect_left(self._bounds, num_tokens)  # type: ignore[attr-defined]
         return self.buckets[min(i, len(self.buckets) - 1)]
 
     def deep_ep_configs(self, num_tokens: int):

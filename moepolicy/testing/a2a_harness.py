@@ -162,3 +162,28 @@ def spawn_low_latency(world: int, outdir: str, **kwargs) -> list:
     os.makedirs(outdir, exist_ok=True)
     mp.start_processes(_ll_entry, args=(world, outdir, kwargs), nprocs=world, start_method="spawn", join=True)
     return [torch.load(Path(outdir) / f"ll-rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def combine_is_exact(results: list[dict], world: int, num_experts: int) -> bool:
+    """Combine sums each received row back to its token: x times the ranks it went to, on every rank."""
+    from moepolicy.runtime.transport import destination_mask
+
+    for r in range(world):
+        data = results[r]["combine"]
+        copies = destination_mask(data["topk_idx"], num_experts, world).sum(dim=1, keepdim=True)
+        if not torch.equal(data["combined"], (data["x"].to(torch.float32) * copies).to(torch.bfloat16)):
+            return False
+    return True
+
+
+def dynamic_tensor_outcome(results: list[dict], world: int, tokens: int, hidden: int, num_experts: int,
+                           top_k: int) -> tuple[bool, int]:
+    """(every sender-quantized row equals one device's, bytes the receiver-side scale changed)."""
+    exact = reference_rows(results, "tensor_dynamic", ("tensor_dynamic", "quant_then_dispatch"), world,
+                           tokens, hidden, num_experts, top_k)
+    senders_exact, differ = True, 0
+    for r in range(world):
+        sender = results[r][("tensor_dynamic", "quant_then_dispatch")]
+        senders_exact &= torch.equal(sender["q"], exact[r][0]) and torch.equal(sender["s"], exact[r][1])
+        differ += int((results[r][("tensor_dynamic", "dispatch_then_quant")]["q"] != sender["q"]).sum())
+    return senders_exact, differ
