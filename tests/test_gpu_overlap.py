@@ -22,6 +22,14 @@ def test_overlap_measurement_is_consistent():
     finally:
         bench.close()
     assert r["comm_sms"] == 20 and r["gemm_sms"] == 112
+    import torch
+
+    if torch.cuda.get_device_capability(0) == (9, 0) and hasattr(torch, "_scaled_grouped_mm"):
+        # the experts' GEMM is the fp8 grouped kind, one group per local expert, DeepEP's row counts
+        assert r["gemm_kind"].startswith("fp8 grouped GEMM"), (r["gemm_kind"], r.get("gemm_fallback"))
+        assert "128 local experts" in r["gemm_kind"]
+    for side in ("overlapped_comm_end", "overlapped_gemm_end"):
+        assert r[side]["median_us"] <= r["overlapped"]["max_us"] + 1e-6
     for part in ("comm", "gemm", "serial", "overlapped"):
         assert r[part]["median_us"] > 0 and r[part]["min_us"] <= r[part]["median_us"] <= r[part]["max_us"]
     assert r["overlapped"]["median_us"] >= 0.9 * r["floor_us"]  # cannot beat the slower side by much

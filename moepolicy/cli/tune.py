@@ -32,7 +32,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trial-timeout", type=float, default=90.0, help="live watchdog per trial, seconds")
     p.add_argument("--overlap", action="store_true",
-                   help="choose DeepEP's SMs against an expert-sized GEMM on the other SMs (live bench)")
+                   help="choose DeepEP's SMs and send chunks against the experts' GEMM on the other SMs "
+                        "(live bench; --trials joint trials after a scan of the --sms splits)")
+    p.add_argument("--overlap-gemm", choices=["grouped", "dense"], default="grouped",
+                   help="--overlap: the experts' GEMM beside the communication: fp8 grouped over the local "
+                        "experts (default; dense where no grouped kernel runs) or one dense fp8 GEMM")
+    p.add_argument("--confirm-rounds", type=int, default=5,
+                   help="--overlap: rounds in which the best configs and vLLM's split are re-measured (default 5)")
     p.add_argument("--launcher", choices=["local", "torchrun"], default="local",
                    help="torchrun: one process per rank from torchrun's environment; rank 0 alone "
                         "talks to the study (coordination over gloo; with --bench model)")

@@ -48,20 +48,22 @@ class DeepEPOps:
         self.layout = buffer.get_dispatch_layout(work.topk_idx, work.num_experts)
         q, s = triton_kernels.per_token_group(work.x, group)
         self._fp8 = (q, s)
-        self.handle_bf16, self.recv_bf16 = self._dispatch(work.x, None)
-        self.handle_fp8, _ = self._dispatch(self._fp8, None)
+        self.handle_bf16, self.recv_bf16, counts = self._dispatch(work.x, None)
+        self.handle_fp8, _, _ = self._dispatch(self._fp8, None)
+        # rows each local expert receives, as DeepEP counts them: the groups of the expert GEMM
+        self.rows_per_local_expert = [int(n) for n in counts]
 
     def _dispatch(self, payload, handle, layout: Optional[tuple] = None):
         w = self.work
         if handle is not None:
             recv, _, _, _, _, _ = self.buffer.dispatch(payload, handle=handle, config=self.dcfg)
-            return handle, recv
+            return handle, recv, None
         per_rank, per_rdma, per_expert, in_rank, _ = layout or self.layout
-        recv, _, _, _, handle, _ = self.buffer.dispatch(
+        recv, _, _, per_local_expert, handle, _ = self.buffer.dispatch(
             payload, topk_idx=w.topk_idx, topk_weights=w.topk_weights, num_tokens_per_rank=per_rank,
             num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
             config=self.dcfg)
-        return handle, recv
+        return handle, recv, per_local_expert
 
     def _full(self, payload):
         layout = self.buffer.get_dispatch_layout(self.work.topk_idx, self.work.num_experts)
@@ -82,6 +84,10 @@ class DeepEPOps:
         payload = self.work.x if payload_kind == "bf16" else self._fp8
         handle = self.handle_bf16 if payload_kind == "bf16" else self.handle_fp8
         return self._dispatch(payload, handle)[1] if region == "cached" else self._full(payload)
+
+    def quant_only(self, which: str):
+        """The quantization alone: of the T tokens this rank sends, or of the rows it received."""
+        return triton_kernels.per_token_group(self.work.x if which == "sent" else self.recv_bf16, self.group)
 
     def combine(self):
         out, _, _ = self.buffer.combine(self.recv_bf16, self.handle_bf16, config=self.ccfg)

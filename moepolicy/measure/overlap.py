@@ -1,19 +1,27 @@
-"""Overlapped execution: DeepEP dispatch + combine on ``c`` SMs beside an expert-sized GEMM confined
-to the other SMs with a CUDA green context, started together.
+"""Overlapped execution: DeepEP dispatch + combine on ``c`` SMs beside the experts' GEMM confined to
+the other SMs with a CUDA green context, started together.
 
 FACTS.md: cuBLAS ignores torch's SM carveout but a green context confines it; DeepEP's normal
-kernels occupy ``num_sms`` SMs by construction (one block per SM). The GEMM is the expert
-computation's size for the bucket: rows = tokens × top-k (per rank, on average), K = hidden,
-N = 2 × expert intermediate (gate and up); fp8 via ``torch._scaled_mm`` where the GPU has it (a
-dense stand-in for the grouped kernel: DeepGEMM does not run on this CUDA 13 stack).
+kernels occupy ``num_sms`` SMs by construction (one block per SM). The GEMM is the experts' first
+GEMM for the bucket (gate and up: K = hidden, N = 2 × expert intermediate), grouped over the local
+experts with the row counts DeepEP's dispatch delivers to each (padded to 16 rows), in fp8 with
+row-wise scales through ``torch._scaled_grouped_mm`` where the GPU runs it (SM90). Elsewhere a dense
+``torch._scaled_mm`` over the same rows, then bf16; the kind used is recorded with every result.
+Block-scaled grouped kernels (DeepGEMM) do not run on this CUDA 13 stack (FACTS.md).
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
+
+GROUP_ROW_ALIGN = 16
+
+
+GEMM_KINDS = ("grouped", "dense")
 
 
 @dataclass(frozen=True)
@@ -21,39 +29,127 @@ class GemmShape:
     rows: int
     hidden: int
     out: int
+    kind: str = "grouped"  # grouped: one group per local expert (where it runs); dense: one GEMM over all rows
+
+
+def _green_context(sms: int, device_index: int):
+    from torch.cuda.green_contexts import GreenContext
+
+    try:  # torch >= 2.12 takes keywords only
+        return GreenContext.create(num_sms=sms, device_id=device_index)
+    except TypeError:
+        return GreenContext.create(sms, device_index)
+
+
+def padded_offsets(group_rows: list[int], align: int = GROUP_ROW_ALIGN) -> list[int]:
+    """Cumulative row ends of the groups, each group padded up to ``align`` rows."""
+    ends, total = [], 0
+    for n in group_rows:
+        total += -(-int(n) // align) * align
+        ends.append(total)
+    return ends
+
+
+class ExpertGemm:
+    """The experts' GEMM for one bucket: operands and the kernel call, on no particular SMs.
+    ``weights`` may be shared between instances of the same (experts, N, K) to save memory."""
+
+    def __init__(self, shape: GemmShape, device: torch.device, group_rows: Optional[list[int]] = None,
+                 weights: Optional[dict] = None):
+        self.shape, self.device = shape, device
+        self.kind, self.fallback_reason = "", None
+        self._weights = weights if weights is not None else {}
+        self._gen = torch.Generator(device=device).manual_seed(11)
+        sm90 = torch.cuda.get_device_capability(device) == (9, 0)
+        if shape.kind == "dense":
+            group_rows = None
+        if group_rows and sm90 and hasattr(torch, "_scaled_grouped_mm"):
+            try:
+                self._grouped(group_rows)
+                self.run()
+                torch.cuda.synchronize(device)
+                return
+            except (RuntimeError, TypeError) as exc:
+                self.fallback_reason = f"grouped fp8 GEMM did not run: {type(exc).__name__}: {str(exc)[:160]}"
+        elif group_rows:
+            self.fallback_reason = "no fp8 grouped GEMM on this GPU/torch (needs SM90 and torch._scaled_grouped_mm)"
+        self._dense()
+
+    def _random(self, *size, dtype) -> torch.Tensor:
+        return torch.randn(*size, device=self.device, generator=self._gen, dtype=torch.bfloat16).to(dtype)
+
+    def _grouped(self, group_rows: list[int]) -> None:
+        ends = padded_offsets(group_rows)
+        fp8, out, hidden = torch.float8_e4m3fn, self.shape.out, self.shape.hidden
+        key = ("grouped", len(ends), out, hidden)
+        if key not in self._weights:  # one expert at a time: no float temporary of the whole stack
+            w = torch.empty(len(ends), out, hidden, dtype=fp8, device=self.device)
+            for i in range(len(ends)):
+                w[i] = self._random(out, hidden, dtype=fp8)
+            self._weights[key] = w
+        self.a = self._random(ends[-1], hidden, dtype=fp8)
+        self.b = self._weights[key].transpose(-2, -1)  # [G, K, N], column-major per expert
+        self.scale_a = torch.ones(ends[-1], device=self.device)
+        self.scale_b = torch.ones(len(ends), out, device=self.device)
+        self.offs = torch.tensor(ends, dtype=torch.int32, device=self.device)
+        self.rows = ends[-1]
+        self.kind = (f"fp8 grouped GEMM (torch._scaled_grouped_mm, row-wise scales), {len(ends)} local experts, "
+                     f"{self.rows} rows (groups padded to {GROUP_ROW_ALIGN})")
+        self._fn = lambda: torch._scaled_grouped_mm(self.a, self.b, self.scale_a, self.scale_b, offs=self.offs,
+                                                    out_dtype=torch.bfloat16)
+
+    def _dense(self) -> None:
+        self.rows = self.shape.rows
+        if hasattr(torch, "_scaled_mm") and torch.cuda.get_device_capability(self.device)[0] >= 9:
+            fp8 = torch.float8_e4m3fn
+            self.a = self._random(self.rows, self.shape.hidden, dtype=fp8)
+            self.b = self._random(self.shape.out, self.shape.hidden, dtype=fp8).t()
+            one = torch.ones((), device=self.device)
+            self.kind = f"fp8 dense GEMM (torch._scaled_mm), {self.rows} rows"
+            self._fn = lambda: torch._scaled_mm(self.a, self.b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        else:
+            self.a = self._random(self.rows, self.shape.hidden, dtype=torch.bfloat16)
+            self.b = self._random(self.shape.out, self.shape.hidden, dtype=torch.bfloat16).t()
+            self.kind = f"bf16 dense GEMM, {self.rows} rows"
+            self._fn = lambda: self.a @ self.b
+
+    @property
+    def fp8(self) -> bool:
+        return self.kind.startswith("fp8")
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.rows * self.shape.hidden * self.shape.out
+
+    def run(self):
+        return self._fn()
 
 
 class ConfinedGemm:
-    def __init__(self, shape: GemmShape, sms: int, device: torch.device):
-        from torch.cuda.green_contexts import GreenContext
+    """An :class:`ExpertGemm` launched on a green context's stream of ``sms`` SMs."""
 
-        self.ctx = GreenContext.create(sms, device.index)
+    def __init__(self, gemm: ExpertGemm, sms: int):
+        self.gemm, self.sms = gemm, sms
+        self.ctx = _green_context(sms, gemm.device.index)
         self.stream = self.ctx.Stream()
-        g = torch.Generator(device=device).manual_seed(11)
-        a = torch.randn(shape.rows, shape.hidden, device=device, generator=g)
-        b = torch.randn(shape.out, shape.hidden, device=device, generator=g)
-        self.fp8 = hasattr(torch, "_scaled_mm") and torch.cuda.get_device_capability(device)[0] >= 9
-        if self.fp8:
-            self.a = a.to(torch.float8_e4m3fn)
-            self.b = b.to(torch.float8_e4m3fn).t()  # column-major second operand
-            self.one = torch.ones((), device=device)
-        else:
-            self.a, self.b = a.to(torch.bfloat16), b.to(torch.bfloat16).t()
-        self.flops = 2 * shape.rows * shape.hidden * shape.out
+        self.kind, self.fallback_reason, self.fp8 = gemm.kind, gemm.fallback_reason, gemm.fp8
+
+    @property
+    def flops(self) -> int:
+        return self.gemm.flops
 
     def run(self):
-        if self.fp8:
-            return torch._scaled_mm(self.a, self.b, scale_a=self.one, scale_b=self.one, out_dtype=torch.bfloat16)
-        return self.a @ self.b
+        return self.gemm.run()
 
 
-def _spread(xs):
+def spread(xs: list[float]) -> dict:
     return {"median_us": statistics.median(xs), "min_us": min(xs), "max_us": max(xs), "reps": len(xs)}
 
 
 def measure_overlap(comm, gemm: ConfinedGemm, reps: int, flush) -> dict:
     """``comm()`` runs dispatch + combine (DeepEP picks its own stream); the GEMM runs on the green
-    context's stream. Returns comm alone, GEMM alone (confined), serial sum and overlapped times."""
+    context's stream. Returns comm alone, GEMM alone (confined), their serial sum, the overlapped pair
+    (start to the later end) and, inside the overlapped pair, when each side ended."""
     device_stream = torch.cuda.current_stream()
 
     def timed(fn, stream):
@@ -70,7 +166,7 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, flush) -> dict:
         with torch.cuda.stream(gemm.stream):
             gemm.run()
     torch.cuda.synchronize()
-    alone_comm, alone_gemm, overlapped = [], [], []
+    alone_comm, alone_gemm, overlapped, side_comm, side_gemm = [], [], [], [], []
     for _ in range(reps):
         flush()
         alone_comm.append(timed(comm, device_stream))
@@ -88,9 +184,14 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, flush) -> dict:
         end_comm.record(device_stream)
         end_comm.synchronize()
         end_gemm.synchronize()
-        overlapped.append(max(start.elapsed_time(end_comm), start.elapsed_time(end_gemm)) * 1000)
+        side_comm.append(start.elapsed_time(end_comm) * 1000)
+        side_gemm.append(start.elapsed_time(end_gemm) * 1000)
+        overlapped.append(max(side_comm[-1], side_gemm[-1]))
     serial = [a + b for a, b in zip(alone_comm, alone_gemm)]
-    out = {"comm": _spread(alone_comm), "gemm": _spread(alone_gemm), "serial": _spread(serial),
-           "overlapped": _spread(overlapped)}
+    out = {"comm": spread(alone_comm), "gemm": spread(alone_gemm), "serial": spread(serial),
+           "overlapped": spread(overlapped), "overlapped_comm_end": spread(side_comm),
+           "overlapped_gemm_end": spread(side_gemm), "gemm_kind": gemm.kind}
+    if gemm.fallback_reason:
+        out["gemm_fallback"] = gemm.fallback_reason
     out["floor_us"] = max(out["comm"]["median_us"], out["gemm"]["median_us"])
     return out

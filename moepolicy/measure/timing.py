@@ -1,4 +1,14 @@
-"""CUDA-event timing with an L2 flush before every repetition; medians, spreads, max over ranks."""
+"""CUDA-event timing with an L2 flush before every repetition; medians, spreads, max over ranks.
+
+Two launch modes:
+- ``synced`` (default): host and GPUs are synchronised (barrier, then the GPU idle) right before the
+  start event, so the host's launch cost of every call in ``fn`` counts — a host that never runs ahead;
+- ``queued``: after the barrier the GPU first spins for ``HEAD_START_US`` while the host enqueues
+  ``fn``; the start event fires after the spin, so the time is the GPU's own (host waits that ``fn``
+  itself contains, like the full dispatch's CPU wait for counts, still count). This is what serving
+  sees when the host runs ahead of the GPU, and what DeepEP's own benchmark measures (it hides the
+  launch cost behind a large kernel: DeepEP ``tests/utils.py``, ``bench_kineto``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +18,8 @@ from typing import Callable
 import torch
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
+HEAD_START_US = 500.0
+LAUNCH_MODES = ("synced", "queued")
 
 
 class Timer:
@@ -16,6 +28,7 @@ class Timer:
         self.group = group
         self.collective = collective
         self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+        self._cycles_per_us: float | None = None
 
     def _barrier(self) -> None:
         import torch.distributed as dist
@@ -23,15 +36,39 @@ class Timer:
         if self.collective and dist.is_initialized():
             dist.barrier(group=self.group, device_ids=[self.device.index])
 
-    def samples(self, fn: Callable[[], object], reps: int = 30, warmup: int = 5) -> list[float]:
+    def quiesce(self) -> None:
+        """Flush L2, meet the other ranks, and wait until this GPU is idle (the barrier's own
+        kernels must not spill into the next timing)."""
+        self._flush.zero_()
+        self._barrier()
+        torch.cuda.synchronize(self.device)
+
+    def _spin_cycles(self, us: float) -> int:
+        """GPU clock cycles that ``torch.cuda._sleep`` needs to spin for ``us`` (measured once)."""
+        if self._cycles_per_us is None:
+            probe = 2_000_000
+            torch.cuda._sleep(1000)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(probe)
+            end.record()
+            end.synchronize()
+            self._cycles_per_us = probe / max(start.elapsed_time(end) * 1000.0, 1.0)
+        return int(us * self._cycles_per_us)
+
+    def samples(self, fn: Callable[[], object], reps: int = 30, warmup: int = 5, mode: str = "synced") -> list[float]:
         """Microseconds of ``fn`` per repetition, each after a barrier and an L2 flush."""
+        if mode not in LAUNCH_MODES:
+            raise ValueError(f"launch mode must be one of {LAUNCH_MODES}, got {mode!r}")
+        spin = self._spin_cycles(HEAD_START_US) if mode == "queued" else 0
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize(self.device)
         out = []
         for _ in range(reps):
-            self._flush.zero_()
-            self._barrier()
+            self.quiesce()
+            if spin:
+                torch.cuda._sleep(spin)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -40,18 +77,30 @@ class Timer:
             out.append(start.elapsed_time(end) * 1000.0)
         return out
 
-    def median_max_over_ranks(self, fn: Callable[[], object], reps: int = 30, warmup: int = 5) -> dict:
+    def median_max_over_ranks(self, fn: Callable[[], object], reps: int = 30, warmup: int = 5,
+                              mode: str = "synced") -> dict:
         """Median per rank, then the slowest rank's median (a collective waits for the slowest)."""
         import torch.distributed as dist
 
-        xs = self.samples(fn, reps, warmup)
+        xs = self.samples(fn, reps, warmup, mode)
         med = statistics.median(xs)
         stats = torch.tensor([med, min(xs), max(xs)], dtype=torch.float64, device=self.device)
-        if dist.is_initialized():
+        if self.collective and dist.is_initialized():
             gathered = [torch.empty_like(stats) for _ in range(dist.get_world_size(self.group))]
             dist.all_gather(gathered, stats, group=self.group)
             slowest = max(gathered, key=lambda t: float(t[0]))
         else:
             slowest = stats
         return {"median_us": float(slowest[0]), "min_us": float(slowest[1]), "max_us": float(slowest[2]),
-                "reps": reps}
+                "reps": reps, "mode": mode}
+
+
+def interleaved_rounds(timer: Timer, fns: dict[str, Callable[[], object]], rounds: int, reps: int,
+                       mode: str = "synced") -> dict[str, list[float]]:
+    """Each round times every callable once (median of ``reps``, slowest rank), in turn, so slow
+    drifts of the machine fall on all of them alike. Returns the per-round medians per name."""
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            out[name].append(timer.median_max_over_ranks(fn, reps, warmup=2, mode=mode)["median_us"])
+    return out

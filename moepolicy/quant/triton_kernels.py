@@ -11,37 +11,47 @@ import triton.language as tl
 from moepolicy.quant.reference import EPS, FP8, FP8_MAX, FP8_MAX_INV
 
 # Triton's Python launcher (argument binding, specialization, cache key) costs tens of microseconds
-# per call, on the sender's critical path before dispatch. After the first launch of a given shape
-# the compiled kernel is launched directly with the same arguments' layout. MOEPOLICY_TRITON_FAST_LAUNCH=0
-# turns this off (for side-by-side timing).
+# per call, on the sender's critical path before dispatch. After the first launch of a given call
+# shape the compiled kernel is launched directly with the same arguments' layout, and the host-side
+# arithmetic (grid, constexprs) of each shape is computed once (scripts/diag_launch_cost.py measures
+# the host cost per call). MOEPOLICY_TRITON_FAST_LAUNCH=0 turns the direct launch off.
 FAST_LAUNCH = {"enabled": os.environ.get("MOEPOLICY_TRITON_FAST_LAUNCH", "1") != "0"}
 _COMPILED: dict = {}
 
 
-def _launch(fn, grid: tuple, args: tuple, constexprs: dict, num_warps: int) -> None:
-    """``fn[grid](*args, **constexprs)``; repeat launches of one shape skip Triton's binder."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    aligned = all(t.data_ptr() % 16 == 0 for t in tensors)
-    key = (fn, tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in args),
-           tuple(constexprs.items()), num_warps, tensors[0].device.index)
+def _launch(fn, grid: tuple, args: tuple, constexprs: dict, num_warps: int, key: tuple) -> None:
+    """``fn[grid](*args, **constexprs)``; repeat launches of one ``key`` skip Triton's binder.
+    ``key`` must pin everything Triton specialises on except the first tensor's alignment
+    (the outputs are fresh allocations, always aligned)."""
+    first = args[0]
+    aligned = first.data_ptr() % 16 == 0
     compiled = _COMPILED.get(key) if FAST_LAUNCH["enabled"] and aligned else None
     if compiled is None:
         kernel = fn[grid](*args, **constexprs, num_warps=num_warps)
         if FAST_LAUNCH["enabled"] and aligned:
-            _COMPILED[key] = kernel
+            _COMPILED[key] = (kernel, (*grid, 1, 1)[:3])
         return
+    kernel, grid3 = compiled
     try:
-        from triton import knobs
-
         values = (*args, *constexprs.values())
-        stream = torch._C._cuda_getCurrentRawStream(tensors[0].device.index)
-        grid3 = (*grid, 1, 1)[:3]
-        metadata = compiled.launch_metadata(grid3, stream, *values)
-        compiled.run(grid3[0], grid3[1], grid3[2], stream, compiled.function, compiled.packed_metadata, metadata,
-                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+        stream = torch._C._cuda_getCurrentRawStream(first.device.index)
+        metadata = kernel.launch_metadata(grid3, stream, *values)
+        kernel.run(grid3[0], grid3[1], grid3[2], stream, kernel.function, kernel.packed_metadata, metadata,
+                   _HOOKS.runtime.launch_enter_hook, _HOOKS.runtime.launch_exit_hook, *values)
     except Exception:  # noqa: BLE001 (another Triton version: use its own launcher from now on)
         FAST_LAUNCH["enabled"] = False
         fn[grid](*args, **constexprs, num_warps=num_warps)
+
+
+try:
+    from triton import knobs as _HOOKS
+except ImportError:  # older Triton: no direct launch
+    FAST_LAUNCH["enabled"] = False
+    _HOOKS = None
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 @triton.jit
@@ -102,25 +112,39 @@ def _round_odd() -> bool:
 LAUNCH = {"groups_per_prog": 8, "num_warps": 4}
 
 
+_GROUP_PLANS: dict = {}
+
+
+def _group_plan(tokens: int, hidden: int, group: int, ue8m0: bool, groups_per_prog, num_warps) -> tuple:
+    """Grid, constexprs and warps of one call shape (computed once per shape)."""
+    if _next_pow2(group) != group:
+        raise ValueError(f"group {group} must be a power of two for the fused kernel")
+    num_groups = -(-hidden // group)
+    per_prog = min(groups_per_prog or LAUNCH["groups_per_prog"], _next_pow2(num_groups))
+    grid = (tokens, -(-num_groups // per_prog))
+    constexprs = {"GROUP": group, "GROUPS_PER_PROG": per_prog, "UE8M0": ue8m0, "FMAX": FP8_MAX,
+                  "FMAX_INV": FP8_MAX_INV, "EPSILON": EPS, "ROUND_ODD": _round_odd()}
+    return num_groups, grid, constexprs, num_warps or LAUNCH["num_warps"]
+
+
 def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False,
                     groups_per_prog: int | None = None, num_warps: int | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused dynamic 1×``group`` quantization; row-major float32 scales [T, ceil(H/group)]."""
     assert x.is_cuda and x.dim() == 2 and x.stride(1) == 1
     tokens, hidden = x.shape
-    num_groups = -(-hidden // group)
+    key = (tokens, hidden, x.stride(0), x.dtype, x.device.index, group, ue8m0, groups_per_prog, num_warps,
+           LAUNCH["groups_per_prog"], LAUNCH["num_warps"], CONVERSION["mode"])
+    plan = _GROUP_PLANS.get(key)
+    if plan is None:
+        plan = _GROUP_PLANS[key] = _group_plan(tokens, hidden, group, ue8m0, groups_per_prog, num_warps)
+    num_groups, grid, constexprs, warps = plan
     q = torch.empty((tokens, hidden), dtype=FP8, device=x.device)
     s = torch.empty((tokens, num_groups), dtype=torch.float32, device=x.device)
     if tokens == 0:
         return q, s
-    if triton.next_power_of_2(group) != group:
-        raise ValueError(f"group {group} must be a power of two for the fused kernel")
-    per_prog = min(groups_per_prog or LAUNCH["groups_per_prog"], triton.next_power_of_2(num_groups))
-    warps = num_warps or LAUNCH["num_warps"]
-    grid = (tokens, triton.cdiv(num_groups, per_prog))
     _launch(_group_quant_kernel, grid, (x, q, s, hidden, num_groups, x.stride(0), q.stride(0), s.stride(0)),
-            {"GROUP": group, "GROUPS_PER_PROG": per_prog, "UE8M0": ue8m0, "FMAX": FP8_MAX,
-             "FMAX_INV": FP8_MAX_INV, "EPSILON": EPS, "ROUND_ODD": _round_odd()}, warps)
+            constexprs, warps, ("group",) + key)
     return q, s
 
 
@@ -146,10 +170,11 @@ def per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((tokens, hidden), dtype=FP8, device=x.device)
     s = torch.empty((tokens, 1), dtype=torch.float32, device=x.device)
     if tokens:
-        block = triton.next_power_of_2(hidden)
+        block = _next_pow2(hidden)
         _launch(_token_quant_kernel, (tokens,), (x, q, s, hidden, x.stride(0), q.stride(0)),
                 {"BLOCK": block, "FMAX": FP8_MAX, "FMAX_INV": FP8_MAX_INV, "EPSILON": EPS,
-                 "ROUND_ODD": _round_odd()}, 8 if block >= 4096 else 4)
+                 "ROUND_ODD": _round_odd()}, 8 if block >= 4096 else 4,
+                ("token", tokens, hidden, x.stride(0), x.dtype, x.device.index, CONVERSION["mode"]))
     return q, s
 
 

@@ -135,7 +135,7 @@ def _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, re
     import deep_ep
 
     from moepolicy.measure.deepep_ops import DeepEPOps, make_workload
-    from moepolicy.measure.overlap import ConfinedGemm, measure_overlap
+    from moepolicy.measure.overlap import ConfinedGemm, ExpertGemm, measure_overlap
 
     key = (point.tokens, workload.hidden, workload.num_experts, workload.top_k, workload.routing)
     if key not in works:
@@ -146,20 +146,20 @@ def _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, re
     import torch
 
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-    gemm_key = ("gemm", gemm_shape, sm_count - point.num_sms)
-    if gemm_key not in works:  # one green context and operand set per split, reused
-        works[gemm_key] = ConfinedGemm(gemm_shape, sm_count - point.num_sms, device)
-    gemm = works[gemm_key]
+    expert_key = ("expert-gemm", gemm_shape, point.tokens)
+    if expert_key not in works:  # operands once per bucket (weights once per expert stack)
+        works[expert_key] = ExpertGemm(gemm_shape, device, ops.rows_per_local_expert,
+                                       works.setdefault("expert-weights", {}))
+    confined_key = ("confined-gemm", gemm_shape, point.tokens, sm_count - point.num_sms)
+    if confined_key not in works:  # one green context per split, reused
+        works[confined_key] = ConfinedGemm(works[expert_key], sm_count - point.num_sms)
+    gemm = works[confined_key]
 
     def comm():
         ops.dispatch_only(workload.payload, "full")
         ops.combine()
 
-    def flush():
-        timer._flush.zero_()
-        timer._barrier()
-
-    result = measure_overlap(comm, gemm, reps, flush)
+    result = measure_overlap(comm, gemm, reps, timer.quiesce)
     result.update({"comm_sms": point.num_sms, "gemm_sms": sm_count - point.num_sms, "gemm_fp8": gemm.fp8,
                    "gemm_tflop": gemm.flops / 1e12})
     return result

@@ -1,84 +1,214 @@
-"""``tune --overlap``: choose DeepEP's SM share when communication overlaps the expert GEMMs.
+"""``tune --overlap``: choose DeepEP's SM share and send chunks when communication overlaps the
+expert GEMMs.
 
-For every candidate split (communication SMs ``c``; the GEMM gets the rest through a green context)
-and token bucket, the live bench starts dispatch + combine and an expert-sized GEMM together and
-times the pair (medians of repeats, with the spread). vLLM's split (20 communication SMs) is always
-measured in the same run for comparison. The split with the lowest weighted overlapped time wins;
-then DeepEP's send chunks are searched at that split.
+A measurement starts dispatch + combine on ``c`` SMs and the experts' GEMM on the other SMs (a green
+context) together, for every token bucket, and times the pair (medians of repeats, with spread).
+The search has three phases:
+
+1. split scan: every candidate ``c`` (and vLLM's 20) with DeepEP's default chunks;
+2. joint search: an optuna TPE study over (``c``, dispatch send chunk, combine send chunk) that
+   starts from the scan's results; failures are FAIL trials; a config is never measured twice;
+3. confirmation: the best config of each of the three best splits and vLLM's split (20 SMs, default chunks) are re-measured
+   side by side for ``rounds`` rounds, interleaved, so the choice and the comparison do not rest on
+   one lucky measurement; the chosen one is the best median over those rounds.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import statistics
+from typing import Any, Callable, Optional
 
 from moepolicy.cli._output import note
 from moepolicy.measure.overlap import GemmShape
 from moepolicy.tuning.bench import TrialFailed, TunePoint, Workload
 
 VLLM_DBO_COMM_SMS = 20
-CHUNK_CANDIDATES = {"dispatch": (16, 24, 32), "combine": (8, 10, 12)}
+CHUNK_CANDIDATES = {"dispatch": (16, 20, 24, 32), "combine": (6, 8, 10, 12, 16)}
+
+Chunks = tuple  # ((dispatch config tail), (combine config tail)) as TunePoint takes them
+Config = tuple  # (c, Chunks)
+CONFIRM_SPLITS = 3  # splits whose best config is re-measured beside vLLM's
 
 
-def gemm_shape(plan, workload: Workload, tokens: int) -> GemmShape:
+def gemm_shape(plan, workload: Workload, tokens: int, kind: str = "grouped") -> GemmShape:
     first = plan.model.moe_layers[0]
     intermediate = first.moe_intermediate_size or 2048
-    return GemmShape(rows=tokens * workload.top_k, hidden=workload.hidden, out=2 * intermediate)
+    return GemmShape(rows=tokens * workload.top_k, hidden=workload.hidden, out=2 * intermediate, kind=kind)
+
+
+def with_send_chunks(default: Chunks, dispatch: int, combine: int) -> Chunks:
+    return ((dispatch, *default[0][1:]), (combine, *default[1][1:]))
+
+
+class _Measurer:
+    """Measures a config over all buckets; remembers the first measurement of each config."""
+
+    def __init__(self, plan, bench, workload: Workload, buckets: list[tuple[int, float]], gemm_kind: str):
+        self.plan, self.bench, self.workload, self.gemm_kind = plan, bench, workload, gemm_kind
+        self.buckets, self.weight = buckets, dict(buckets)
+        self.seen: dict[Config, Optional[dict[int, dict]]] = {}
+
+    def fresh(self, config: Config) -> Optional[dict[int, dict]]:
+        c, chunks = config
+        rows = {}
+        for tokens, _ in self.buckets:
+            try:
+                rows[tokens] = self.bench.measure_overlap(
+                    self.workload, TunePoint(c, tokens, *chunks), gemm_shape(self.plan, self.workload, tokens, self.gemm_kind))
+            except TrialFailed as exc:
+                note(f"  overlap c={c} chunks {chunks[0][0]}/{chunks[1][0]} T={tokens}: FAIL ({exc})")
+                return None
+        return rows
+
+    def once(self, config: Config) -> Optional[dict[int, dict]]:
+        if config not in self.seen:
+            self.seen[config] = self.fresh(config)
+        return self.seen[config]
+
+    def weighted(self, rows: dict[int, dict], key: Callable[[dict], float] = lambda r: r["overlapped"]["median_us"]) -> float:
+        return sum(self.weight[t] * key(rows[t]) for t in rows)
+
+
+def _say(config: Config, rows: dict[int, dict]) -> None:
+    c, chunks = config
+    for tokens, r in rows.items():
+        note(f"  overlap c={c:3} chunks {chunks[0][0]:2}/{chunks[1][0]:2} T={tokens:5}: overlapped "
+             f"{r['overlapped']['median_us']:8.1f} us (comm {r['comm']['median_us']:.1f}, GEMM "
+             f"{r['gemm']['median_us']:.1f} on {r['gemm_sms']} SMs, serial {r['serial']['median_us']:.1f})")
+
+
+def scan_splits(m: _Measurer, splits: list[int], default: Chunks) -> dict[int, float]:
+    out = {}
+    for c in splits:
+        rows = m.once((c, default))
+        if rows is not None:
+            _say((c, default), rows)
+            out[c] = m.weighted(rows)
+    return out
+
+
+def joint_search(m: _Measurer, splits: list[int], default: Chunks, trials: int, seed: int) -> None:
+    """optuna TPE over (c, dispatch chunk, combine chunk), told the split scan's results first."""
+    import optuna
+
+    dispatch = sorted(set(CHUNK_CANDIDATES["dispatch"]) | {default[0][0]})
+    combine = sorted(set(CHUNK_CANDIDATES["combine"]) | {default[1][0]})
+    dists = {"c": optuna.distributions.CategoricalDistribution(splits),
+             "dispatch": optuna.distributions.CategoricalDistribution(dispatch),
+             "combine": optuna.distributions.CategoricalDistribution(combine)}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=3))
+    for (c, chunks), rows in m.seen.items():
+        if c not in splits:  # a split that failed in the scan is not searched
+            continue
+        params = {"c": c, "dispatch": chunks[0][0], "combine": chunks[1][0]}
+        state = optuna.trial.TrialState.COMPLETE if rows is not None else optuna.trial.TrialState.FAIL
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, state=state,
+                                                  value=m.weighted(rows) if rows is not None else None))
+    for i in range(trials):
+        trial = study.ask(dists)
+        config = (trial.params["c"], with_send_chunks(default, trial.params["dispatch"], trial.params["combine"]))
+        new = config not in m.seen
+        rows = m.once(config)
+        if rows is None:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        study.tell(trial, m.weighted(rows))
+        if new:
+            note(f"  joint {i + 1}/{trials}: c={config[0]} chunks {config[1][0][0]}/{config[1][1][0]}: "
+                 f"weighted overlapped {m.weighted(rows):.1f} us")
+
+
+def best_per_split(measured: dict[Config, float], exclude: Config, splits: int) -> list[Config]:
+    """The best config of each of the ``splits`` best splits (a lucky reading of one split cannot
+    crowd the others out of the confirmation)."""
+    best: dict[int, Config] = {}
+    for cfg in sorted(measured, key=measured.get):
+        if cfg != exclude and cfg[0] not in best:
+            best[cfg[0]] = cfg
+    return list(best.values())[:splits]
+
+
+def confirm(m: _Measurer, candidates: list[Config], rounds: int) -> dict[Config, list[dict[int, dict]]]:
+    """Every candidate measured once per round, in turn, for ``rounds`` rounds."""
+    out: dict[Config, list[dict[int, dict]]] = {cfg: [] for cfg in candidates}
+    for r in range(rounds):
+        for cfg in candidates:
+            rows = m.fresh(cfg)
+            if rows is not None:
+                out[cfg].append(rows)
+        note(f"  confirmation round {r + 1}/{rounds}: " + ", ".join(
+            f"c={cfg[0]} {cfg[1][0][0]}/{cfg[1][1][0]}: {m.weighted(out[cfg][-1]):.1f} us"
+            for cfg in candidates if out[cfg]))
+    return {cfg: runs for cfg, runs in out.items() if runs}
+
+
+def _median(runs: list[dict[int, dict]], tokens: int, key: str) -> float:
+    return statistics.median(run[tokens][key]["median_us"] for run in runs)
+
+
+def _bucket_report(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[int, dict]]], tokens: int) -> dict:
+    mine = [run[tokens]["overlapped"]["median_us"] for run in runs]
+    comm, gemm = _median(runs, tokens, "comm"), _median(runs, tokens, "gemm")
+    floor = max(comm, gemm)
+    row = {"overlapped_us": round(statistics.median(mine), 1),
+           "overlapped_spread_us": [round(min(mine), 1), round(max(mine), 1)], "rounds": len(mine),
+           "serial_us": round(_median(runs, tokens, "serial"), 1), "floor_us": round(floor, 1),
+           "comm_us": round(comm, 1), "gemm_us": round(gemm, 1),
+           "comm_end_in_overlap_us": round(_median(runs, tokens, "overlapped_comm_end"), 1),
+           "gemm_end_in_overlap_us": round(_median(runs, tokens, "overlapped_gemm_end"), 1),
+           "vs_floor": round(statistics.median(mine) / floor, 3), "gemm": runs[0][tokens].get("gemm_kind"),
+           "vllm_split_overlapped_us": None, "vs_vllm_split": None}
+    if vllm_runs:
+        theirs = [run[tokens]["overlapped"]["median_us"] for run in vllm_runs]
+        ratios = [a / b for a, b in zip(mine, theirs)]
+        row.update({"vllm_split_overlapped_us": round(statistics.median(theirs), 1),
+                    "vllm_split_spread_us": [round(min(theirs), 1), round(max(theirs), 1)],
+                    "vs_vllm_split": round(statistics.median(mine) / statistics.median(theirs), 3),
+                    "vs_vllm_split_per_round": [round(x, 3) for x in ratios]})
+    return row
 
 
 def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, float]], grid: list[int],
-                   default: tuple) -> dict[str, Any]:
+                   default: Chunks, trials: int = 12, rounds: int = 5, seed: int = 0,
+                   gemm_kind: str = "grouped") -> dict[str, Any]:
     splits = sorted(set(grid) | {VLLM_DBO_COMM_SMS})
-    table: dict[int, dict[int, dict]] = {}
-    for c in splits:
-        for tokens, _ in buckets:
-            try:
-                r = bench.measure_overlap(workload, TunePoint(c, tokens, *default), gemm_shape(plan, workload, tokens))
-            except TrialFailed as exc:
-                note(f"  overlap c={c} T={tokens}: FAIL ({exc})")
-                continue
-            table.setdefault(c, {})[tokens] = r
-            note(f"  overlap c={c:3} T={tokens:5}: overlapped {r['overlapped']['median_us']:8.1f} us "
-                 f"(comm {r['comm']['median_us']:.1f}, GEMM {r['gemm']['median_us']:.1f} on {r['gemm_sms']} SMs, "
-                 f"serial {r['serial']['median_us']:.1f})")
-    complete = {c: rows for c, rows in table.items() if len(rows) == len(buckets)}
-    if not complete:
+    m = _Measurer(plan, bench, workload, buckets, gemm_kind)
+    note(f"overlap phase 1: {len(splits)} splits with DeepEP's default chunks")
+    scanned = scan_splits(m, splits, default)
+    if not scanned:
         raise TrialFailed("no split produced a measurement for every bucket")
-    weight = dict(buckets)
+    note(f"overlap phase 2: joint search of split and send chunks, {trials} trials")
+    joint_search(m, sorted(scanned), default, trials, seed)
+    measured = {cfg: m.weighted(rows) for cfg, rows in m.seen.items() if rows is not None}
+    vllm = (VLLM_DBO_COMM_SMS, default)
+    candidates = best_per_split(measured, exclude=vllm, splits=CONFIRM_SPLITS) + ([vllm] if vllm in measured else [])
+    note(f"overlap phase 3: {len(candidates)} configs re-measured side by side, {rounds} rounds")
+    confirmed = confirm(m, candidates, rounds)
+    complete = {cfg: runs for cfg, runs in confirmed.items()}
+    if not complete:
+        raise TrialFailed("no configuration could be re-measured in the confirmation rounds")
 
-    def weighted(c):
-        return sum(weight[t] * complete[c][t]["overlapped"]["median_us"] for t in complete[c])
+    def confirmed_weighted(cfg: Config) -> float:
+        return sum(m.weight[t] * _median(complete[cfg], t, "overlapped") for t, _ in buckets)
 
-    best = min(complete, key=weighted)
-    chunks = {}
-    for tokens, _ in buckets:
-        chosen, chosen_us = default, complete[best][tokens]["overlapped"]["median_us"]
-        for d in CHUNK_CANDIDATES["dispatch"]:
-            for cc in CHUNK_CANDIDATES["combine"]:
-                cand = ((d, default[0][1], *default[0][2:]), (cc, default[1][1], *default[1][2:]))
-                if cand == default:
-                    continue
-                try:
-                    r = bench.measure_overlap(workload, TunePoint(best, tokens, *cand), gemm_shape(plan, workload, tokens))
-                except TrialFailed:
-                    continue
-                if r["overlapped"]["median_us"] < chosen_us:
-                    chosen, chosen_us = cand, r["overlapped"]["median_us"]
-                    complete[best][tokens] = r
-        chunks[tokens] = chosen
-    per_bucket = {}
-    for tokens, _ in buckets:
-        mine, vllm = complete[best][tokens], complete.get(VLLM_DBO_COMM_SMS, {}).get(tokens)
-        per_bucket[tokens] = {
-            "overlapped_us": round(mine["overlapped"]["median_us"], 1),
-            "overlapped_spread_us": [round(mine["overlapped"]["min_us"], 1), round(mine["overlapped"]["max_us"], 1)],
-            "serial_us": round(mine["serial"]["median_us"], 1), "floor_us": round(mine["floor_us"], 1),
-            "comm_us": round(mine["comm"]["median_us"], 1), "gemm_us": round(mine["gemm"]["median_us"], 1),
-            "vllm_split_overlapped_us": round(vllm["overlapped"]["median_us"], 1) if vllm else None,
-            "vs_vllm_split": round(mine["overlapped"]["median_us"] / vllm["overlapped"]["median_us"], 3) if vllm else None,
-            "vs_floor": round(mine["overlapped"]["median_us"] / mine["floor_us"], 3),
-        }
-    return {"comm_sms": best, "gemm_sms": complete[best][buckets[0][0]]["gemm_sms"], "chunks": chunks,
-            "per_bucket": per_bucket, "gemm": "fp8 torch._scaled_mm" if complete[best][buckets[0][0]]["gemm_fp8"] else "bf16 matmul",
-            "splits_us": {c: round(weighted(c), 1) for c in complete},
-            "why": f"lowest weighted overlapped time over {len(complete)} splits measured together with vLLM's "
-                   f"{VLLM_DBO_COMM_SMS}-SM split"}
+    best = min(complete, key=confirmed_weighted)
+    c, chunks = best
+    vllm_runs = complete.get(vllm)
+    first = complete[best][0][buckets[0][0]]
+    per_bucket = {t: _bucket_report(complete[best], vllm_runs, t) for t, _ in buckets}
+    splits_us = {}
+    for (cc, _), value in measured.items():
+        splits_us[cc] = round(min(value, splits_us.get(cc, float("inf"))), 1)
+    return {
+        "comm_sms": c, "gemm_sms": first["gemm_sms"], "chunks": {t: chunks for t, _ in buckets},
+        "per_bucket": per_bucket, "gemm": first.get("gemm_kind", "fp8" if first.get("gemm_fp8") else "bf16"),
+        "gemm_fallback": first.get("gemm_fallback"),
+        "splits_us": splits_us, "configs_measured": len(measured),
+        "confirmed_us": {f"c={cfg[0]} chunks {cfg[1][0][0]}/{cfg[1][1][0]}": round(confirmed_weighted(cfg), 1)
+                         for cfg in complete},
+        "why": (f"lowest weighted overlapped time, median of {rounds} interleaved rounds, among the best configs of the "
+                f"{CONFIRM_SPLITS} best splits of "
+                f"{len(measured)} configs (split scan + joint TPE search of split and send chunks) and vLLM's "
+                f"{VLLM_DBO_COMM_SMS}-SM split with default chunks"),
+    }

@@ -163,16 +163,33 @@ def default_chunks_effective(target) -> tuple:
     return ((d[0], d[1], d[2], effective_rdma_recv(d[2], d[3])), (c[0], c[1], c[2], effective_rdma_recv(c[2], c[3])))
 
 
+def sms_grid(space: Space, target, args) -> list[int]:
+    """The SM counts to try: ``--sms`` when given (checked), else the space's grid under ``--max-sms``."""
+    if not getattr(args, "sms", None):
+        return space.sms_candidates(target.profile.sm_count, args.max_sms)
+    try:
+        sms_list = sorted({int(s) for s in args.sms.split(",")})
+    except ValueError:
+        raise TuningError(f"--sms takes even integers like 20,24, got {args.sms!r}") from None
+    bad = [s for s in sms_list if s <= 0 or s % 2 or s > target.profile.sm_count]
+    if bad:
+        raise TuningError(f"--sms {bad[0]}: SM counts must be even, positive and at most "
+                          f"{target.profile.sm_count} on {target.gpu}")
+    return sms_list
+
+
 def _tune_overlap(plan: Plan, bench, workload: Workload, space: Space, buckets, args, command, default) -> dict:
     from moepolicy.tuning.overlap import search_overlap
 
     if not hasattr(bench, "measure_overlap"):
         raise TuningError("--overlap needs the live bench: it times DeepEP beside a confined GEMM on GPUs")
-    grid = space.sms_candidates(plan.target.profile.sm_count, args.max_sms)
-    if getattr(args, "sms", None):
-        grid = sorted({int(s) for s in args.sms.split(",")})
+    grid = sms_grid(space, plan.target, args)
+    rounds = getattr(args, "confirm_rounds", 5)
+    if rounds < 1 or args.trials < 0:
+        raise TuningError(f"--overlap needs --confirm-rounds >= 1 and --trials >= 0 (got {rounds} and {args.trials})")
     try:
-        found = search_overlap(plan, bench, workload, buckets, grid, default)
+        found = search_overlap(plan, bench, workload, buckets, grid, default, trials=args.trials,
+                               rounds=rounds, seed=args.seed, gemm_kind=getattr(args, "overlap_gemm", "grouped"))
     finally:
         bench.close()
     c = found["comm_sms"]
@@ -187,13 +204,16 @@ def _tune_overlap(plan: Plan, bench, workload: Workload, space: Space, buckets, 
     section = {"num_sms": c, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma, "buckets": buckets_doc,
                "provenance": {"source": "measured", "bench": "live-overlap", "command": command,
                               "date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()},
-               "overlap": {k: found[k] for k in ("comm_sms", "gemm_sms", "gemm", "splits_us", "why")}}
+               "overlap": {k: found[k] for k in ("comm_sms", "gemm_sms", "gemm", "gemm_fallback", "splits_us",
+                                                 "configs_measured", "confirmed_us", "why") if found.get(k) is not None}}
     doc = build_document(plan, deepep=section, command=command)
     write_document(doc, args.output)
     note(f"overlap: {c} communication SMs, GEMM on {found['gemm_sms']}: {found['why']}")
     for tokens, row in found["per_bucket"].items():
-        note(f"  T={tokens}: overlapped {row['overlapped_us']} us, vLLM's split {row['vllm_split_overlapped_us']} us "
-             f"(x{row['vs_vllm_split']}), floor {row['floor_us']} us (x{row['vs_floor']}), serial {row['serial_us']} us")
+        note(f"  T={tokens}: overlapped {row['overlapped_us']} us {row['overlapped_spread_us']}, vLLM's split "
+             f"{row['vllm_split_overlapped_us']} us {row.get('vllm_split_spread_us', '')} (x{row['vs_vllm_split']}), "
+             f"floor {row['floor_us']} us (x{row['vs_floor']}), serial {row['serial_us']} us; medians of "
+             f"{row['rounds']} rounds")
     return doc
 
 
@@ -231,16 +251,7 @@ def tune_plan(plan: Plan, *, kind: str, args, space: Space, objective: dict, buc
                (default_c[0], default_c[1], default_c[2], effective_rdma_recv(default_c[2], default_c[3])))
     if getattr(args, "overlap", False):
         return _tune_overlap(plan, bench, workload, space, buckets, args, command, default_chunks_effective(target))
-    sms_list = space.sms_candidates(target.profile.sm_count, args.max_sms)
-    if getattr(args, "sms", None):
-        try:
-            sms_list = sorted({int(s) for s in args.sms.split(",")})
-        except ValueError:
-            raise TuningError(f"--sms takes even integers like 20,24, got {args.sms!r}") from None
-        bad = [s for s in sms_list if s <= 0 or s % 2 or s > target.profile.sm_count]
-        if bad:
-            raise TuningError(f"--sms {bad[0]}: SM counts must be even, positive and at most "
-                              f"{target.profile.sm_count} on {target.gpu}")
+    sms_list = sms_grid(space, target, args)
     note(f"tuning {workload.hidden=} {workload.num_experts=} {workload.top_k=} payload={workload.payload} "
          f"on {len(sms_list)} SM counts x {len(buckets)} buckets x {args.trials} trials ({region} region)")
     results: list[SmsResult] = []

@@ -1,0 +1,86 @@
+"""The overlap search's logic (``moepolicy/tuning/overlap.py``) against a scripted bench: a config's
+time is a known function of the split and the send chunks plus scripted noise. The bench is a test
+double for the GPUs, not for the search under test."""
+
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("optuna", reason="the joint search uses optuna")
+
+from moepolicy.tuning.bench import TrialFailed, Workload  # noqa: E402
+from moepolicy.tuning.overlap import VLLM_DBO_COMM_SMS, search_overlap, with_send_chunks  # noqa: E402
+
+DEFAULT = ((24, 256, 6, 128), (10, 256, 6, 128))
+PLAN = SimpleNamespace(model=SimpleNamespace(moe_layers=[SimpleNamespace(moe_intermediate_size=2048)]))
+WORK = Workload(7168, 256, 8, 2, "fp8")
+
+
+class ScriptedBench:
+    """Overlapped time = |c - best_c| * 10 + chunk penalty + 500 (+ a lucky first reading for one split)."""
+
+    def __init__(self, best_c=32, lucky_c=None, failing_c=None):
+        self.best_c, self.lucky_c, self.failing_c = best_c, lucky_c, failing_c
+        self.calls, self.split_calls = Counter(), Counter()
+
+    def measure_overlap(self, workload, point, gemm_shape):
+        config = (point.num_sms, point.dispatch[0], point.combine[0], point.tokens)
+        self.calls[config] += 1
+        self.split_calls[(point.num_sms, point.tokens)] += 1
+        if point.num_sms == self.failing_c:
+            raise TrialFailed("scripted failure")
+        t = 500 + 10 * abs(point.num_sms - self.best_c) + 2 * abs(point.dispatch[0] - 24) + 3 * abs(point.combine[0] - 12)
+        if point.num_sms == self.lucky_c and self.split_calls[(point.num_sms, point.tokens)] == 1:
+            t = 100.0  # one lucky reading: the confirmation rounds must not trust it
+        part = {"median_us": t, "min_us": t * 0.99, "max_us": t * 1.01, "reps": 5}
+        return {"comm": dict(part, median_us=t * 0.8), "gemm": dict(part, median_us=t * 0.9), "serial": part,
+                "overlapped": part, "overlapped_comm_end": part, "overlapped_gemm_end": part,
+                "floor_us": t * 0.9, "comm_sms": point.num_sms, "gemm_sms": 132 - point.num_sms,
+                "gemm_fp8": True, "gemm_kind": "scripted"}
+
+
+def _search(bench, grid=(12, 16, 24, 32, 48), trials=16, rounds=5):
+    return search_overlap(PLAN, bench, WORK, [(1024, 1.0), (4096, 1.0)], list(grid), DEFAULT, trials=trials,
+                          rounds=rounds, seed=0)
+
+
+def test_finds_the_best_split_and_chunks_jointly():
+    bench = ScriptedBench(best_c=32)
+    found = _search(bench, trials=40)
+    assert found["comm_sms"] == 32
+    assert set(found["splits_us"]) == {12, 16, 20, 24, 32, 48}  # vLLM's split is always scanned
+    d, c = found["chunks"][1024]
+    assert d[0] == 24 and c[0] == 12  # the combine chunk moved off DeepEP's default 10
+    row = found["per_bucket"][4096]
+    assert row["rounds"] == 5 and len(row["vs_vllm_split_per_round"]) == 5
+    assert row["vs_vllm_split"] < 1.0 and row["vllm_split_overlapped_us"] is not None
+
+
+def test_no_config_is_measured_twice_outside_the_confirmation_rounds():
+    bench = ScriptedBench(best_c=32)
+    found = _search(bench, trials=30, rounds=4)
+    confirmed = len(found["confirmed_us"])
+    assert confirmed == 4  # the best config of the three best splits, and vLLM's split
+    repeats = {k: n for k, n in bench.calls.items() if n > 1}
+    # every repeat is a confirmation: 1 search measurement + 4 rounds, for exactly the 4 candidates per bucket
+    assert set(repeats.values()) == {5} and len(repeats) == 4 * 2
+    assert (VLLM_DBO_COMM_SMS, 24, 10, 1024) in repeats
+
+
+def test_one_lucky_reading_does_not_win():
+    bench = ScriptedBench(best_c=32, lucky_c=12)
+    found = _search(bench)
+    assert found["comm_sms"] == 32  # 12 looked best once (100 us) but lost every confirmation round
+    assert "c=12 chunks 24/10" in found["confirmed_us"]  # it was a candidate ...
+    assert found["confirmed_us"]["c=12 chunks 24/10"] > min(found["confirmed_us"].values())  # ... and lost
+
+
+def test_a_failing_split_is_skipped_and_the_search_goes_on():
+    bench = ScriptedBench(best_c=32, failing_c=48)
+    found = _search(bench)
+    assert 48 not in found["splits_us"] and found["comm_sms"] == 32
+
+
+def test_with_send_chunks_keeps_the_rest_of_the_config():
+    assert with_send_chunks(DEFAULT, 32, 8) == ((32, 256, 6, 128), (8, 256, 6, 128))
