@@ -49,7 +49,7 @@ def main() -> int:
     for shape_name, (hidden, experts, top_k, inter) in SHAPES.items():
         for tokens in args.tokens:
             groups = rows_per_local_expert(tokens, experts, top_k)
-            for kind in ("grouped", "dense"):
+            for kind in ("persistent", "grouped", "dense"):
                 gemm = ExpertGemm(GemmShape(sum(groups), hidden, 2 * inter, kind), device, groups, weights)
                 times = {}
                 for sms in args.sms:
@@ -60,7 +60,7 @@ def main() -> int:
                 row = {"shape": shape_name, "tokens": tokens, "kind": gemm.kind, "asked": kind,
                        "fallback": gemm.fallback_reason, "tflop": gemm.flops / 1e12, "us_by_sms": times}
                 rows_out.append(row)
-                print(f"{shape_name:14} T={tokens:5} {kind:8} " + " ".join(f"{s}:{t:.0f}" for s, t in times.items()),
+                print(f"{shape_name:14} T={tokens:5} {kind:10} " + " ".join(f"{s}:{t:.0f}" for s, t in times.items()),
                       flush=True)
                 del gemm
             weights.clear()

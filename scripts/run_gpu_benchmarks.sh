@@ -2,11 +2,11 @@
 # The GPU measurements behind docs/BENCHMARKS.md, in one go, on a machine with 2 GPUs and DeepEP
 # importable. Every step logs to $OUT (default ./gpu-out) and a failing step does not stop the rest.
 #   OUT=gpu-out bash scripts/run_gpu_benchmarks.sh [steps...]
-#   (steps: tests bench sweep gemm overlap overlap-dense; default all)
+#   (steps: tests bench sweep gemm overlap overlap-green overlap-grouped overlap-dense; default all)
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STEPS=${*:-tests bench sweep gemm overlap overlap-dense}
+STEPS=${*:-tests bench sweep gemm overlap overlap-green overlap-grouped overlap-dense}
 COMMIT=${MOEPOLICY_DEEPEP_COMMIT:-unknown}
 step() { local name=$1; shift; echo "== $name: $*"; local t0=$SECONDS
   timeout "${STEP_TIMEOUT:-400}" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
@@ -22,9 +22,12 @@ for s in $STEPS; do case $s in
              --tokens 1024,4096 --trials 16 --confirm-rounds 5 -o "$OUT/overlap-$m.yaml" \
              --storage "sqlite:///$OUT/studies.db"; done ;;
   gemm) step gemm_sm_sweep python scripts/gemm_sm_sweep.py --out "$OUT/gemm_sm_sweep.json" ;;
-  overlap-dense) for m in DeepSeek-V3 Qwen3-30B-A3B-FP8; do
-           step "overlap-dense-$m" python -m moepolicy tune --model "$m" --bench live --overlap --overlap-gemm dense \
-             --sms 8,12,16,24,32,48,64 --tokens 1024,4096 --trials 16 --confirm-rounds 5 -o "$OUT/overlap-dense-$m.yaml" \
-             --storage "sqlite:///$OUT/studies-dense.db"; done ;;
+  overlap-green|overlap-grouped|overlap-dense)
+         case $s in overlap-green) extra="--overlap-confine green";; overlap-grouped) extra="--overlap-gemm grouped";;
+                    *) extra="--overlap-gemm dense";; esac
+         for m in DeepSeek-V3 Qwen3-30B-A3B-FP8; do
+           step "$s-$m" python -m moepolicy tune --model "$m" --bench live --overlap $extra \
+             --sms 8,12,16,24,32,48,64 --tokens 1024,4096 --trials 16 --confirm-rounds 5 -o "$OUT/$s-$m.yaml" \
+             --storage "sqlite:///$OUT/studies-$s.db"; done ;;
   *) echo "unknown step $s" ;;
 esac; done

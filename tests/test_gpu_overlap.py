@@ -24,10 +24,11 @@ def test_overlap_measurement_is_consistent():
     assert r["comm_sms"] == 20 and r["gemm_sms"] == 112
     import torch
 
-    if torch.cuda.get_device_capability(0) == (9, 0) and hasattr(torch, "_scaled_grouped_mm"):
-        # the experts' GEMM is the fp8 grouped kind, one group per local expert, DeepEP's row counts
-        assert r["gemm_kind"].startswith("fp8 grouped GEMM"), (r["gemm_kind"], r.get("gemm_fallback"))
-        assert "128 local experts" in r["gemm_kind"]
+    if torch.cuda.get_device_capability(0) == (9, 0):
+        # the experts' GEMM is the fp8 block-scaled persistent grouped kind, one group per local expert with
+        # DeepEP's row counts, held by its grid only (GemmShape's defaults, as serving runs it)
+        assert r["gemm_kind"].startswith("fp8 block-128 persistent grouped GEMM"), (r["gemm_kind"], r.get("gemm_fallback"))
+        assert "128 local experts" in r["gemm_kind"] and "grid only" in r["gemm_kind"]
     for side in ("overlapped_comm_end", "overlapped_gemm_end"):
         assert r[side]["median_us"] <= r["overlapped"]["max_us"] + 1e-6
     for part in ("comm", "gemm", "serial", "overlapped"):

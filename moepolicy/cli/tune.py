@@ -34,9 +34,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overlap", action="store_true",
                    help="choose DeepEP's SMs and send chunks against the experts' GEMM on the other SMs "
                         "(live bench; --trials joint trials after a scan of the --sms splits)")
-    p.add_argument("--overlap-gemm", choices=["grouped", "dense"], default="grouped",
-                   help="--overlap: the experts' GEMM beside the communication: fp8 grouped over the local "
-                        "experts (default; dense where no grouped kernel runs) or one dense fp8 GEMM")
+    p.add_argument("--overlap-gemm", choices=["persistent", "grouped", "dense"], default="persistent",
+                   help="--overlap: the experts' GEMM beside the communication: persistent (default: block-fp8 "
+                        "grouped Triton kernel on exactly the GEMM's SMs, like DeepGEMM), grouped (torch's fp8 "
+                        "grouped GEMM) or dense (one cuBLAS fp8 GEMM); a kind that cannot run falls back")
+    p.add_argument("--overlap-confine", choices=["grid", "green"], default="grid",
+                   help="--overlap: grid (default): the GEMM is held to its SMs only by the persistent kernel's "
+                        "grid, as serving does when it tells DeepGEMM its SMs; green: also a green context "
+                        "(an idealised partition, for analysis)")
     p.add_argument("--confirm-rounds", type=int, default=5,
                    help="--overlap: rounds in which the best configs and vLLM's split are re-measured (default 5)")
     p.add_argument("--launcher", choices=["local", "torchrun"], default="local",

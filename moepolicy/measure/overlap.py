@@ -4,10 +4,17 @@ the other SMs with a CUDA green context, started together.
 FACTS.md: cuBLAS ignores torch's SM carveout but a green context confines it; DeepEP's normal
 kernels occupy ``num_sms`` SMs by construction (one block per SM). The GEMM is the experts' first
 GEMM for the bucket (gate and up: K = hidden, N = 2 × expert intermediate), grouped over the local
-experts with the row counts DeepEP's dispatch delivers to each (padded to 16 rows), in fp8 with
-row-wise scales through ``torch._scaled_grouped_mm`` where the GPU runs it (SM90). Elsewhere a dense
-``torch._scaled_mm`` over the same rows, then bf16; the kind used is recorded with every result.
-Block-scaled grouped kernels (DeepGEMM) do not run on this CUDA 13 stack (FACTS.md).
+experts with the row counts DeepEP's dispatch delivers to each. Kinds (``GemmShape.kind``):
+
+- ``persistent`` (default): block-128 fp8, a persistent Triton kernel whose grid is the GEMM's SM
+  count — what DeepGEMM does when serving engines tell it the SMs DeepEP leaves (DeepGEMM itself does
+  not run on this CUDA 13 stack, FACTS.md);
+- ``grouped``: torch's fp8 grouped GEMM (``torch._scaled_grouped_mm``, row-wise scales; SM90), groups
+  padded to 16 rows; its grid does not follow the green context (measured: flat from 68 to 112 SMs);
+- ``dense``: one ``torch._scaled_mm`` over all rows (cuBLAS), or bf16 where fp8 is missing.
+
+A kind that cannot run falls back to the next (persistent → grouped → dense) and says why; the kind
+used is recorded with every result.
 """
 
 from __future__ import annotations
@@ -21,7 +28,12 @@ import torch
 GROUP_ROW_ALIGN = 16
 
 
-GEMM_KINDS = ("grouped", "dense")
+GEMM_KINDS = ("persistent", "grouped", "dense")
+# (block_m, block_n, num_warps, num_stages, tile order) tried for the persistent kernel on all SMs;
+# the fastest is kept (run 15/16 on H200: 128x128/8/3 and 64x256/8/3 won)
+PERSISTENT_CONFIGS = tuple((*cfg, order) for cfg in ((64, 128, 4, 4), (128, 128, 8, 3), (128, 128, 4, 4),
+                                                     (64, 256, 8, 3), (128, 256, 8, 3))
+                           for order in ("expert", "rows"))
 
 
 @dataclass(frozen=True)
@@ -29,7 +41,13 @@ class GemmShape:
     rows: int
     hidden: int
     out: int
-    kind: str = "grouped"  # grouped: one group per local expert (where it runs); dense: one GEMM over all rows
+    # persistent: block-fp8 grouped kernel on exactly the GEMM's SMs (moepolicy.measure.persistent_gemm);
+    # grouped: torch's fp8 grouped GEMM with row-wise scales; dense: one fp8 GEMM over all rows
+    kind: str = "persistent"
+    # grid: no green context — only a persistent kernel's grid limits it, as in serving, where the
+    # expert GEMM is told how many SMs to use (DeepGEMM's num_sms) and nothing else is confined;
+    # green: the GEMM runs in a green context of its SMs (an idealised partition, for analysis)
+    confine: str = "grid"
 
 
 def _green_context(sms: int, device_index: int):
@@ -63,6 +81,12 @@ class ExpertGemm:
         sm90 = torch.cuda.get_device_capability(device) == (9, 0)
         if shape.kind == "dense":
             group_rows = None
+        if group_rows and shape.kind == "persistent":
+            try:
+                self._persistent(group_rows)
+                return
+            except Exception as exc:  # noqa: BLE001 (no Triton, no fp8 dot, a compile error: fall back, say why)
+                self.fallback_reason = f"persistent block-fp8 GEMM did not run: {type(exc).__name__}: {str(exc)[:160]}"
         if group_rows and sm90 and hasattr(torch, "_scaled_grouped_mm"):
             try:
                 self._grouped(group_rows)
@@ -70,9 +94,11 @@ class ExpertGemm:
                 torch.cuda.synchronize(device)
                 return
             except (RuntimeError, TypeError) as exc:
-                self.fallback_reason = f"grouped fp8 GEMM did not run: {type(exc).__name__}: {str(exc)[:160]}"
+                self.fallback_reason = "; ".join(filter(None, [
+                    self.fallback_reason, f"grouped fp8 GEMM did not run: {type(exc).__name__}: {str(exc)[:160]}"]))
         elif group_rows:
-            self.fallback_reason = "no fp8 grouped GEMM on this GPU/torch (needs SM90 and torch._scaled_grouped_mm)"
+            self.fallback_reason = "; ".join(filter(None, [
+                self.fallback_reason, "no fp8 grouped GEMM on this GPU/torch (needs SM90 and torch._scaled_grouped_mm)"]))
         self._dense()
 
     def _random(self, *size, dtype) -> torch.Tensor:
@@ -98,6 +124,52 @@ class ExpertGemm:
         self._fn = lambda: torch._scaled_grouped_mm(self.a, self.b, self.scale_a, self.scale_b, offs=self.offs,
                                                     out_dtype=torch.bfloat16)
 
+    def _persistent(self, group_rows: list[int]) -> None:
+        from moepolicy.measure import persistent_gemm as pg
+
+        rows, (out, hidden) = sum(group_rows), (self.shape.out, self.shape.hidden)
+        fp8, block = torch.float8_e4m3fn, pg.SCALE_BLOCK
+        key = ("block", len(group_rows), out, hidden)
+        if key not in self._weights:  # one expert at a time: no float temporary of the whole stack
+            w = torch.empty(len(group_rows), out, hidden, dtype=fp8, device=self.device)
+            for i in range(len(group_rows)):
+                w[i] = self._random(out, hidden, dtype=fp8)
+            ws = torch.rand(len(group_rows), -(-out // block), -(-hidden // block), device=self.device,
+                            generator=self._gen) + 0.5
+            self._weights[key] = (w, ws)
+        self.b, self.b_scale = self._weights[key]
+        self.a = self._random(rows, hidden, dtype=fp8)
+        self.a_scale = torch.rand(rows, -(-hidden // block), device=self.device, generator=self._gen) + 0.5
+        self.c = torch.empty(rows, out, dtype=torch.bfloat16, device=self.device)
+        self.rows, self.group_rows = rows, list(group_rows)
+        sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
+        timings = {}
+        for cfg in PERSISTENT_CONFIGS:  # pick the launch config on the whole GPU, once per bucket
+            tables = pg.tile_tables(self.group_rows, cfg[0], cfg[1], out, self.device, order=cfg[4])
+
+            def call(tables=tables, cfg=cfg, sms=sm_count):
+                return pg.grouped_block_fp8(self.a, self.a_scale, self.b, self.b_scale, self.group_rows, sms,
+                                            *cfg[:4], tables=tables, out=self.c)
+
+            call()
+            torch.cuda.synchronize(self.device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(5):
+                call()
+            end.record()
+            end.synchronize()
+            timings[cfg] = (start.elapsed_time(end) * 200.0, tables)
+        cfg = min(timings, key=lambda c: timings[c][0])
+        tables = timings[cfg][1]
+        self.kind = (f"fp8 block-128 persistent grouped GEMM (Triton; grid = the GEMM's SMs), {len(group_rows)} "
+                     f"local experts, {rows} rows, tile {cfg[0]}x{cfg[1]}, {cfg[2]} warps, {cfg[3]} stages, "
+                     f"{cfg[4]}-major tile order")
+        self.launch_config = {"config": cfg, "us_on_all_sms": round(timings[cfg][0], 1)}
+        self._sms_fn = lambda sms: pg.grouped_block_fp8(self.a, self.a_scale, self.b, self.b_scale, self.group_rows,
+                                                        sms, *cfg[:4], tables=tables, out=self.c)
+        self._fn = lambda: self._sms_fn(sm_count)
+
     def _dense(self) -> None:
         self.rows = self.shape.rows
         if hasattr(torch, "_scaled_mm") and torch.cuda.get_device_capability(self.device)[0] >= 9:
@@ -121,25 +193,34 @@ class ExpertGemm:
     def flops(self) -> int:
         return 2 * self.rows * self.shape.hidden * self.shape.out
 
-    def run(self):
+    def run(self, sms: Optional[int] = None):
+        """One launch; a persistent kernel is launched on ``sms`` programs (default: all SMs)."""
+        if sms is not None and getattr(self, "_sms_fn", None) is not None:
+            return self._sms_fn(sms)
         return self._fn()
 
 
 class ConfinedGemm:
-    """An :class:`ExpertGemm` launched on a green context's stream of ``sms`` SMs."""
+    """An :class:`ExpertGemm` given ``sms`` SMs: launched on a green context's stream of that many SMs
+    (``confine="green"``), or on a plain stream with only a persistent kernel's grid set to ``sms``
+    (``confine="grid"``; other kernels then are not confined at all)."""
 
-    def __init__(self, gemm: ExpertGemm, sms: int):
-        self.gemm, self.sms = gemm, sms
-        self.ctx = _green_context(sms, gemm.device.index)
-        self.stream = self.ctx.Stream()
-        self.kind, self.fallback_reason, self.fp8 = gemm.kind, gemm.fallback_reason, gemm.fp8
+    def __init__(self, gemm: ExpertGemm, sms: int, confine: str = "grid"):
+        if confine not in ("green", "grid"):
+            raise ValueError(f"confine must be 'green' or 'grid', got {confine!r}")
+        self.gemm, self.sms, self.confine = gemm, sms, confine
+        self.ctx = _green_context(sms, gemm.device.index) if confine == "green" else None
+        self.stream = self.ctx.Stream() if self.ctx is not None else torch.cuda.Stream(gemm.device)
+        how = "green context" if confine == "green" else "grid only, no green context"
+        self.kind = f"{gemm.kind}; confined by {how}"
+        self.fallback_reason, self.fp8 = gemm.fallback_reason, gemm.fp8
 
     @property
     def flops(self) -> int:
         return self.gemm.flops
 
     def run(self):
-        return self.gemm.run()
+        return self.gemm.run(self.sms)
 
 
 def spread(xs: list[float]) -> dict:

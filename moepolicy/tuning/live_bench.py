@@ -146,13 +146,13 @@ def _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, re
     import torch
 
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-    expert_key = ("expert-gemm", gemm_shape, point.tokens)
+    expert_key = ("expert-gemm", gemm_shape.rows, gemm_shape.hidden, gemm_shape.out, gemm_shape.kind, point.tokens)
     if expert_key not in works:  # operands once per bucket (weights once per expert stack)
         works[expert_key] = ExpertGemm(gemm_shape, device, ops.rows_per_local_expert,
                                        works.setdefault("expert-weights", {}))
     confined_key = ("confined-gemm", gemm_shape, point.tokens, sm_count - point.num_sms)
     if confined_key not in works:  # one green context per split, reused
-        works[confined_key] = ConfinedGemm(works[expert_key], sm_count - point.num_sms)
+        works[confined_key] = ConfinedGemm(works[expert_key], sm_count - point.num_sms, gemm_shape.confine)
     gemm = works[confined_key]
 
     def comm():

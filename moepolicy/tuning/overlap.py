@@ -30,10 +30,11 @@ Config = tuple  # (c, Chunks)
 CONFIRM_SPLITS = 3  # splits whose best config is re-measured beside vLLM's
 
 
-def gemm_shape(plan, workload: Workload, tokens: int, kind: str = "grouped") -> GemmShape:
+def gemm_shape(plan, workload: Workload, tokens: int, kind: str = "persistent", confine: str = "grid") -> GemmShape:
     first = plan.model.moe_layers[0]
     intermediate = first.moe_intermediate_size or 2048
-    return GemmShape(rows=tokens * workload.top_k, hidden=workload.hidden, out=2 * intermediate, kind=kind)
+    return GemmShape(rows=tokens * workload.top_k, hidden=workload.hidden, out=2 * intermediate, kind=kind,
+                     confine=confine)
 
 
 def with_send_chunks(default: Chunks, dispatch: int, combine: int) -> Chunks:
@@ -43,8 +44,9 @@ def with_send_chunks(default: Chunks, dispatch: int, combine: int) -> Chunks:
 class _Measurer:
     """Measures a config over all buckets; remembers the first measurement of each config."""
 
-    def __init__(self, plan, bench, workload: Workload, buckets: list[tuple[int, float]], gemm_kind: str):
-        self.plan, self.bench, self.workload, self.gemm_kind = plan, bench, workload, gemm_kind
+    def __init__(self, plan, bench, workload: Workload, buckets: list[tuple[int, float]], gemm_kind: str,
+                 confine: str):
+        self.plan, self.bench, self.workload, self.gemm_kind, self.confine = plan, bench, workload, gemm_kind, confine
         self.buckets, self.weight = buckets, dict(buckets)
         self.seen: dict[Config, Optional[dict[int, dict]]] = {}
 
@@ -54,7 +56,7 @@ class _Measurer:
         for tokens, _ in self.buckets:
             try:
                 rows[tokens] = self.bench.measure_overlap(
-                    self.workload, TunePoint(c, tokens, *chunks), gemm_shape(self.plan, self.workload, tokens, self.gemm_kind))
+                    self.workload, TunePoint(c, tokens, *chunks), gemm_shape(self.plan, self.workload, tokens, self.gemm_kind, self.confine))
             except TrialFailed as exc:
                 note(f"  overlap c={c} chunks {chunks[0][0]}/{chunks[1][0]} T={tokens}: FAIL ({exc})")
                 return None
@@ -171,9 +173,9 @@ def _bucket_report(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[in
 
 def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, float]], grid: list[int],
                    default: Chunks, trials: int = 12, rounds: int = 5, seed: int = 0,
-                   gemm_kind: str = "grouped") -> dict[str, Any]:
+                   gemm_kind: str = "persistent", confine: str = "grid") -> dict[str, Any]:
     splits = sorted(set(grid) | {VLLM_DBO_COMM_SMS})
-    m = _Measurer(plan, bench, workload, buckets, gemm_kind)
+    m = _Measurer(plan, bench, workload, buckets, gemm_kind, confine)
     note(f"overlap phase 1: {len(splits)} splits with DeepEP's default chunks")
     scanned = scan_splits(m, splits, default)
     if not scanned:

@@ -189,7 +189,8 @@ def _tune_overlap(plan: Plan, bench, workload: Workload, space: Space, buckets, 
         raise TuningError(f"--overlap needs --confirm-rounds >= 1 and --trials >= 0 (got {rounds} and {args.trials})")
     try:
         found = search_overlap(plan, bench, workload, buckets, grid, default, trials=args.trials,
-                               rounds=rounds, seed=args.seed, gemm_kind=getattr(args, "overlap_gemm", "grouped"))
+                               rounds=rounds, seed=args.seed, gemm_kind=getattr(args, "overlap_gemm", "persistent"),
+                               confine=getattr(args, "overlap_confine", "grid"))
     finally:
         bench.close()
     c = found["comm_sms"]
