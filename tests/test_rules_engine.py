@@ -139,3 +139,15 @@ def test_an_infeasible_wire_never_wins(facts):
 def test_vllm_pack_is_total_too():
     pack = builtin_pack("vllm")
     assert pack.rules[-1].when.items == () and pack.rules[-1].priority == 0
+
+
+def test_a_failed_any_reports_every_branch():
+    from moepolicy.rules.engine import evaluate
+    from moepolicy.rules.grammar import AnyOf, Leaf
+
+    cond = AnyOf((Leaf("ckpt.act_granularity", "eq", "group", "when.any[0]"),
+                   Leaf("target.ep_size", "ge", 4, "when.any[1]")), "when")
+    failure = evaluate(cond, {"ckpt.act_granularity": "token", "target.ep_size": 2})
+    assert failure.render() == ("none of any held: ckpt.act_granularity eq group failed: saw token | "
+                                "target.ep_size ge 4 failed: saw 2")
+    assert evaluate(cond, {"ckpt.act_granularity": "token", "target.ep_size": 8}) is None

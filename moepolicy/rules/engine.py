@@ -25,8 +25,11 @@ class Failure:
     op: str
     value: Any
     seen: Any
+    alternatives: tuple["Failure", ...] = ()  # an ``any``: why each of its branches failed
 
     def render(self) -> str:
+        if self.alternatives:
+            return "none of any held: " + " | ".join(alt.render() for alt in self.alternatives)
         return f"{self.fact} {self.op} {_fmt(self.value)} failed: saw {_fmt(self.seen)}"
 
 
@@ -82,7 +85,8 @@ def _leaf_holds(leaf: Leaf, seen: Any) -> bool:
 
 
 def evaluate(cond: Cond, facts: dict[str, Any]) -> Optional[Failure]:
-    """``None`` when ``cond`` holds, else the first leaf that failed (for ``not``: the inner leaf)."""
+    """``None`` when ``cond`` holds, else why not: the first failing item of an ``all``, every branch of
+    an ``any``, the inner condition of a ``not``."""
     if isinstance(cond, Leaf):
         seen = facts.get(cond.fact)
         if seen is None or not _leaf_holds(cond, seen):
@@ -98,8 +102,11 @@ def evaluate(cond: Cond, facts: dict[str, Any]) -> Optional[Failure]:
         failures = [evaluate(item, facts) for item in cond.items]
         if any(f is None for f in failures):
             return None
-        first = failures[0] if failures else None
-        return first or Failure(cond.path, "any", "of", [], "empty any")
+        if not failures:
+            return Failure(cond.path, "any", "of", [], "empty any")
+        if len(failures) == 1:
+            return failures[0]
+        return Failure(cond.path, "any", "of", [], "", alternatives=tuple(failures))
     if isinstance(cond, Not):
         inner = evaluate(cond.item, facts)
         if inner is None:
