@@ -46,3 +46,34 @@ def test_overlap_needs_the_live_bench(tmp_path):
                      "--overlap", "--sms", "20", "--tokens", "1024", "-o", str(tmp_path / "p.yaml"),
                      "--storage", f"sqlite:///{tmp_path}/s.db")
     assert result.returncode != 0 and "--overlap needs the live bench" in result.stderr
+
+
+def test_overlap_without_torch_says_so_in_one_line(tmp_path):
+    """`pip install .[tune]` brings no torch: asking for a live overlap tune there must end in one
+    line saying what is missing, not a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; from moepolicy.cli.main import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    args = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
+            "--overlap", "--sms", "16,48", "--tokens", "1024", "-o", str(tmp_path / "p.yaml"),
+            "--storage", f"sqlite:///{tmp_path}/s.db"]
+    env = {k: v for k, v in os.environ.items() if k != "MOEPOLICY_FAKE_DEEPEP"}
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                            env={**env, "MOEPOLICY_OFFLINE": "1"}, timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("moepolicy: --bench live needs CUDA GPUs")
+
+
+def test_overlap_flags_are_checked(tmp_path):
+    result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
+                     "--overlap", "--confirm-rounds", "0", "--sms", "12", "--tokens", "1024", "-o", str(tmp_path / "p.yaml"),
+                     "--storage", f"sqlite:///{tmp_path}/s.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "--confirm-rounds >= 1" in result.stderr
+    result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
+                     "--overlap", "--sms", "12,3x", "--tokens", "1024", "-o", str(tmp_path / "p.yaml"),
+                     "--storage", f"sqlite:///{tmp_path}/s2.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
+    assert result.returncode != 0 and "Traceback" not in result.stderr and "--sms takes even integers" in result.stderr

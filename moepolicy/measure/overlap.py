@@ -20,34 +20,22 @@ used is recorded with every result.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from moepolicy.measure.gemm_shape import GemmShape
+
+__all__ = ["ConfinedGemm", "ExpertGemm", "GemmShape", "measure_overlap"]
+
 GROUP_ROW_ALIGN = 16
 
 
-GEMM_KINDS = ("persistent", "grouped", "dense")
 # (block_m, block_n, num_warps, num_stages, tile order) tried for the persistent kernel on all SMs;
 # the fastest is kept (run 15/16 on H200: 128x128/8/3 and 64x256/8/3 won)
 PERSISTENT_CONFIGS = tuple((*cfg, order) for cfg in ((64, 128, 4, 4), (128, 128, 8, 3), (128, 128, 4, 4),
                                                      (64, 256, 8, 3), (128, 256, 8, 3))
                            for order in ("expert", "rows"))
-
-
-@dataclass(frozen=True)
-class GemmShape:
-    rows: int
-    hidden: int
-    out: int
-    # persistent: block-fp8 grouped kernel on exactly the GEMM's SMs (moepolicy.measure.persistent_gemm);
-    # grouped: torch's fp8 grouped GEMM with row-wise scales; dense: one fp8 GEMM over all rows
-    kind: str = "persistent"
-    # grid: no green context — only a persistent kernel's grid limits it, as in serving, where the
-    # expert GEMM is told how many SMs to use (DeepGEMM's num_sms) and nothing else is confined;
-    # green: the GEMM runs in a green context of its SMs (an idealised partition, for analysis)
-    confine: str = "grid"
 
 
 def _green_context(sms: int, device_index: int):

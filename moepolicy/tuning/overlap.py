@@ -19,7 +19,7 @@ import statistics
 from typing import Any, Callable, Optional
 
 from moepolicy.cli._output import note
-from moepolicy.measure.overlap import GemmShape
+from moepolicy.measure.gemm_shape import GemmShape
 from moepolicy.tuning.bench import TrialFailed, TunePoint, Workload
 
 VLLM_DBO_COMM_SMS = 20
