@@ -1,4 +1,5 @@
-"""``moepolicy audit``: group a policy's layers by decision and reason; fallbacks first."""
+"""``moepolicy audit``: group a policy's layers by decision and reason, fallbacks first; then lint the
+rule packs that decided them (shadowed rules, same-priority overlaps: ``moepolicy.rules.lint``)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,28 @@ def ranges(indices: list[int]) -> str:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help="group layers by decision; count the fallbacks and their reasons")
     p.add_argument("policy", help="policy file")
+    p.add_argument("--rules", action="append", default=[], metavar="FILE",
+                   help="a user rule pack the policy was planned with, to lint it too (built-in packs are found by name)")
     p.set_defaults(run=run)
+
+
+def packs_for_lint(doc, extra: list[str]) -> tuple[list, list[str]]:
+    """The policy's pack stack, in its order, from the built-in packs and ``--rules`` files; and a
+    note for each pack that could not be found or whose contents changed since planning."""
+    from moepolicy.rules.packs import builtin_names, builtin_pack, load_user_pack
+
+    given = {pack.name: pack for pack in (load_user_pack(spec) for spec in extra)}
+    found, notes = [], []
+    for ref in doc.rules.packs:
+        pack = given.get(ref.name) or (builtin_pack(ref.name) if ref.name in builtin_names() else None)
+        if pack is None:
+            notes.append(f"pack '{ref.name}' not linted: pass its file with --rules")
+            continue
+        if pack.sha256 != ref.sha256:
+            notes.append(f"pack '{ref.name}': the file differs from the one planned with (sha256 "
+                         f"{pack.sha256[:12]} vs {ref.sha256[:12]}); linting the file as it is now")
+        found.append(pack)
+    return found, notes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,4 +78,19 @@ def run(args: argparse.Namespace) -> int:
         for (_order, rule, reason), idx in fallback.items():
             print(f"- {len(idx)} layer(s) [{ranges(idx)}] by {rule}: {reason}")
             print(f"  see: moepolicy explain {args.policy} --layer {idx[0]}")
+    print_lint(doc, args)
     return 0
+
+
+def print_lint(doc, args) -> None:
+    from moepolicy.rules.lint import lint_packs
+
+    packs, notes = packs_for_lint(doc, args.rules)
+    findings = lint_packs(packs) if packs else []
+    names = ", ".join(p.name for p in packs) or "none"
+    print(f"\nrule packs ({names}): " + (f"{len(findings)} finding(s)" if findings else "no shadowed rules, "
+                                          "no same-priority overlaps"))
+    for finding in findings:
+        print(f"- {finding.kind}: {finding.message}")
+    for note in notes:
+        print(f"- note: {note}")

@@ -19,8 +19,8 @@ from moepolicy.rules.grammar import RulePack
 from moepolicy.rules.packs import builtin_names, builtin_pack, load_user_pack
 from moepolicy.rules.vocabulary import VOCABULARY
 
-_MARK = {"fired": "=> fired", "condition-false": "   no", "capability-blocked": "   blocked",
-         "infeasible": "   infeasible"}
+_MARK = {"fired": "=> fired", "condition-false": "   no", "not-for-this-layer": "   n/a",
+         "capability-blocked": "   blocked", "infeasible": "   infeasible"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -38,7 +38,7 @@ class Step:
     rule: str
     pack: str
     priority: int
-    outcome: str  # fired | condition-false | capability-blocked | infeasible
+    outcome: str  # fired | condition-false | not-for-this-layer | capability-blocked | infeasible
     detail: str = ""
 
 
@@ -137,6 +137,15 @@ def capability_block(rule: Rule, sheet: DeepEPSheet, layout: str, allowed: Seque
 WireCheck = Callable[[Then, dict[str, Any]], Optional[str]]
 
 
+def order_misfit(kind: Optional[str], order: str) -> Optional[str]:
+    """A dense layer dispatches nothing (order ``none``) and a MoE layer needs a real order: a rule
+    whose condition does not say ``layer.kind`` may otherwise decide a layer it cannot apply to."""
+    if (kind == "dense") != (order == "none"):
+        return (f"order {order} does not apply to a {kind} layer (add {{fact: layer.kind, op: eq, value: "
+                f"{'moe' if order != 'none' else 'dense'}}} to the rule's condition)")
+    return None
+
+
 def decide(facts: dict[str, Any], packs: Sequence[RulePack], sheet: DeepEPSheet,
            wire_check: WireCheck, allow_inferred: bool = False) -> Decision:
     allowed = DEFAULT_EVIDENCE + (("inferred",) if allow_inferred else ())
@@ -146,6 +155,10 @@ def decide(facts: dict[str, Any], packs: Sequence[RulePack], sheet: DeepEPSheet,
         failure = evaluate(rule.when, facts)
         if failure is not None:
             steps.append(Step(rule.id, rule.pack, rule.priority, "condition-false", failure.render()))
+            continue
+        misfit = order_misfit(facts.get("layer.kind"), rule.then.order)
+        if misfit:
+            steps.append(Step(rule.id, rule.pack, rule.priority, "not-for-this-layer", misfit))
             continue
         blocked = capability_block(rule, sheet, layout, allowed)
         if blocked:

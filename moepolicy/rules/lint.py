@@ -1,0 +1,145 @@
+"""Coverage checks over a stack of rule packs, without facts or a GPU (``moepolicy audit``).
+
+- **shadowed**: an earlier rule (in evaluation order) holds wherever a later one holds and needs no
+  capability the later one lacks; the later rule can then fire only where the earlier one is
+  capability-blocked or its wire is infeasible on the target — or never, if both decide the same;
+- **same-priority overlap**: two rules of one pack with the same priority can both hold for some
+  facts; file order decides between them, which the pack author may not have meant.
+
+Conditions are compared fact by fact over a finite set of witness values per fact (an enum's values;
+for numbers, every bound the rules name and its neighbours; for strings and sets, the values named
+plus one that is none of them), so the checks are exact for conjunctions of leaves on independent
+facts. Facts that correlate in real checkpoints can make an overlap impossible in practice; the
+message says "can both hold" in that sense. ``any`` and ``not`` are compared by evaluation on the same
+witnesses, one fact at a time when they name one fact, otherwise the pair is skipped (never reported).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from typing import Any, Iterable, Optional, Sequence
+
+from moepolicy.rules.engine import evaluate, ordered_rules
+from moepolicy.rules.grammar import All, AnyOf, Cond, Leaf, Not, Rule, RulePack
+from moepolicy.rules.vocabulary import VOCABULARY
+
+MAX_WITNESS_COMBINATIONS = 4096
+_OTHER = "\x00other"  # a string value no rule names
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # shadowed | same-priority-overlap
+    rule: str
+    other: str
+    message: str
+
+
+def _leaves(cond: Cond) -> Iterable[Leaf]:
+    if isinstance(cond, Leaf):
+        yield cond
+    elif isinstance(cond, (All, AnyOf)):
+        for item in cond.items:
+            yield from _leaves(item)
+    elif isinstance(cond, Not):
+        yield from _leaves(cond.item)
+
+
+def _witnesses(fact: str, leaves: list[Leaf]) -> list[Any]:
+    kind = VOCABULARY[fact].kind if fact in VOCABULARY else "str"
+    if kind == "enum":
+        return list(VOCABULARY[fact].values) + ["unknown"] * ("unknown" not in VOCABULARY[fact].values)
+    if kind == "bool":
+        return [True, False]
+    if kind == "int":
+        bounds: set[int] = {0}
+        for leaf in leaves:
+            values = leaf.value if isinstance(leaf.value, (list, tuple)) else [leaf.value]
+            for v in values:
+                for b in (v if isinstance(v, (list, tuple)) else [v]):
+                    if isinstance(b, (int, float)) and not isinstance(b, bool):
+                        bounds.update({int(b) - 1, int(b), int(b) + 1})
+        return sorted(bounds)
+    if kind == "set":
+        named = sorted({str(v) for leaf in leaves for v in
+                        (leaf.value if isinstance(leaf.value, (list, tuple)) else [leaf.value])})
+        subsets = [frozenset(c) for n in range(len(named) + 1) for c in _combinations(named, n)]
+        return subsets[:64]
+    named = {v for leaf in leaves for v in (leaf.value if isinstance(leaf.value, (list, tuple)) else [leaf.value])}
+    return sorted(named, key=str) + [_OTHER]
+
+
+def _combinations(items: list[str], n: int):
+    from itertools import combinations
+
+    return combinations(items, n)
+
+
+def _holds(cond: Cond, facts: dict[str, Any]) -> bool:
+    return evaluate(cond, facts) is None
+
+
+def _relation(a: Cond, b: Cond) -> Optional[tuple[bool, bool]]:
+    """(can both hold, wherever ``b`` holds ``a`` holds) over the witnesses of the facts they name;
+    ``None`` when there are too many combinations to enumerate."""
+    leaves = list(_leaves(a)) + list(_leaves(b))
+    facts = sorted({leaf.fact for leaf in leaves})
+    domains = [_witnesses(f, [leaf for leaf in leaves if leaf.fact == f]) for f in facts]
+    total = 1
+    for d in domains:
+        total *= max(len(d), 1)
+    if total > MAX_WITNESS_COMBINATIONS:
+        return None
+    both, covers = False, True
+    for values in product(*domains):
+        env = dict(zip(facts, values))
+        hold_a, hold_b = _holds(a, env), _holds(b, env)
+        both |= hold_a and hold_b
+        if hold_b and not hold_a:
+            covers = False
+    return both, covers
+
+
+def applies_when(rule: Rule) -> Cond:
+    """The rule's condition plus the layer kind its order can decide (the engine skips a rule whose
+    order does not fit the layer: ``order_misfit``)."""
+    kind = "dense" if rule.then.order == "none" else "moe"
+    return All((rule.when, Leaf("layer.kind", "eq", kind, f"{rule.id}.(layer kind of its order)")), rule.when.path)
+
+
+def lint_packs(packs: Sequence[RulePack]) -> list[Finding]:
+    findings: list[Finding] = []
+    order = ordered_rules(packs)
+    for j, later in enumerate(order):
+        for earlier in order[:j]:
+            if not set(earlier.requires) <= set(later.requires):
+                continue
+            rel = _relation(applies_when(earlier), applies_when(later))
+            if rel is None or not rel[1]:
+                continue
+            same = earlier.then == later.then
+            findings.append(Finding(
+                "shadowed", later.id, earlier.id,
+                f"rule '{later.id}' ({later.pack}) is shadowed by '{earlier.id}' ({earlier.pack}), which holds "
+                f"wherever it holds and comes first: " + (
+                    "both decide the same, so it never changes a decision; remove it or narrow "
+                    f"'{earlier.id}'" if same else
+                    f"it fires only where '{earlier.id}' is capability-blocked or its wire is infeasible")))
+            break
+    for pack in packs:
+        by_priority: dict[int, list[Rule]] = {}
+        for rule in pack.rules:
+            by_priority.setdefault(rule.priority, []).append(rule)
+        for priority, rules in by_priority.items():
+            for i, first in enumerate(rules):
+                for second in rules[i + 1:]:
+                    rel = _relation(applies_when(first), applies_when(second))
+                    if rel is None or not rel[0] or rel[1] or first.then == second.then:
+                        continue  # unknown, disjoint, already reported as shadowed, or same decision
+                    findings.append(Finding(
+                        "same-priority-overlap", second.id, first.id,
+                        f"rules '{first.id}' and '{second.id}' of pack '{pack.name}' share priority {priority} and "
+                        f"can both hold with different decisions: file order picks '{first.id}'; give one a "
+                        f"higher priority or make their conditions exclusive"))
+    return findings
