@@ -20,15 +20,15 @@ WORK = Workload(7168, 256, 8, 2, "fp8")
 class ScriptedBench:
     """Overlapped time = |c - best_c| * 10 + chunk penalty + 500 (+ a lucky first reading for one split)."""
 
-    def __init__(self, best_c=32, lucky_c=None, failing_c=None):
-        self.best_c, self.lucky_c, self.failing_c = best_c, lucky_c, failing_c
+    def __init__(self, best_c=32, lucky_c=None, failing_c=None, flaky=None):
+        self.best_c, self.lucky_c, self.failing_c, self.flaky = best_c, lucky_c, failing_c, flaky
         self.calls, self.split_calls = Counter(), Counter()
 
     def measure_overlap(self, workload, point, gemm_shape):
         config = (point.num_sms, point.dispatch[0], point.combine[0], point.tokens)
         self.calls[config] += 1
         self.split_calls[(point.num_sms, point.tokens)] += 1
-        if point.num_sms == self.failing_c:
+        if point.num_sms == self.failing_c or (config, self.calls[config]) == self.flaky:
             raise TrialFailed("scripted failure")
         t = 500 + 10 * abs(point.num_sms - self.best_c) + 2 * abs(point.dispatch[0] - 24) + 3 * abs(point.combine[0] - 12)
         if point.num_sms == self.lucky_c and self.split_calls[(point.num_sms, point.tokens)] == 1:
@@ -84,3 +84,12 @@ def test_a_failing_split_is_skipped_and_the_search_goes_on():
 
 def test_with_send_chunks_keeps_the_rest_of_the_config():
     assert with_send_chunks(DEFAULT, 32, 8) == ((32, 256, 6, 128), (8, 256, 6, 128))
+
+
+def test_a_failed_confirmation_round_is_dropped_for_every_candidate():
+    # vLLM's config fails its 3rd measurement at 4096 tokens (1 in the scan, then rounds 1 and 2)
+    bench = ScriptedBench(best_c=32, flaky=((VLLM_DBO_COMM_SMS, 24, 10, 4096), 3))
+    found = _search(bench, rounds=5)
+    for row in found["per_bucket"].values():
+        assert row["rounds"] == 4 and len(row["vs_vllm_split_per_round"]) == 4
+        assert all(r < 1.0 for r in row["vs_vllm_split_per_round"])  # rounds stay paired

@@ -1,5 +1,5 @@
-"""Overlapped execution: DeepEP dispatch + combine on ``c`` SMs beside the experts' GEMM confined to
-the other SMs with a CUDA green context, started together.
+"""Overlapped execution: DeepEP dispatch + combine on ``c`` SMs beside the experts' GEMM given the
+other SMs (by its grid, or also by a CUDA green context: ``GemmShape.confine``), started together.
 
 FACTS.md: cuBLAS ignores torch's SM carveout but a green context confines it; DeepEP's normal
 kernels occupy ``num_sms`` SMs by construction (one block per SM). The GEMM is the experts' first
@@ -92,17 +92,22 @@ class ExpertGemm:
     def _random(self, *size, dtype) -> torch.Tensor:
         return torch.randn(*size, device=self.device, generator=self._gen, dtype=torch.bfloat16).to(dtype)
 
+    def _expert_weights(self, experts: int) -> torch.Tensor:
+        """fp8 ``[experts, N, K]``, shared by every GEMM of the same shape (one expert at a time: no
+        float temporary of the whole stack, which is GBs at DeepSeek-V3's size)."""
+        key = ("fp8", experts, self.shape.out, self.shape.hidden)
+        if key not in self._weights:
+            w = torch.empty(experts, self.shape.out, self.shape.hidden, dtype=torch.float8_e4m3fn, device=self.device)
+            for i in range(experts):
+                w[i] = self._random(self.shape.out, self.shape.hidden, dtype=torch.float8_e4m3fn)
+            self._weights[key] = w
+        return self._weights[key]
+
     def _grouped(self, group_rows: list[int]) -> None:
         ends = padded_offsets(group_rows)
         fp8, out, hidden = torch.float8_e4m3fn, self.shape.out, self.shape.hidden
-        key = ("grouped", len(ends), out, hidden)
-        if key not in self._weights:  # one expert at a time: no float temporary of the whole stack
-            w = torch.empty(len(ends), out, hidden, dtype=fp8, device=self.device)
-            for i in range(len(ends)):
-                w[i] = self._random(out, hidden, dtype=fp8)
-            self._weights[key] = w
         self.a = self._random(ends[-1], hidden, dtype=fp8)
-        self.b = self._weights[key].transpose(-2, -1)  # [G, K, N], column-major per expert
+        self.b = self._expert_weights(len(ends)).transpose(-2, -1)  # [G, K, N], column-major per expert
         self.scale_a = torch.ones(ends[-1], device=self.device)
         self.scale_b = torch.ones(len(ends), out, device=self.device)
         self.offs = torch.tensor(ends, dtype=torch.int32, device=self.device)
@@ -117,15 +122,9 @@ class ExpertGemm:
 
         rows, (out, hidden) = sum(group_rows), (self.shape.out, self.shape.hidden)
         fp8, block = torch.float8_e4m3fn, pg.SCALE_BLOCK
-        key = ("block", len(group_rows), out, hidden)
-        if key not in self._weights:  # one expert at a time: no float temporary of the whole stack
-            w = torch.empty(len(group_rows), out, hidden, dtype=fp8, device=self.device)
-            for i in range(len(group_rows)):
-                w[i] = self._random(out, hidden, dtype=fp8)
-            ws = torch.rand(len(group_rows), -(-out // block), -(-hidden // block), device=self.device,
-                            generator=self._gen) + 0.5
-            self._weights[key] = (w, ws)
-        self.b, self.b_scale = self._weights[key]
+        self.b = self._expert_weights(len(group_rows))
+        self.b_scale = torch.rand(len(group_rows), -(-out // block), -(-hidden // block), device=self.device,
+                                  generator=self._gen) + 0.5
         self.a = self._random(rows, hidden, dtype=fp8)
         self.a_scale = torch.rand(rows, -(-hidden // block), device=self.device, generator=self._gen) + 0.5
         self.c = torch.empty(rows, out, dtype=torch.bfloat16, device=self.device)

@@ -21,17 +21,18 @@ _COMPILED: dict = {}
 
 def _launch(fn, grid: tuple, args: tuple, constexprs: dict, num_warps: int, key: tuple) -> None:
     """``fn[grid](*args, **constexprs)``; repeat launches of one ``key`` skip Triton's binder.
-    ``key`` must pin everything Triton specialises on except the first tensor's alignment
-    (the outputs are fresh allocations, always aligned)."""
+    ``key`` must pin everything Triton specialises on except the first tensor's alignment (the
+    outputs are fresh allocations, always aligned); the grid is not part of it, so one entry serves
+    every token count."""
     first = args[0]
     aligned = first.data_ptr() % 16 == 0
     compiled = _COMPILED.get(key) if FAST_LAUNCH["enabled"] and aligned else None
     if compiled is None:
         kernel = fn[grid](*args, **constexprs, num_warps=num_warps)
         if FAST_LAUNCH["enabled"] and aligned:
-            _COMPILED[key] = (kernel, (*grid, 1, 1)[:3])
+            _COMPILED[key] = kernel
         return
-    kernel, grid3 = compiled
+    kernel, grid3 = compiled, (*grid, 1, 1)[:3]
     try:
         values = (*args, *constexprs.values())
         stream = torch._C._cuda_getCurrentRawStream(first.device.index)
@@ -115,16 +116,16 @@ LAUNCH = {"groups_per_prog": 8, "num_warps": 4}
 _GROUP_PLANS: dict = {}
 
 
-def _group_plan(tokens: int, hidden: int, group: int, ue8m0: bool, groups_per_prog, num_warps) -> tuple:
-    """Grid, constexprs and warps of one call shape (computed once per shape)."""
+def _group_plan(hidden: int, group: int, ue8m0: bool, groups_per_prog, num_warps) -> tuple:
+    """Groups per row, grid columns, constexprs and warps of one row shape (computed once)."""
     if _next_pow2(group) != group:
         raise ValueError(f"group {group} must be a power of two for the fused kernel")
     num_groups = -(-hidden // group)
     per_prog = min(groups_per_prog or LAUNCH["groups_per_prog"], _next_pow2(num_groups))
-    grid = (tokens, -(-num_groups // per_prog))
+    grid_cols = -(-num_groups // per_prog)
     constexprs = {"GROUP": group, "GROUPS_PER_PROG": per_prog, "UE8M0": ue8m0, "FMAX": FP8_MAX,
                   "FMAX_INV": FP8_MAX_INV, "EPSILON": EPS, "ROUND_ODD": _round_odd()}
-    return num_groups, grid, constexprs, num_warps or LAUNCH["num_warps"]
+    return num_groups, grid_cols, constexprs, num_warps or LAUNCH["num_warps"]
 
 
 def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False,
@@ -133,17 +134,17 @@ def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False,
     """Fused dynamic 1×``group`` quantization; row-major float32 scales [T, ceil(H/group)]."""
     assert x.is_cuda and x.dim() == 2 and x.stride(1) == 1
     tokens, hidden = x.shape
-    key = (tokens, hidden, x.stride(0), x.dtype, x.device.index, group, ue8m0, groups_per_prog, num_warps,
+    key = (hidden, x.stride(0), x.dtype, x.device.index, group, ue8m0, groups_per_prog, num_warps,
            LAUNCH["groups_per_prog"], LAUNCH["num_warps"], CONVERSION["mode"])
     plan = _GROUP_PLANS.get(key)
     if plan is None:
-        plan = _GROUP_PLANS[key] = _group_plan(tokens, hidden, group, ue8m0, groups_per_prog, num_warps)
-    num_groups, grid, constexprs, warps = plan
+        plan = _GROUP_PLANS[key] = _group_plan(hidden, group, ue8m0, groups_per_prog, num_warps)
+    num_groups, grid_cols, constexprs, warps = plan
     q = torch.empty((tokens, hidden), dtype=FP8, device=x.device)
     s = torch.empty((tokens, num_groups), dtype=torch.float32, device=x.device)
     if tokens == 0:
         return q, s
-    _launch(_group_quant_kernel, grid, (x, q, s, hidden, num_groups, x.stride(0), q.stride(0), s.stride(0)),
+    _launch(_group_quant_kernel, (tokens, grid_cols), (x, q, s, hidden, num_groups, x.stride(0), q.stride(0), s.stride(0)),
             constexprs, warps, ("group",) + key)
     return q, s
 
@@ -174,7 +175,7 @@ def per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         _launch(_token_quant_kernel, (tokens,), (x, q, s, hidden, x.stride(0), q.stride(0)),
                 {"BLOCK": block, "FMAX": FP8_MAX, "FMAX_INV": FP8_MAX_INV, "EPSILON": EPS,
                  "ROUND_ODD": _round_odd()}, 8 if block >= 4096 else 4,
-                ("token", tokens, hidden, x.stride(0), x.dtype, x.device.index, CONVERSION["mode"]))
+                ("token", hidden, x.stride(0), x.dtype, x.device.index, CONVERSION["mode"]))
     return q, s
 
 

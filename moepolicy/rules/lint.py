@@ -17,7 +17,7 @@ witnesses, one fact at a time when they name one fact, otherwise the pair is ski
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import product
+from itertools import combinations, product
 from typing import Any, Iterable, Optional, Sequence
 
 from moepolicy.rules.engine import evaluate, ordered_rules
@@ -46,7 +46,12 @@ def _leaves(cond: Cond) -> Iterable[Leaf]:
         yield from _leaves(cond.item)
 
 
-def _witnesses(fact: str, leaves: list[Leaf]) -> list[Any]:
+def _named(leaf: Leaf) -> list[Any]:
+    return list(leaf.value) if isinstance(leaf.value, (list, tuple)) else [leaf.value]
+
+
+def _witnesses(fact: str, leaves: list[Leaf]) -> Optional[list[Any]]:
+    """Values of ``fact`` enough to decide how the leaves on it combine; ``None`` if too many."""
     kind = VOCABULARY[fact].kind if fact in VOCABULARY else "str"
     if kind == "enum":
         return list(VOCABULARY[fact].values) + ["unknown"] * ("unknown" not in VOCABULARY[fact].values)
@@ -55,25 +60,17 @@ def _witnesses(fact: str, leaves: list[Leaf]) -> list[Any]:
     if kind == "int":
         bounds: set[int] = {0}
         for leaf in leaves:
-            values = leaf.value if isinstance(leaf.value, (list, tuple)) else [leaf.value]
-            for v in values:
-                for b in (v if isinstance(v, (list, tuple)) else [v]):
+            for v in _named(leaf):
+                for b in (v if isinstance(v, (list, tuple)) else [v]):  # in_ranges: [[lo, hi], ...]
                     if isinstance(b, (int, float)) and not isinstance(b, bool):
                         bounds.update({int(b) - 1, int(b), int(b) + 1})
         return sorted(bounds)
+    named = sorted({v for leaf in leaves for v in _named(leaf)}, key=str)
     if kind == "set":
-        named = sorted({str(v) for leaf in leaves for v in
-                        (leaf.value if isinstance(leaf.value, (list, tuple)) else [leaf.value])})
-        subsets = [frozenset(c) for n in range(len(named) + 1) for c in _combinations(named, n)]
-        return subsets[:64]
-    named = {v for leaf in leaves for v in (leaf.value if isinstance(leaf.value, (list, tuple)) else [leaf.value])}
-    return sorted(named, key=str) + [_OTHER]
-
-
-def _combinations(items: list[str], n: int):
-    from itertools import combinations
-
-    return combinations(items, n)
+        if len(named) > 12:
+            return None
+        return [frozenset(c) for n in range(len(named) + 1) for c in combinations(named, n)]
+    return named + [_OTHER]
 
 
 def _holds(cond: Cond, facts: dict[str, Any]) -> bool:
@@ -86,6 +83,8 @@ def _relation(a: Cond, b: Cond) -> Optional[tuple[bool, bool]]:
     leaves = list(_leaves(a)) + list(_leaves(b))
     facts = sorted({leaf.fact for leaf in leaves})
     domains = [_witnesses(f, [leaf for leaf in leaves if leaf.fact == f]) for f in facts]
+    if any(d is None for d in domains):
+        return None
     total = 1
     for d in domains:
         total *= max(len(d), 1)

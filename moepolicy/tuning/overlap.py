@@ -16,7 +16,7 @@ The search has three phases:
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from moepolicy.cli._output import note
 from moepolicy.measure.gemm_shape import GemmShape
@@ -67,8 +67,8 @@ class _Measurer:
             self.seen[config] = self.fresh(config)
         return self.seen[config]
 
-    def weighted(self, rows: dict[int, dict], key: Callable[[dict], float] = lambda r: r["overlapped"]["median_us"]) -> float:
-        return sum(self.weight[t] * key(rows[t]) for t in rows)
+    def weighted(self, rows: dict[int, dict]) -> float:
+        return sum(self.weight[t] * rows[t]["overlapped"]["median_us"] for t in rows)
 
 
 def _say(config: Config, rows: dict[int, dict]) -> None:
@@ -132,16 +132,18 @@ def best_per_split(measured: dict[Config, float], exclude: Config, splits: int) 
 
 
 def confirm(m: _Measurer, candidates: list[Config], rounds: int) -> dict[Config, list[dict[int, dict]]]:
-    """Every candidate measured once per round, in turn, for ``rounds`` rounds."""
+    """Every candidate measured once per round, in turn, for ``rounds`` rounds. A round in which any
+    candidate failed is dropped for all, so the i-th runs of two candidates stay side by side."""
     out: dict[Config, list[dict[int, dict]]] = {cfg: [] for cfg in candidates}
     for r in range(rounds):
-        for cfg in candidates:
-            rows = m.fresh(cfg)
-            if rows is not None:
-                out[cfg].append(rows)
+        got = {cfg: m.fresh(cfg) for cfg in candidates}
+        if any(rows is None for rows in got.values()):
+            note(f"  confirmation round {r + 1}/{rounds}: dropped (a measurement failed)")
+            continue
+        for cfg, rows in got.items():
+            out[cfg].append(rows)
         note(f"  confirmation round {r + 1}/{rounds}: " + ", ".join(
-            f"c={cfg[0]} {cfg[1][0][0]}/{cfg[1][1][0]}: {m.weighted(out[cfg][-1]):.1f} us"
-            for cfg in candidates if out[cfg]))
+            f"c={cfg[0]} {cfg[1][0][0]}/{cfg[1][1][0]}: {m.weighted(rows):.1f} us" for cfg, rows in got.items()))
     return {cfg: runs for cfg, runs in out.items() if runs}
 
 
@@ -186,8 +188,7 @@ def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, flo
     vllm = (VLLM_DBO_COMM_SMS, default)
     candidates = best_per_split(measured, exclude=vllm, splits=CONFIRM_SPLITS) + ([vllm] if vllm in measured else [])
     note(f"overlap phase 3: {len(candidates)} configs re-measured side by side, {rounds} rounds")
-    confirmed = confirm(m, candidates, rounds)
-    complete = {cfg: runs for cfg, runs in confirmed.items()}
+    complete = confirm(m, candidates, rounds)
     if not complete:
         raise TrialFailed("no configuration could be re-measured in the confirmation rounds")
 
