@@ -99,17 +99,12 @@ def parts(timer, ops, mode: str, reps: int) -> dict:
 
 def worker(rank: int, world: int, args, rendezvous: str, out_path: str) -> None:
     import deep_ep
-    import torch
     import torch.distributed as dist
 
-    from moepolicy.measure.deepep_ops import DeepEPOps, make_workload
+    from moepolicy.measure.deepep_ops import DeepEPOps, join_rank, make_workload
     from moepolicy.measure.timing import Timer
 
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"file://{rendezvous}",
-                            device_id=device)
-    buffer = deep_ep.Buffer(dist.group.WORLD, int(args.nvl_mb * 1024 * 1024) // 128 * 128, 0)
+    device, buffer = join_rank(rank, world, rendezvous, args.nvl_mb * 1024 * 1024)
     timer = Timer(device)
     rows = []
     for num_sms in args.num_sms:

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Time the experts' GEMM (the one `tune --overlap` runs beside DeepEP) alone on a green context of
-N SMs, for N across the range, grouped and dense, DeepSeek-V3 and Qwen3-30B-A3B shapes, on one GPU.
-Shows how each kernel scales with the SMs it is given. Writes JSON with provenance.
+"""Time the experts' GEMM (the one `tune --overlap` runs beside DeepEP) alone on N SMs, for N across
+the range: the persistent kernel launched on N programs (with the launch config picked for N, and the
+runners-up), torch's grouped and cuBLAS's dense GEMM on a green context of N SMs; DeepSeek-V3 and
+Qwen3-30B-A3B shapes, on one GPU. Shows how each kernel scales with the SMs it is given. Writes JSON
+with provenance.
 
     python scripts/gemm_sm_sweep.py --out gemm_sm_sweep.json
 """
@@ -35,6 +37,8 @@ def main() -> int:
     p.add_argument("--sms", nargs="+", type=int, default=[132, 128, 124, 120, 116, 112, 108, 100, 84, 68])
     p.add_argument("--tokens", nargs="+", type=int, default=[1024, 4096])
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--kinds", nargs="+", default=["persistent", "persistent-clustered", "grouped", "dense"],
+                   choices=["persistent", "persistent-clustered", "grouped", "dense"])
     args = p.parse_args()
     import torch
 
@@ -49,25 +53,39 @@ def main() -> int:
     for shape_name, (hidden, experts, top_k, inter) in SHAPES.items():
         for tokens in args.tokens:
             groups = rows_per_local_expert(tokens, experts, top_k)
-            for kind in ("persistent", "grouped", "dense"):
+            for kind in args.kinds:
                 gemm = ExpertGemm(GemmShape(sum(groups), hidden, 2 * inter, kind), device, groups, weights)
                 times = {}
                 for sms in args.sms:
-                    confined = ConfinedGemm(gemm, sms)
+                    # the persistent kernel is held by its grid (as serving runs it); the others only by a green context
+                    confined = ConfinedGemm(gemm, sms, "grid" if kind.startswith("persistent") else "green")
                     with torch.cuda.stream(confined.stream):
                         xs = timer.samples(confined.run, reps=args.reps, mode="queued")
                     times[sms] = statistics.median(xs)
                 row = {"shape": shape_name, "tokens": tokens, "kind": gemm.kind, "asked": kind,
                        "fallback": gemm.fallback_reason, "tflop": gemm.flops / 1e12, "us_by_sms": times}
+                if kind.startswith("persistent"):  # the launch config picked per SM count, and the runners-up
+                    row["picked"] = {sms: gemm.launch_config.get(sms) for sms in args.sms}
+                    row["candidates_us"] = {sms: {"x".join(map(str, cfg)): round(us, 1) for cfg, us in
+                                                  sorted(gemm.pick_timings.get(sms, {}).items(), key=lambda kv: kv[1])}
+                                            for sms in args.sms}
+                    row["skipped_launches"] = {"x".join(map(str, cfg)): why for cfg, why in gemm.skipped_launches.items()}
                 rows_out.append(row)
                 print(f"{shape_name:14} T={tokens:5} {kind:10} " + " ".join(f"{s}:{t:.0f}" for s, t in times.items()),
                       flush=True)
+                if kind.startswith("persistent"):
+                    for sms in (args.sms[0], args.sms[-1]):
+                        top = list(row["candidates_us"][sms].items())[:4]
+                        print(f"{'':20} best at {sms} SMs: " + ", ".join(f"{c} {t:.0f}" for c, t in top), flush=True)
+                    for cfg, why in row["skipped_launches"].items():
+                        print(f"{'':20} skipped {cfg}: {why}", flush=True)
                 del gemm
             weights.clear()
     prov = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            "timing": "CUDA events on the green context's stream, L2 flushed, queued launches, median"}
+            "timing": "CUDA events on the GEMM's stream (persistent kernel: grid = SMs; others: all SMs), "
+                      "L2 flushed, queued launches, median"}
     Path(args.out).write_text(json.dumps({"provenance": prov, "rows": rows_out}, indent=2))
     return 0
 

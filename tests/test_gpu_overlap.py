@@ -31,7 +31,39 @@ def test_overlap_measurement_is_consistent():
         assert "128 local experts" in r["gemm_kind"] and "grid only" in r["gemm_kind"]
     for side in ("overlapped_comm_end", "overlapped_gemm_end"):
         assert r[side]["median_us"] <= r["overlapped"]["max_us"] + 1e-6
+    for side in ("comm_first_comm_end", "comm_first_gemm_end"):  # the other launch order, timed alike
+        assert r[side]["median_us"] <= r["overlapped_comm_first"]["max_us"] + 1e-6
+    from moepolicy.measure.overlap import deepep_waited
+
+    assert r["deepep_waited_for_gemm"] == deepep_waited(r["comm"]["median_us"], r["overlapped_comm_end"]["median_us"],
+                                                        r["overlapped_gemm_end"]["median_us"])
     for part in ("comm", "gemm", "serial", "overlapped"):
         assert r[part]["median_us"] > 0 and r[part]["min_us"] <= r[part]["median_us"] <= r[part]["max_us"]
     assert r["overlapped"]["median_us"] >= 0.9 * r["floor_us"]  # cannot beat the slower side by much
     assert r["overlapped"]["median_us"] <= 1.5 * r["serial"]["median_us"]
+
+
+def test_deepep_runs_beside_a_clustered_gemm():
+    """DeepEP launches cooperatively in 2-CTA clusters. Beside the experts' GEMM launched first in
+    2-CTA clusters too, it ran beside the GEMM in every measurement on H200 (run 26), instead of
+    waiting for it as it often does beside the unclustered kernel."""
+    require(2, need_deep_ep=True)
+    pytest.importorskip("optuna")
+    import torch
+
+    from moepolicy.measure.overlap import GemmShape
+    from moepolicy.tuning.bench import TunePoint, Workload
+    from moepolicy.tuning.live_bench import LiveBench
+
+    if torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("checked on SM90")
+    bench = LiveBench(2, 1 << 30, reps=5)
+    try:
+        r = bench.measure_overlap(Workload(7168, 256, 8, 2, "fp8"),
+                                  TunePoint(20, 1024, (24, 256, 6, 132), (10, 256, 6, 132)),
+                                  GemmShape(rows=8192, hidden=7168, out=4096, kind="persistent-clustered"))
+    finally:
+        bench.close()
+    assert "2-CTA clusters" in r["gemm_kind"], (r["gemm_kind"], r.get("gemm_fallback"))
+    assert not r["deepep_waited_for_gemm"]
+    assert r["overlapped_comm_end"]["median_us"] < 0.5 * r["overlapped_gemm_end"]["median_us"]

@@ -20,20 +20,25 @@ def _operands(group_rows, n, k, device):
     return a, a_s, b, b_s
 
 
+@pytest.mark.parametrize("loads,cluster", [("pointer", 1), ("tma", 1), ("tma-flat", 1), ("tma-ws", 1), ("tma", 2)])
 @pytest.mark.parametrize("group_rows,n,k", [([70, 0, 130, 1, 256], 512, 1024), ([300] * 4, 1536, 2048)])
-def test_matches_the_reference_on_any_sm_count(group_rows, n, k):
+def test_matches_the_reference_on_any_sm_count(group_rows, n, k, loads, cluster):
     require(1)
     import torch
 
     from moepolicy.measure.persistent_gemm import grouped_block_fp8, grouped_block_fp8_reference
 
+    if (loads != "pointer" or cluster > 1) and torch.cuda.get_device_capability(0) < (9, 0):
+        pytest.skip("TMA loads and clusters need SM90 or newer")
     a, a_s, b, b_s = _operands(group_rows, n, k, torch.device("cuda", 0))
     ref = grouped_block_fp8_reference(a, a_s, b, b_s, group_rows).float()
-    outs = {sms: grouped_block_fp8(a, a_s, b, b_s, group_rows, sms) for sms in (1, 7, 132)}
+    outs = {sms: grouped_block_fp8(a, a_s, b, b_s, group_rows, sms, loads=loads, cluster=cluster)
+            for sms in (cluster, 7 * cluster, 132)}
     for out in outs.values():
         rel = ((out.float() - ref).abs().max() / ref.abs().max()).item()
         assert rel < 1e-2, rel  # bf16 output rounding, float32 accumulation order
-    assert torch.equal(outs[1], outs[7]) and torch.equal(outs[7], outs[132])  # a tile never depends on the grid
+    first, *rest = outs.values()
+    assert all(torch.equal(first, other) for other in rest)  # a tile never depends on the grid
 
 
 def test_expert_gemm_picks_the_persistent_kind_on_sm90():
@@ -51,3 +56,46 @@ def test_expert_gemm_picks_the_persistent_kind_on_sm90():
         out = confined.run()
     torch.cuda.synchronize()
     assert out.shape == (512, 1536) and torch.isfinite(out.float()).all()
+
+
+def test_trace_says_where_each_program_ran():
+    """Traced on 100 programs of a config too large for two to share an SM: 100 distinct SMs, every
+    tile counted once, each program's end after its start."""
+    require(1)
+    import torch
+
+    from moepolicy.measure import persistent_gemm as pg
+
+    if torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("checked on SM90 (228 KiB of shared memory per SM)")
+    group_rows, n, k = [300] * 8, 4096, 2048
+    a, a_s, b, b_s = _operands(group_rows, n, k, torch.device("cuda", 0))
+    trace = torch.zeros(100, len(pg.TRACE_FIELDS), dtype=torch.int64, device="cuda")
+    pg.grouped_block_fp8(a, a_s, b, b_s, group_rows, 100, 64, 256, 8, 4, trace=trace)
+    torch.cuda.synchronize()
+    shared, _ = pg.LAUNCH_RESOURCES[(64, 256, 8, 4, "pointer")]
+    assert shared > 228 * 1024 // 2, shared  # so no two programs fit on one SM
+    sm, start, end, tiles = (trace[:, i].tolist() for i in range(4))
+    assert len(set(sm)) == 100 and all(0 <= s < torch.cuda.get_device_properties(0).multi_processor_count for s in sm)
+    assert all(e > s > 0 for s, e in zip(start, end))
+    assert sum(tiles) == len(group_rows) * -(-300 // 64) * (n // 256)
+
+
+def test_expert_gemm_picks_a_launch_config_per_sm_count():
+    require(1)
+    import torch
+
+    from moepolicy.measure.overlap import ConfinedGemm, ExpertGemm, GemmShape
+
+    if torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("the fp8 persistent kernel is checked on SM90 here")
+    gemm = ExpertGemm(GemmShape(rows=2048, hidden=2048, out=1536), torch.device("cuda", 0), [256] * 8)
+    assert not gemm.skipped_launches, gemm.skipped_launches  # every candidate, TMA ones included, ran
+    for sms in (100, 112):
+        confined = ConfinedGemm(gemm, sms)
+        picked = gemm.launch_config[sms]
+        assert picked["candidates"] == len(gemm._launches) and picked["us_alone"] > 0
+        assert f"on {sms} SMs: tile {picked['tile']}" in confined.kind
+    clustered = ExpertGemm(GemmShape(rows=2048, hidden=2048, out=1536, kind="persistent-clustered"),
+                           torch.device("cuda", 0), [256] * 8)
+    assert "in 2-CTA clusters" in ConfinedGemm(clustered, 100).kind and not clustered.fallback_reason

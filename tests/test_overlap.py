@@ -29,6 +29,12 @@ def test_overlap_tune_records_the_split_and_exports_it(tmp_path):
         assert measured["vllm_split_overlapped_us"] is not None
         assert measured["overlapped_us"] <= measured["vllm_split_overlapped_us"]
         assert measured["vs_floor"] >= 1.0
+        # both launch orders are recorded, and that DeepEP, enqueued after the GEMM at vLLM's 20 SMs,
+        # waited for it (the fake workers model what H200 showed at 24 SMs and fewer)
+        assert measured["comm_first_overlapped_us"] and measured["vllm_split_comm_first_overlapped_us"]
+        assert measured["vllm_split_deepep_waited_for_gemm_rounds"] == measured["rounds"]
+    assert "at vLLM's split DeepEP waited for the GEMM in 5 of 5 rounds" in result.stderr
+    assert "DeepEP waited for the GEMM" in next(line for line in result.stderr.splitlines() if "c= 12" in line)
     vllm = run_cli("export", str(out), "--to", "vllm", "--format", "json")
     assert vllm.returncode == 0, vllm.stderr
     exported = json.loads(vllm.stdout)
@@ -77,3 +83,19 @@ def test_overlap_flags_are_checked(tmp_path):
                      "--overlap", "--sms", "12,3x", "--tokens", "1024", "-o", str(tmp_path / "p.yaml"),
                      "--storage", f"sqlite:///{tmp_path}/s2.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
     assert result.returncode != 0 and "Traceback" not in result.stderr and "--sms takes even integers" in result.stderr
+
+
+def test_overlap_order_is_chosen_and_recorded(tmp_path):
+    out = tmp_path / "p.yaml"
+    result = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
+                     "--overlap", "--overlap-order", "comm-first", "--sms", "12,32", "--tokens", "1024",
+                     "--trials", "2", "--confirm-rounds", "2", "-o", str(out),
+                     "--storage", f"sqlite:///{tmp_path}/s.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
+    assert result.returncode == 0, result.stderr
+    doc = yaml.safe_load(out.read_text())
+    assert doc["deepep"]["overlap"]["order"] == "comm-first"
+    measured = doc["deepep"]["buckets"][0]["measured"]
+    assert measured["objective"] == "comm-first" and measured["overlapped_us"] == measured["comm_first_overlapped_us"]
+    bad = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
+                  "--overlap", "--overlap-order", "sideways", "--sms", "12", "--tokens", "1024", "-o", str(out))
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--overlap-order" in bad.stderr

@@ -20,8 +20,9 @@ WORK = Workload(7168, 256, 8, 2, "fp8")
 class ScriptedBench:
     """Overlapped time = |c - best_c| * 10 + chunk penalty + 500 (+ a lucky first reading for one split)."""
 
-    def __init__(self, best_c=32, lucky_c=None, failing_c=None, flaky=None):
+    def __init__(self, best_c=32, lucky_c=None, failing_c=None, flaky=None, comm_first_best_c=None):
         self.best_c, self.lucky_c, self.failing_c, self.flaky = best_c, lucky_c, failing_c, flaky
+        self.comm_first_best_c = comm_first_best_c
         self.calls, self.split_calls = Counter(), Counter()
 
     def measure_overlap(self, workload, point, gemm_shape):
@@ -34,15 +35,20 @@ class ScriptedBench:
         if point.num_sms == self.lucky_c and self.split_calls[(point.num_sms, point.tokens)] == 1:
             t = 100.0  # one lucky reading: the confirmation rounds must not trust it
         part = {"median_us": t, "min_us": t * 0.99, "max_us": t * 1.01, "reps": 5}
-        return {"comm": dict(part, median_us=t * 0.8), "gemm": dict(part, median_us=t * 0.9), "serial": part,
-                "overlapped": part, "overlapped_comm_end": part, "overlapped_gemm_end": part,
-                "floor_us": t * 0.9, "comm_sms": point.num_sms, "gemm_sms": 132 - point.num_sms,
-                "gemm_fp8": True, "gemm_kind": "scripted"}
+        row = {"comm": dict(part, median_us=t * 0.8), "gemm": dict(part, median_us=t * 0.9), "serial": part,
+               "overlapped": part, "overlapped_comm_end": part, "overlapped_gemm_end": part,
+               "floor_us": t * 0.9, "comm_sms": point.num_sms, "gemm_sms": 132 - point.num_sms,
+               "gemm_fp8": True, "gemm_kind": "scripted"}
+        if self.comm_first_best_c is not None:  # the other launch order has its own best split
+            u = 450 + 10 * abs(point.num_sms - self.comm_first_best_c)
+            row["overlapped_comm_first"] = {"median_us": u, "min_us": u, "max_us": u, "reps": 5}
+            row["deepep_waited_for_gemm"] = point.num_sms < self.best_c
+        return row
 
 
-def _search(bench, grid=(12, 16, 24, 32, 48), trials=16, rounds=5):
+def _search(bench, grid=(12, 16, 24, 32, 48), trials=16, rounds=5, order="gemm-first"):
     return search_overlap(PLAN, bench, WORK, [(1024, 1.0), (4096, 1.0)], list(grid), DEFAULT, trials=trials,
-                          rounds=rounds, seed=0)
+                          rounds=rounds, seed=0, order=order)
 
 
 def test_finds_the_best_split_and_chunks_jointly():
@@ -93,3 +99,23 @@ def test_a_failed_confirmation_round_is_dropped_for_every_candidate():
     for row in found["per_bucket"].values():
         assert row["rounds"] == 4 and len(row["vs_vllm_split_per_round"]) == 4
         assert all(r < 1.0 for r in row["vs_vllm_split_per_round"])  # rounds stay paired
+
+
+def test_the_launch_order_chooses_the_objective_and_both_are_reported():
+    bench = ScriptedBench(best_c=32, comm_first_best_c=16)
+    gemm_first = _search(bench, trials=24)
+    comm_first = _search(ScriptedBench(best_c=32, comm_first_best_c=16), trials=24, order="comm-first")
+    assert gemm_first["comm_sms"] == 32 and comm_first["comm_sms"] == 16
+    row = comm_first["per_bucket"][1024]
+    assert row["objective"] == "comm-first" and row["overlapped_us"] == row["comm_first_overlapped_us"] == 450
+    assert row["vs_vllm_split"] == row["vs_vllm_split_comm_first"] == round(450 / 490, 3)  # vLLM's 20: 4 SMs off
+    d, c = comm_first["chunks"][1024]
+    assert row["gemm_first_overlapped_us"] == 500 + 10 * 16 + 2 * abs(d[0] - 24) + 3 * abs(c[0] - 12)  # still recorded
+    assert row["vllm_split_deepep_waited_for_gemm_rounds"] == row["rounds"]  # 20 < 32: flagged every round
+    mean = _search(ScriptedBench(best_c=32, comm_first_best_c=16), trials=24, order="mean")
+    assert 16 <= mean["comm_sms"] <= 32 and mean["order"] == "mean"
+
+
+def test_an_order_that_needs_both_measurements_fails_the_trial_on_a_bench_with_one():
+    with pytest.raises(TrialFailed, match="needs both launch orders"):
+        _search(ScriptedBench(best_c=32), trials=2, order="comm-first")

@@ -37,6 +37,16 @@ te, tr, ee, om, on = (t.tolist() for t in tile_tables([3, 5], 2, 128, 256, "cpu"
 assert list(zip(om, on))[:4] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 c = grouped_block_fp8(a, a_s, b, b_s, rows, 2, tables=tile_tables(rows, 64, 128, n, "cpu", order="rows")).float()
 assert ((c - ref).abs().max() / ref.abs().max()).item() < 1e-2
+for sms, bm, bn, loads in ((3, 64, 128, "tma"), (2, 16, 256, "tma"), (2, 64, 128, "tma-flat"), (3, 32, 128, "tma-ws")):
+    # TMA loads: tiles read past an expert's rows, never store them
+    c = grouped_block_fp8(a, a_s, b, b_s, rows, sms, block_m=bm, block_n=bn, loads=loads).float()
+    assert ((c - ref).abs().max() / ref.abs().max()).item() < 1e-2, (sms, bm, bn, loads)
+try:
+    grouped_block_fp8(a, a_s, b, b_s, rows, 3, cluster=2)
+except ValueError as exc:
+    assert "multiple of the cluster size" in str(exc)
+else:
+    raise AssertionError("3 SMs in clusters of 2 accepted")
 print("ok")
 """
 

@@ -34,14 +34,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overlap", action="store_true",
                    help="choose DeepEP's SMs and send chunks against the experts' GEMM on the other SMs "
                         "(live bench; --trials joint trials after a scan of the --sms splits)")
-    p.add_argument("--overlap-gemm", choices=["persistent", "grouped", "dense"], default="persistent",
-                   help="--overlap: the experts' GEMM beside the communication: persistent (default: block-fp8 "
-                        "grouped Triton kernel on exactly the GEMM's SMs, like DeepGEMM), grouped (torch's fp8 "
-                        "grouped GEMM) or dense (one cuBLAS fp8 GEMM); a kind that cannot run falls back")
+    p.add_argument("--overlap-gemm", choices=["auto", "persistent", "persistent-clustered", "grouped", "dense"],
+                   default="auto",
+                   help="--overlap: the experts' GEMM beside the communication: persistent (block-fp8 grouped "
+                        "Triton kernel on exactly the GEMM's SMs), persistent-clustered (the same in 2-CTA "
+                        "clusters, as DeepGEMM's multicast launches), grouped (torch's fp8 grouped GEMM) or dense "
+                        "(one cuBLAS fp8 GEMM); auto (default): persistent-clustered where the experts run "
+                        "DeepGEMM, else persistent; a kind that cannot run falls back")
     p.add_argument("--overlap-confine", choices=["grid", "green"], default="grid",
                    help="--overlap: grid (default): the GEMM is held to its SMs only by the persistent kernel's "
                         "grid, as serving does when it tells DeepGEMM its SMs; green: also a green context "
                         "(an idealised partition, for analysis)")
+    p.add_argument("--overlap-order", choices=["gemm-first", "comm-first", "mean"], default="gemm-first",
+                   help="--overlap: which launch order the split is chosen for: gemm-first (default: the GEMM "
+                        "already holds its SMs when DeepEP launches), comm-first (DeepEP's kernels are enqueued "
+                        "first), or the mean of both; both are always measured and recorded")
     p.add_argument("--confirm-rounds", type=int, default=5,
                    help="--overlap: rounds in which the best configs and vLLM's split are re-measured (default 5)")
     p.add_argument("--launcher", choices=["local", "torchrun"], default="local",

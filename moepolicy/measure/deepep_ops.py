@@ -17,6 +17,19 @@ import torch
 from moepolicy.quant import triton_kernels
 
 
+def join_rank(rank: int, world: int, rendezvous: str, nvl_bytes: int):
+    """This process's GPU, its NCCL group (file rendezvous) and an intranode DeepEP buffer of
+    ``nvl_bytes`` (rounded down to 128): what every DeepEP worker process starts with."""
+    import deep_ep
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"file://{rendezvous}",
+                            device_id=device)
+    return device, deep_ep.Buffer(dist.group.WORLD, int(nvl_bytes) // 128 * 128, 0)
+
+
 @dataclass
 class Workload:
     x: torch.Tensor

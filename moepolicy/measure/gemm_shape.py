@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GEMM_KINDS = ("persistent", "grouped", "dense")
+GEMM_KINDS = ("persistent", "persistent-clustered", "grouped", "dense")
 CONFINEMENTS = ("grid", "green")
 
 
@@ -15,7 +15,9 @@ class GemmShape:
     hidden: int
     out: int
     # persistent: block-fp8 grouped kernel on exactly the GEMM's SMs (moepolicy.measure.persistent_gemm);
-    # grouped: torch's fp8 grouped GEMM with row-wise scales; dense: one fp8 GEMM over all rows
+    # persistent-clustered: the same launched as 2-CTA thread-block clusters (as DeepGEMM's multicast
+    # launches are), so it holds its SMs in pairs; grouped: torch's fp8 grouped GEMM with row-wise
+    # scales; dense: one fp8 GEMM over all rows
     kind: str = "persistent"
     # grid: no green context — only a persistent kernel's grid limits it, as in serving, where the
     # expert GEMM is told how many SMs to use (DeepGEMM's num_sms) and nothing else is confined;

@@ -11,7 +11,11 @@ experts with the row counts DeepEP's dispatch delivers to each. Kinds (``GemmSha
   not run on this CUDA 13 stack, FACTS.md);
 - ``grouped``: torch's fp8 grouped GEMM (``torch._scaled_grouped_mm``, row-wise scales; SM90), groups
   padded to 16 rows; its grid does not follow the green context (measured: flat from 68 to 112 SMs);
-- ``dense``: one ``torch._scaled_mm`` over all rows (cuBLAS), or bf16 where fp8 is missing.
+- ``dense``: one ``torch._scaled_mm`` over all rows (cuBLAS), or bf16 where fp8 is missing;
+- ``persistent-clustered``: the persistent kernel launched as 2-CTA clusters (Triton ``num_ctas=2``):
+  it holds its SMs in pairs, as DeepGEMM's multicast launches do. DeepEP launches cooperatively in
+  2-CTA clusters too; beside the unclustered kernel launched first it often finds no pair of free SMs
+  and waits for the whole GEMM, beside the clustered one it never did (runs 26-30).
 
 A kind that cannot run falls back to the next (persistent → grouped → dense) and says why; the kind
 used is recorded with every result.
@@ -31,11 +35,23 @@ __all__ = ["ConfinedGemm", "ExpertGemm", "GemmShape", "measure_overlap"]
 GROUP_ROW_ALIGN = 16
 
 
-# (block_m, block_n, num_warps, num_stages, tile order) tried for the persistent kernel on all SMs;
-# the fastest is kept (run 15/16 on H200: 128x128/8/3 and 64x256/8/3 won)
-PERSISTENT_CONFIGS = tuple((*cfg, order) for cfg in ((64, 128, 4, 4), (128, 128, 8, 3), (128, 128, 4, 4),
-                                                     (64, 256, 8, 3), (128, 256, 8, 3))
-                           for order in ("expert", "rows"))
+# Launch configs tried for the persistent kernel: (block_m, block_n, num_warps, num_stages, loads),
+# each in both tile orders. Like DeepGEMM, which picks its config for the SM count it is given, the
+# fastest is picked per GEMM SM count (runs 22-24 on H200: 64x256, 8 warps, 4-5 stages, TMA loads won
+# everywhere, 17-24 % faster than through pointers; the best at 132 SMs is not always the best at 100).
+# Candidates that do not compile here (an older Triton, no TMA) are skipped and recorded.
+PERSISTENT_LAUNCHES = ((64, 256, 8, 4, "pointer"), (128, 128, 8, 5, "pointer"), (64, 128, 4, 4, "pointer"),
+                       (64, 256, 8, 4, "tma"), (64, 256, 8, 5, "tma"), (64, 256, 8, 3, "tma-flat"),
+                       (64, 256, 8, 4, "tma-ws"))
+# In 2-CTA clusters Triton splits each tile between the two CTAs, so the clustered candidates use
+# twice the tile (or twice the stages) of the plain ones: each CTA then needs more than half an SM's
+# shared memory, and no two fit on one SM, as with DeepGEMM (runs 26-27: with 99 KiB per CTA, two
+# clusters shared SMs beside DeepEP and the GEMM slowed down up to 1.5x)
+CLUSTERED_LAUNCHES = ((128, 256, 8, 4, "tma"), (128, 256, 8, 3, "tma"), (64, 256, 8, 8, "tma"),
+                      (128, 256, 8, 4, "pointer"))
+PERSISTENT_CONFIGS = tuple((*cfg, order) for cfg in PERSISTENT_LAUNCHES for order in ("expert", "rows"))
+CLUSTERED_CONFIGS = tuple((*cfg, order) for cfg in CLUSTERED_LAUNCHES for order in ("expert", "rows"))
+PICK_LAUNCHES = 5
 
 
 def _green_context(sms: int, device_index: int):
@@ -63,15 +79,15 @@ class ExpertGemm:
     def __init__(self, shape: GemmShape, device: torch.device, group_rows: Optional[list[int]] = None,
                  weights: Optional[dict] = None):
         self.shape, self.device = shape, device
-        self.kind, self.fallback_reason = "", None
+        self.kind, self.fallback_reason, self.launch_config = "", None, {}
         self._weights = weights if weights is not None else {}
         self._gen = torch.Generator(device=device).manual_seed(11)
         sm90 = torch.cuda.get_device_capability(device) == (9, 0)
         if shape.kind == "dense":
             group_rows = None
-        if group_rows and shape.kind == "persistent":
+        if group_rows and shape.kind.startswith("persistent"):
             try:
-                self._persistent(group_rows)
+                self._persistent(group_rows, cluster=2 if shape.kind == "persistent-clustered" else 1)
                 return
             except Exception as exc:  # noqa: BLE001 (no Triton, no fp8 dot, a compile error: fall back, say why)
                 self.fallback_reason = f"persistent block-fp8 GEMM did not run: {type(exc).__name__}: {str(exc)[:160]}"
@@ -117,7 +133,7 @@ class ExpertGemm:
         self._fn = lambda: torch._scaled_grouped_mm(self.a, self.b, self.scale_a, self.scale_b, offs=self.offs,
                                                     out_dtype=torch.bfloat16)
 
-    def _persistent(self, group_rows: list[int]) -> None:
+    def _persistent(self, group_rows: list[int], cluster: int = 1) -> None:
         from moepolicy.measure import persistent_gemm as pg
 
         rows, (out, hidden) = sum(group_rows), (self.shape.out, self.shape.hidden)
@@ -128,34 +144,71 @@ class ExpertGemm:
         self.a = self._random(rows, hidden, dtype=fp8)
         self.a_scale = torch.rand(rows, -(-hidden // block), device=self.device, generator=self._gen) + 0.5
         self.c = torch.empty(rows, out, dtype=torch.bfloat16, device=self.device)
-        self.rows, self.group_rows = rows, list(group_rows)
+        self.rows, self.group_rows, self.cluster = rows, list(group_rows), cluster
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        timings = {}
-        for cfg in PERSISTENT_CONFIGS:  # pick the launch config on the whole GPU, once per bucket
-            tables = pg.tile_tables(self.group_rows, cfg[0], cfg[1], out, self.device, order=cfg[4])
-
-            def call(tables=tables, cfg=cfg, sms=sm_count):
-                return pg.grouped_block_fp8(self.a, self.a_scale, self.b, self.b_scale, self.group_rows, sms,
-                                            *cfg[:4], tables=tables, out=self.c)
-
-            call()
-            torch.cuda.synchronize(self.device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(5):
-                call()
-            end.record()
-            end.synchronize()
-            timings[cfg] = (start.elapsed_time(end) * 200.0, tables)
-        cfg = min(timings, key=lambda c: timings[c][0])
-        tables = timings[cfg][1]
-        self.kind = (f"fp8 block-128 persistent grouped GEMM (Triton; grid = the GEMM's SMs), {len(group_rows)} "
-                     f"local experts, {rows} rows, tile {cfg[0]}x{cfg[1]}, {cfg[2]} warps, {cfg[3]} stages, "
-                     f"{cfg[4]}-major tile order")
-        self.launch_config = {"config": cfg, "us_on_all_sms": round(timings[cfg][0], 1)}
-        self._sms_fn = lambda sms: pg.grouped_block_fp8(self.a, self.a_scale, self.b, self.b_scale, self.group_rows,
-                                                        sms, *cfg[:4], tables=tables, out=self.c)
+        self._launches, self.skipped_launches, self.launch_config, self.pick_timings = {}, {}, {}, {}
+        for cfg in CLUSTERED_CONFIGS if cluster > 1 else PERSISTENT_CONFIGS:  # compile and check each, once per bucket
+            try:
+                tables = pg.tile_tables(self.group_rows, cfg[0], cfg[1], out, self.device, order=cfg[5])
+                descriptors = pg.tma_descriptors(self.a, self.b, cfg[0], cfg[1]) if cfg[4] != "pointer" else None
+                launch = self._launcher(cfg, tables, descriptors)
+                launch(sm_count)
+                torch.cuda.synchronize(self.device)
+            except Exception as exc:  # noqa: BLE001 (an old Triton without TMA descriptors, a compile error)
+                self.skipped_launches[cfg] = f"{type(exc).__name__}: {str(exc)[:120]}"
+                continue
+            self._launches[cfg] = launch
+        if not self._launches:
+            raise RuntimeError(f"no launch config ran: {next(iter(self.skipped_launches.values()))}")
+        self._best: dict[int, tuple] = {}
+        clustered = f", in {cluster}-CTA clusters" if cluster > 1 else ""
+        self.kind = (f"fp8 block-128 persistent grouped GEMM (Triton; grid = the GEMM's SMs{clustered}; launch "
+                     f"config picked per SM count), {len(group_rows)} local experts, {rows} rows")
+        self._sms_fn = lambda sms, trace=None: self._launches[self.pick(sms)](sms, trace)
         self._fn = lambda: self._sms_fn(sm_count)
+
+    def _launcher(self, cfg: tuple, tables, descriptors):
+        from moepolicy.measure import persistent_gemm as pg
+
+        def launch(sms: int, trace=None):
+            return pg.grouped_block_fp8(self.a, self.a_scale, self.b, self.b_scale, self.group_rows, sms, *cfg[:4],
+                                        tables=tables, out=self.c, trace=trace, loads=cfg[4], descriptors=descriptors,
+                                        cluster=self.cluster)
+        return launch
+
+    def pick(self, sms: int) -> tuple:
+        """The fastest launch config on ``sms`` programs, timed once on an otherwise idle GPU (call it
+        before anything runs beside the GEMM; :class:`ConfinedGemm` does)."""
+        if sms not in self._best:
+            torch.cuda.synchronize(self.device)
+            timings = {}
+            for cfg, launch in self._launches.items():
+                launch(sms)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(PICK_LAUNCHES):
+                    launch(sms)
+                end.record()
+                end.synchronize()
+                timings[cfg] = start.elapsed_time(end) * 1000.0 / PICK_LAUNCHES
+            best = min(timings, key=timings.get)
+            self._best[sms], self.pick_timings[sms] = best, timings
+            from moepolicy.measure import persistent_gemm as pg
+
+            shared, _ = pg.LAUNCH_RESOURCES.get(best[:5] + ((self.cluster,) if self.cluster > 1 else ()), (0, 0))
+            self.launch_config[sms] = {"tile": f"{best[0]}x{best[1]}", "warps": best[2], "stages": best[3],
+                                       "loads": best[4], "order": best[5], "us_alone": round(timings[best], 1),
+                                       "candidates": len(timings), "shared_kib_per_cta": shared // 1024}
+        return self._best[sms]
+
+    def describe(self, sms: Optional[int] = None) -> str:
+        """The kind, with the launch config picked for ``sms`` where there is one."""
+        cfg = self.launch_config.get(sms) if sms is not None else None
+        if not cfg:
+            return self.kind
+        return (f"{self.kind}, on {sms} SMs: tile {cfg['tile']}, {cfg['warps']} warps, {cfg['stages']} stages, "
+                f"{cfg['loads']} loads, {cfg['order']}-major tile order, {cfg['shared_kib_per_cta']} KiB shared "
+                f"memory per CTA")
 
     def _dense(self) -> None:
         self.rows = self.shape.rows
@@ -180,10 +233,11 @@ class ExpertGemm:
     def flops(self) -> int:
         return 2 * self.rows * self.shape.hidden * self.shape.out
 
-    def run(self, sms: Optional[int] = None):
-        """One launch; a persistent kernel is launched on ``sms`` programs (default: all SMs)."""
+    def run(self, sms: Optional[int] = None, trace=None):
+        """One launch; a persistent kernel is launched on ``sms`` programs (default: all SMs), traced
+        into ``trace`` when given (``persistent_gemm.TRACE_FIELDS``)."""
         if sms is not None and getattr(self, "_sms_fn", None) is not None:
-            return self._sms_fn(sms)
+            return self._sms_fn(sms, trace)
         return self._fn()
 
 
@@ -198,67 +252,114 @@ class ConfinedGemm:
         self.gemm, self.sms, self.confine = gemm, sms, confine
         self.ctx = _green_context(sms, gemm.device.index) if confine == "green" else None
         self.stream = self.ctx.Stream() if self.ctx is not None else torch.cuda.Stream(gemm.device)
+        if getattr(gemm, "_launches", None):  # the persistent kernel's launch config for this SM count, on an idle GPU
+            with torch.cuda.stream(self.stream):
+                gemm.pick(sms)
         how = "green context" if confine == "green" else "grid only, no green context"
-        self.kind = f"{gemm.kind}; confined by {how}"
+        self.kind = f"{gemm.describe(sms)}; confined by {how}"
         self.fallback_reason, self.fp8 = gemm.fallback_reason, gemm.fp8
 
     @property
     def flops(self) -> int:
         return self.gemm.flops
 
-    def run(self):
-        return self.gemm.run(self.sms)
+    def run(self, trace=None):
+        return self.gemm.run(self.sms, trace)
 
 
 def spread(xs: list[float]) -> dict:
     return {"median_us": statistics.median(xs), "min_us": min(xs), "max_us": max(xs), "reps": len(xs)}
 
 
-def measure_overlap(comm, gemm: ConfinedGemm, reps: int, flush) -> dict:
-    """``comm()`` runs dispatch + combine (DeepEP picks its own stream); the GEMM runs on the green
-    context's stream. Returns comm alone, GEMM alone (confined), their serial sum, the overlapped pair
-    (start to the later end) and, inside the overlapped pair, when each side ended."""
+# DeepEP's comm "waited for the GEMM" when, inside the GEMM-first pair, it ended more than this
+# fraction of its time alone after the GEMM, and took over 1.5x its time alone: it ran (mostly)
+# after the GEMM, not beside it (a comm that is merely longer than the GEMM ends late too, but on time)
+WAITED_FRACTION = 0.5
+WAITED_STRETCH = 1.5
+
+
+def deepep_waited(comm_alone_us: float, comm_end_us: float, gemm_end_us: float) -> bool:
+    """Whether DeepEP, enqueued after the GEMM, ran after it instead of beside it."""
+    return (comm_end_us - gemm_end_us > WAITED_FRACTION * comm_alone_us
+            and comm_end_us > WAITED_STRETCH * comm_alone_us)
+
+
+def measure_overlap(comm, gemm: ConfinedGemm, reps: int, flush, head_start=None) -> dict:
+    """``comm()`` runs dispatch + combine (DeepEP picks its own stream); the GEMM runs on its own
+    stream. Returns comm alone, GEMM alone (confined), their serial sum, and the two started
+    together in both launch orders, each with when each side ended. ``flush()`` runs before every
+    timing; ``head_start()`` (optional: ``Timer.head_start``) makes the GPU spin while the host
+    enqueues, so that the times are the GPU's (a serving host runs ahead of its GPU) rather than
+    including the host's launch of the first kernel (``timing.py``: queued mode).
+
+    - ``overlapped`` (GEMM first; the objective): the GEMM is enqueued first, so it already holds its
+      SMs when DeepEP's kernels launch. DeepEP launches cooperatively in clusters of 2 blocks
+      (29d31c0 ``launch.cuh``), so whether they find room beside the GEMM depends on where the GEMM's
+      programs landed: measured on H200, with 24 or fewer communication SMs DeepEP waited for the
+      whole GEMM (``deepep_waited_for_gemm``);
+    - ``overlapped_comm_first``: DeepEP's kernels are enqueued first (the full dispatch's CPU wait for
+      the receive counts then delays the GEMM's launch as well)."""
     device_stream = torch.cuda.current_stream()
 
+    def event():
+        return torch.cuda.Event(enable_timing=True)
+
+    def started():
+        flush()
+        if head_start is not None:
+            head_start()
+        start = event()
+        start.record(device_stream)
+        return start
+
     def timed(fn, stream):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
+        start, end = started(), event()
+        stream.wait_event(start)
         with torch.cuda.stream(stream):
             fn()
         end.record(stream)
         end.synchronize()
         return start.elapsed_time(end) * 1000
 
+    def pair(comm_first: bool) -> tuple[float, float]:
+        start, end_comm, end_gemm = started(), event(), event()
+        gemm.stream.wait_event(start)
+        if comm_first:
+            comm()
+            end_comm.record(device_stream)
+        with torch.cuda.stream(gemm.stream):
+            gemm.run()
+        end_gemm.record(gemm.stream)
+        if not comm_first:
+            comm()
+            end_comm.record(device_stream)
+        end_comm.synchronize()
+        end_gemm.synchronize()
+        return start.elapsed_time(end_comm) * 1000, start.elapsed_time(end_gemm) * 1000
+
     for _ in range(3):
         comm()
         with torch.cuda.stream(gemm.stream):
             gemm.run()
     torch.cuda.synchronize()
-    alone_comm, alone_gemm, overlapped, side_comm, side_gemm = [], [], [], [], []
+    xs: dict[str, list[float]] = {k: [] for k in ("comm", "gemm", "overlapped_comm_end", "overlapped_gemm_end",
+                                                  "comm_first_comm_end", "comm_first_gemm_end")}
     for _ in range(reps):
-        flush()
-        alone_comm.append(timed(comm, device_stream))
-        flush()
-        alone_gemm.append(timed(gemm.run, gemm.stream))
-        flush()
-        start = torch.cuda.Event(enable_timing=True)
-        end_comm, end_gemm = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(device_stream)
-        gemm.stream.wait_event(start)
-        with torch.cuda.stream(gemm.stream):
-            gemm.run()
-        end_gemm.record(gemm.stream)
-        comm()
-        end_comm.record(device_stream)
-        end_comm.synchronize()
-        end_gemm.synchronize()
-        side_comm.append(start.elapsed_time(end_comm) * 1000)
-        side_gemm.append(start.elapsed_time(end_gemm) * 1000)
-        overlapped.append(max(side_comm[-1], side_gemm[-1]))
-    serial = [a + b for a, b in zip(alone_comm, alone_gemm)]
-    out = {"comm": spread(alone_comm), "gemm": spread(alone_gemm), "serial": spread(serial),
-           "overlapped": spread(overlapped), "overlapped_comm_end": spread(side_comm),
-           "overlapped_gemm_end": spread(side_gemm), "gemm_kind": gemm.kind}
+        xs["comm"].append(timed(comm, device_stream))
+        xs["gemm"].append(timed(gemm.run, gemm.stream))
+        for comm_first, prefix in ((False, "overlapped"), (True, "comm_first")):
+            end_comm, end_gemm = pair(comm_first)
+            xs[f"{prefix}_comm_end"].append(end_comm)
+            xs[f"{prefix}_gemm_end"].append(end_gemm)
+    out = {k: spread(v) for k, v in xs.items()}
+    out["serial"] = spread([a + b for a, b in zip(xs["comm"], xs["gemm"])])
+    out["overlapped"] = spread([max(a, b) for a, b in zip(xs["overlapped_comm_end"], xs["overlapped_gemm_end"])])
+    out["overlapped_comm_first"] = spread([max(a, b) for a, b in zip(xs["comm_first_comm_end"],
+                                                                      xs["comm_first_gemm_end"])])
+    out["deepep_waited_for_gemm"] = deepep_waited(out["comm"]["median_us"], out["overlapped_comm_end"]["median_us"],
+                                                  out["overlapped_gemm_end"]["median_us"])
+    out["gemm_kind"] = gemm.kind
+    out["timing"] = "queued (GPU time)" if head_start is not None else "synced (host launch counts)"
     if gemm.fallback_reason:
         out["gemm_fallback"] = gemm.fallback_reason
     out["floor_us"] = max(out["comm"]["median_us"], out["gemm"]["median_us"])

@@ -56,19 +56,23 @@ class Timer:
             self._cycles_per_us = probe / max(start.elapsed_time(end) * 1000.0, 1.0)
         return int(us * self._cycles_per_us)
 
+    def head_start(self) -> None:
+        """Make the current stream spin ``HEAD_START_US`` so that the host enqueues what follows
+        before the GPU reaches it (``queued`` mode)."""
+        torch.cuda._sleep(self._spin_cycles(HEAD_START_US))
+
     def samples(self, fn: Callable[[], object], reps: int = 30, warmup: int = 5, mode: str = "synced") -> list[float]:
         """Microseconds of ``fn`` per repetition, each after a barrier and an L2 flush."""
         if mode not in LAUNCH_MODES:
             raise ValueError(f"launch mode must be one of {LAUNCH_MODES}, got {mode!r}")
-        spin = self._spin_cycles(HEAD_START_US) if mode == "queued" else 0
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize(self.device)
         out = []
         for _ in range(reps):
             self.quiesce()
-            if spin:
-                torch.cuda._sleep(spin)
+            if mode == "queued":
+                self.head_start()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()

@@ -23,17 +23,12 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 
 def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands, results, reps: int) -> None:
     os.environ.update(SAFE_ENV)
-    import deep_ep
-    import torch
     import torch.distributed as dist
 
+    from moepolicy.measure.deepep_ops import join_rank
     from moepolicy.measure.timing import Timer
 
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"file://{rendezvous}",
-                            device_id=device)
-    buffer = deep_ep.Buffer(dist.group.WORLD, buffer_bytes, 0)
+    device, buffer = join_rank(rank, world, rendezvous, buffer_bytes)
     timer = Timer(device)
     works: dict = {}
 
@@ -159,7 +154,7 @@ def _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, re
         ops.dispatch_only(workload.payload, "full")
         ops.combine()
 
-    result = measure_overlap(comm, gemm, reps, timer.quiesce)
+    result = measure_overlap(comm, gemm, reps, timer.quiesce, timer.head_start)
     result.update({"comm_sms": point.num_sms, "gemm_sms": sm_count - point.num_sms, "gemm_fp8": gemm.fp8,
                    "gemm_tflop": gemm.flops / 1e12})
     return result

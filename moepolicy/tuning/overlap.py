@@ -1,9 +1,11 @@
 """``tune --overlap``: choose DeepEP's SM share and send chunks when communication overlaps the
 expert GEMMs.
 
-A measurement starts dispatch + combine on ``c`` SMs and the experts' GEMM on the other SMs (a green
-context) together, for every token bucket, and times the pair (medians of repeats, with spread).
-The search has three phases:
+A measurement starts dispatch + combine on ``c`` SMs and the experts' GEMM on the other SMs together,
+for every token bucket, and times the pair in both launch orders (medians of repeats, with spread;
+``measure/overlap.py``). The order the split is chosen for is ``order``: ``gemm-first`` (the GEMM
+holds its SMs when DeepEP launches; on H200 DeepEP's cooperative cluster launch then often waits for
+the whole GEMM, depending on the split), ``comm-first``, or their ``mean``. The search has three phases:
 
 1. split scan: every candidate ``c`` (and vLLM's 20) with DeepEP's default chunks;
 2. joint search: an optuna TPE study over (``c``, dispatch send chunk, combine send chunk) that
@@ -28,6 +30,20 @@ CHUNK_CANDIDATES = {"dispatch": (16, 20, 24, 32), "combine": (6, 8, 10, 12, 16)}
 Chunks = tuple  # ((dispatch config tail), (combine config tail)) as TunePoint takes them
 Config = tuple  # (c, Chunks)
 CONFIRM_SPLITS = 3  # splits whose best config is re-measured beside vLLM's
+# which launch order the split is chosen for (both are measured): the GEMM enqueued first, DeepEP's
+# kernels enqueued first, or the mean of the two
+ORDERS = ("gemm-first", "comm-first", "mean")
+
+
+def objective_us(row: dict, order: str) -> float:
+    """One measurement's overlapped time under ``order`` (``measure_overlap``'s row)."""
+    gemm_first = row["overlapped"]["median_us"]
+    if order == "gemm-first":
+        return gemm_first
+    if "overlapped_comm_first" not in row:
+        raise TrialFailed(f"--overlap-order {order} needs both launch orders measured; this bench measured one")
+    comm_first = row["overlapped_comm_first"]["median_us"]
+    return comm_first if order == "comm-first" else (gemm_first + comm_first) / 2
 
 
 def gemm_shape(plan, workload: Workload, tokens: int, kind: str = "persistent", confine: str = "grid") -> GemmShape:
@@ -45,8 +61,11 @@ class _Measurer:
     """Measures a config over all buckets; remembers the first measurement of each config."""
 
     def __init__(self, plan, bench, workload: Workload, buckets: list[tuple[int, float]], gemm_kind: str,
-                 confine: str):
+                 confine: str, order: str = "gemm-first"):
+        if order not in ORDERS:
+            raise ValueError(f"launch order must be one of {ORDERS}, got {order!r}")
         self.plan, self.bench, self.workload, self.gemm_kind, self.confine = plan, bench, workload, gemm_kind, confine
+        self.order = order
         self.buckets, self.weight = buckets, dict(buckets)
         self.seen: dict[Config, Optional[dict[int, dict]]] = {}
 
@@ -68,15 +87,19 @@ class _Measurer:
         return self.seen[config]
 
     def weighted(self, rows: dict[int, dict]) -> float:
-        return sum(self.weight[t] * rows[t]["overlapped"]["median_us"] for t in rows)
+        return sum(self.weight[t] * objective_us(rows[t], self.order) for t in rows)
 
 
 def _say(config: Config, rows: dict[int, dict]) -> None:
     c, chunks = config
     for tokens, r in rows.items():
+        comm_first = (f", comm first {r['overlapped_comm_first']['median_us']:.1f}"
+                      if "overlapped_comm_first" in r else "")
+        waited = "; DeepEP waited for the GEMM" if r.get("deepep_waited_for_gemm") else ""
         note(f"  overlap c={c:3} chunks {chunks[0][0]:2}/{chunks[1][0]:2} T={tokens:5}: overlapped "
              f"{r['overlapped']['median_us']:8.1f} us (comm {r['comm']['median_us']:.1f}, GEMM "
-             f"{r['gemm']['median_us']:.1f} on {r['gemm_sms']} SMs, serial {r['serial']['median_us']:.1f})")
+             f"{r['gemm']['median_us']:.1f} on {r['gemm_sms']} SMs, serial {r['serial']['median_us']:.1f}"
+             f"{comm_first}){waited}")
 
 
 def scan_splits(m: _Measurer, splits: list[int], default: Chunks) -> dict[int, float]:
@@ -151,11 +174,12 @@ def _median(runs: list[dict[int, dict]], tokens: int, key: str) -> float:
     return statistics.median(run[tokens][key]["median_us"] for run in runs)
 
 
-def _bucket_report(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[int, dict]]], tokens: int) -> dict:
-    mine = [run[tokens]["overlapped"]["median_us"] for run in runs]
+def _bucket_report(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[int, dict]]], tokens: int,
+                   order: str = "gemm-first") -> dict:
+    mine = [objective_us(run[tokens], order) for run in runs]
     comm, gemm = _median(runs, tokens, "comm"), _median(runs, tokens, "gemm")
     floor = max(comm, gemm)
-    row = {"overlapped_us": round(statistics.median(mine), 1),
+    row = {"objective": order, "overlapped_us": round(statistics.median(mine), 1),
            "overlapped_spread_us": [round(min(mine), 1), round(max(mine), 1)], "rounds": len(mine),
            "serial_us": round(_median(runs, tokens, "serial"), 1), "floor_us": round(floor, 1),
            "comm_us": round(comm, 1), "gemm_us": round(gemm, 1),
@@ -163,21 +187,38 @@ def _bucket_report(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[in
            "gemm_end_in_overlap_us": round(_median(runs, tokens, "overlapped_gemm_end"), 1),
            "vs_floor": round(statistics.median(mine) / floor, 3), "gemm": runs[0][tokens].get("gemm_kind"),
            "vllm_split_overlapped_us": None, "vs_vllm_split": None}
+    row.update(_launch_order_report(runs, tokens, ""))
     if vllm_runs:
-        theirs = [run[tokens]["overlapped"]["median_us"] for run in vllm_runs]
+        theirs = [objective_us(run[tokens], order) for run in vllm_runs]
         ratios = [a / b for a, b in zip(mine, theirs)]
         row.update({"vllm_split_overlapped_us": round(statistics.median(theirs), 1),
                     "vllm_split_spread_us": [round(min(theirs), 1), round(max(theirs), 1)],
                     "vs_vllm_split": round(statistics.median(mine) / statistics.median(theirs), 3),
                     "vs_vllm_split_per_round": [round(x, 3) for x in ratios]})
+        row.update(_launch_order_report(vllm_runs, tokens, "vllm_split_"))
+        for each in ("gemm_first", "comm_first"):
+            if row.get(f"{each}_overlapped_us") and row.get(f"vllm_split_{each}_overlapped_us"):
+                row[f"vs_vllm_split_{each}"] = round(
+                    row[f"{each}_overlapped_us"] / row[f"vllm_split_{each}_overlapped_us"], 3)
     return row
+
+
+def _launch_order_report(runs: list[dict[int, dict]], tokens: int, prefix: str) -> dict:
+    """Each launch order's overlapped time (where the bench measured it) and in how many rounds
+    DeepEP, enqueued after the GEMM, waited for it instead of running beside it."""
+    out = {f"{prefix}gemm_first_overlapped_us": round(_median(runs, tokens, "overlapped"), 1)}
+    if all("overlapped_comm_first" in run[tokens] for run in runs):
+        out[f"{prefix}comm_first_overlapped_us"] = round(_median(runs, tokens, "overlapped_comm_first"), 1)
+    if all("deepep_waited_for_gemm" in run[tokens] for run in runs):
+        out[f"{prefix}deepep_waited_for_gemm_rounds"] = sum(bool(run[tokens]["deepep_waited_for_gemm"]) for run in runs)
+    return out
 
 
 def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, float]], grid: list[int],
                    default: Chunks, trials: int = 12, rounds: int = 5, seed: int = 0,
-                   gemm_kind: str = "persistent", confine: str = "grid") -> dict[str, Any]:
+                   gemm_kind: str = "persistent", confine: str = "grid", order: str = "gemm-first") -> dict[str, Any]:
     splits = sorted(set(grid) | {VLLM_DBO_COMM_SMS})
-    m = _Measurer(plan, bench, workload, buckets, gemm_kind, confine)
+    m = _Measurer(plan, bench, workload, buckets, gemm_kind, confine, order)
     note(f"overlap phase 1: {len(splits)} splits with DeepEP's default chunks")
     scanned = scan_splits(m, splits, default)
     if not scanned:
@@ -193,24 +234,26 @@ def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, flo
         raise TrialFailed("no configuration could be re-measured in the confirmation rounds")
 
     def confirmed_weighted(cfg: Config) -> float:
-        return sum(m.weight[t] * _median(complete[cfg], t, "overlapped") for t, _ in buckets)
+        return sum(m.weight[t] * statistics.median(objective_us(run[t], order) for run in complete[cfg])
+                   for t, _ in buckets)
 
     best = min(complete, key=confirmed_weighted)
     c, chunks = best
     vllm_runs = complete.get(vllm)
     first = complete[best][0][buckets[0][0]]
-    per_bucket = {t: _bucket_report(complete[best], vllm_runs, t) for t, _ in buckets}
+    per_bucket = {t: _bucket_report(complete[best], vllm_runs, t, order) for t, _ in buckets}
     splits_us = {}
     for (cc, _), value in measured.items():
         splits_us[cc] = round(min(value, splits_us.get(cc, float("inf"))), 1)
     return {
         "comm_sms": c, "gemm_sms": first["gemm_sms"], "chunks": {t: chunks for t, _ in buckets},
         "per_bucket": per_bucket, "gemm": first.get("gemm_kind", "fp8" if first.get("gemm_fp8") else "bf16"),
+        "order": order,
         "gemm_fallback": first.get("gemm_fallback"),
         "splits_us": splits_us, "configs_measured": len(measured),
         "confirmed_us": {f"c={cfg[0]} chunks {cfg[1][0][0]}/{cfg[1][1][0]}": round(confirmed_weighted(cfg), 1)
                          for cfg in complete},
-        "why": (f"lowest weighted overlapped time, median of {rounds} interleaved rounds, among the best configs of the "
+        "why": (f"lowest weighted overlapped time ({order} launch order), median of {rounds} interleaved rounds, among the best configs of the "
                 f"{CONFIRM_SPLITS} best splits of "
                 f"{len(measured)} configs (split scan + joint TPE search of split and send chunks) and vLLM's "
                 f"{VLLM_DBO_COMM_SMS}-SM split with default chunks"),

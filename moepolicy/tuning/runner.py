@@ -178,6 +178,19 @@ def sms_grid(space: Space, target, args) -> list[int]:
     return sms_list
 
 
+def overlap_gemm_kind(asked: str, plan: Plan) -> tuple[str, str]:
+    """The stand-in expert GEMM for ``--overlap-gemm auto``: clustered where the experts run DeepGEMM
+    (its multicast launches put 2-CTA clusters on the GPU at these sizes, and DeepEP's cooperative
+    cluster launch fits beside those, not beside an unclustered persistent kernel: run 26), else
+    the unclustered persistent kernel."""
+    if asked != "auto":
+        return asked, f"--overlap-gemm {asked}"
+    if "deepgemm" in plan.kernel_label:
+        return "persistent-clustered", ("--overlap-gemm auto: the experts run DeepGEMM, which launches 2-CTA "
+                                        "clusters (TMA multicast) at these sizes")
+    return "persistent", f"--overlap-gemm auto: the experts run {plan.kernel_label}, launched without clusters"
+
+
 def _tune_overlap(plan: Plan, bench, workload: Workload, space: Space, buckets, args, command, default) -> dict:
     from moepolicy.tuning.overlap import search_overlap
 
@@ -187,10 +200,13 @@ def _tune_overlap(plan: Plan, bench, workload: Workload, space: Space, buckets, 
     rounds = getattr(args, "confirm_rounds", 5)
     if rounds < 1 or args.trials < 0:
         raise TuningError(f"--overlap needs --confirm-rounds >= 1 and --trials >= 0 (got {rounds} and {args.trials})")
+    gemm_kind, why_kind = overlap_gemm_kind(getattr(args, "overlap_gemm", "auto"), plan)
+    note(f"overlap: expert GEMM stand-in {gemm_kind} ({why_kind})")
     try:
         found = search_overlap(plan, bench, workload, buckets, grid, default, trials=args.trials,
-                               rounds=rounds, seed=args.seed, gemm_kind=getattr(args, "overlap_gemm", "persistent"),
-                               confine=getattr(args, "overlap_confine", "grid"))
+                               rounds=rounds, seed=args.seed, gemm_kind=gemm_kind,
+                               confine=getattr(args, "overlap_confine", "grid"),
+                               order=getattr(args, "overlap_order", "gemm-first"))
     finally:
         bench.close()
     c = found["comm_sms"]
@@ -205,7 +221,7 @@ def _tune_overlap(plan: Plan, bench, workload: Workload, space: Space, buckets, 
     section = {"num_sms": c, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma, "buckets": buckets_doc,
                "provenance": {"source": "measured", "bench": "live-overlap", "command": command,
                               "date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()},
-               "overlap": {k: found[k] for k in ("comm_sms", "gemm_sms", "gemm", "gemm_fallback", "splits_us",
+               "overlap": {k: found[k] for k in ("comm_sms", "gemm_sms", "gemm", "gemm_fallback", "order", "splits_us",
                                                  "configs_measured", "confirmed_us", "why") if found.get(k) is not None}}
     doc = build_document(plan, deepep=section, command=command)
     write_document(doc, args.output)
@@ -215,6 +231,14 @@ def _tune_overlap(plan: Plan, bench, workload: Workload, space: Space, buckets, 
              f"{row['vllm_split_overlapped_us']} us {row.get('vllm_split_spread_us', '')} (x{row['vs_vllm_split']}), "
              f"floor {row['floor_us']} us (x{row['vs_floor']}), serial {row['serial_us']} us; medians of "
              f"{row['rounds']} rounds")
+        for order in ("gemm_first", "comm_first"):
+            if row.get(f"vs_vllm_split_{order}") is not None:
+                note(f"    {order.replace('_', '-')}: {row[f'{order}_overlapped_us']} us vs vLLM's split "
+                     f"{row[f'vllm_split_{order}_overlapped_us']} us (x{row[f'vs_vllm_split_{order}']})")
+        waited = row.get("vllm_split_deepep_waited_for_gemm_rounds")
+        if waited:
+            note(f"    at vLLM's split DeepEP waited for the GEMM in {waited} of {row['rounds']} rounds (enqueued "
+                 f"after it, its cluster launch found no room beside the GEMM's programs)")
     return doc
 
 
