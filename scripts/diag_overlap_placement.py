@@ -156,7 +156,7 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
                             samples["gemm_first_gemm_end"].append(ends[1])
                         traces[order].append(trace_summary(trace))
                 row = {"rank": rank, "tokens": tokens, "comm_sms": c, "gemm_sms": g, "config": text,
-                       "resources": pg.LAUNCH_RESOURCES.get(cfg[:5] + ((cfg[6],) if cfg[6] > 1 else ())),
+                       "resources": pg.launch_resources(*cfg[:5], cluster=cfg[6]),
                        **{k: statistics.median(v) for k, v in samples.items()},
                        **{f"{k}_trace": {f: statistics.median(t[f] for t in v) for f in v[0]} for k, v in traces.items()}}
                 gathered = [None] * world

@@ -1,4 +1,5 @@
-"""Overlapped measurement on 2 × H200: DeepEP on c SMs beside a GEMM confined by a green context."""
+"""Overlapped measurement on 2 × H200: DeepEP on c SMs beside the experts' GEMM on the others
+(held by its grid, as serving runs it), in both launch orders."""
 
 import pytest
 

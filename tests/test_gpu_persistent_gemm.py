@@ -73,7 +73,7 @@ def test_trace_says_where_each_program_ran():
     trace = torch.zeros(100, len(pg.TRACE_FIELDS), dtype=torch.int64, device="cuda")
     pg.grouped_block_fp8(a, a_s, b, b_s, group_rows, 100, 64, 256, 8, 4, trace=trace)
     torch.cuda.synchronize()
-    shared, _ = pg.LAUNCH_RESOURCES[(64, 256, 8, 4, "pointer")]
+    shared, _ = pg.launch_resources(64, 256, 8, 4)
     assert shared > 228 * 1024 // 2, shared  # so no two programs fit on one SM
     sm, start, end, tiles = (trace[:, i].tolist() for i in range(4))
     assert len(set(sm)) == 100 and all(0 <= s < torch.cuda.get_device_properties(0).multi_processor_count for s in sm)

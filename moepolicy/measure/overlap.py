@@ -80,6 +80,7 @@ class ExpertGemm:
                  weights: Optional[dict] = None):
         self.shape, self.device = shape, device
         self.kind, self.fallback_reason, self.launch_config = "", None, {}
+        self._launches: dict[tuple, object] = {}  # the persistent kernel's launch configs that ran
         self._weights = weights if weights is not None else {}
         self._gen = torch.Generator(device=device).manual_seed(11)
         sm90 = torch.cuda.get_device_capability(device) == (9, 0)
@@ -179,6 +180,8 @@ class ExpertGemm:
     def pick(self, sms: int) -> tuple:
         """The fastest launch config on ``sms`` programs, timed once on an otherwise idle GPU (call it
         before anything runs beside the GEMM; :class:`ConfinedGemm` does)."""
+        from moepolicy.measure import persistent_gemm as pg
+
         if sms not in self._best:
             torch.cuda.synchronize(self.device)
             timings = {}
@@ -193,13 +196,17 @@ class ExpertGemm:
                 timings[cfg] = start.elapsed_time(end) * 1000.0 / PICK_LAUNCHES
             best = min(timings, key=timings.get)
             self._best[sms], self.pick_timings[sms] = best, timings
-            from moepolicy.measure import persistent_gemm as pg
-
-            shared, _ = pg.LAUNCH_RESOURCES.get(best[:5] + ((self.cluster,) if self.cluster > 1 else ()), (0, 0))
+            shared, _ = pg.launch_resources(*best[:5], cluster=self.cluster)
             self.launch_config[sms] = {"tile": f"{best[0]}x{best[1]}", "warps": best[2], "stages": best[3],
                                        "loads": best[4], "order": best[5], "us_alone": round(timings[best], 1),
                                        "candidates": len(timings), "shared_kib_per_cta": shared // 1024}
         return self._best[sms]
+
+    def prepare(self, sms: int) -> None:
+        """Ready the launch on ``sms`` SMs before anything runs beside it: the persistent kernel
+        picks its launch config for that SM count; the other kinds have nothing to pick."""
+        if self._launches:
+            self.pick(sms)
 
     def describe(self, sms: Optional[int] = None) -> str:
         """The kind, with the launch config picked for ``sms`` where there is one."""
@@ -252,9 +259,8 @@ class ConfinedGemm:
         self.gemm, self.sms, self.confine = gemm, sms, confine
         self.ctx = _green_context(sms, gemm.device.index) if confine == "green" else None
         self.stream = self.ctx.Stream() if self.ctx is not None else torch.cuda.Stream(gemm.device)
-        if getattr(gemm, "_launches", None):  # the persistent kernel's launch config for this SM count, on an idle GPU
-            with torch.cuda.stream(self.stream):
-                gemm.pick(sms)
+        with torch.cuda.stream(self.stream):  # on an idle GPU, on the stream (and context) it will run on
+            gemm.prepare(sms)
         how = "green context" if confine == "green" else "grid only, no green context"
         self.kind = f"{gemm.describe(sms)}; confined by {how}"
         self.fallback_reason, self.fp8 = gemm.fallback_reason, gemm.fp8
@@ -295,8 +301,8 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, flush, head_start=None)
     - ``overlapped`` (GEMM first; the objective): the GEMM is enqueued first, so it already holds its
       SMs when DeepEP's kernels launch. DeepEP launches cooperatively in clusters of 2 blocks
       (29d31c0 ``launch.cuh``), so whether they find room beside the GEMM depends on where the GEMM's
-      programs landed: measured on H200, with 24 or fewer communication SMs DeepEP waited for the
-      whole GEMM (``deepep_waited_for_gemm``);
+      programs landed; on H200 DeepEP often waited for the whole unclustered GEMM, at split sizes that
+      change with the launch timing, and never for the clustered one (``deepep_waited_for_gemm``);
     - ``overlapped_comm_first``: DeepEP's kernels are enqueued first (the full dispatch's CPU wait for
       the receive counts then delays the GEMM's launch as well)."""
     device_stream = torch.cuda.current_stream()

@@ -17,8 +17,20 @@ import triton.language as tl
 
 SCALE_BLOCK = 128
 TRACE_FIELDS = ("sm", "start_ns", "end_ns", "tiles")
-# (shared memory bytes, registers per thread) of each compiled launch config, filled as they compile
+# (shared memory bytes, registers per thread) of each compiled launch config, filled as they compile;
+# read it with launch_resources()
 LAUNCH_RESOURCES: dict[tuple, tuple[int, int]] = {}
+
+
+def launch_resources(block_m: int, block_n: int, num_warps: int, num_stages: int, loads: str = "pointer",
+                     cluster: int = 1) -> tuple[int, int]:
+    """(shared memory bytes per CTA, registers per thread) of a launch config that has run; (0, 0)
+    before it has."""
+    return LAUNCH_RESOURCES.get(_resource_key(block_m, block_n, num_warps, num_stages, loads, cluster), (0, 0))
+
+
+def _resource_key(block_m, block_n, num_warps, num_stages, loads, cluster) -> tuple:
+    return (block_m, block_n, num_warps, num_stages, loads, cluster)
 
 
 @triton.jit
@@ -232,7 +244,7 @@ def grouped_block_fp8(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
             a, a_scale, b, b_scale, c, *tables_and_sizes,
             a.stride(0), a_scale.stride(0), b.stride(0), b.stride(1), b_scale.stride(0), b_scale.stride(1),
             c.stride(0), trace_arg, **meta)
-    key = (block_m, block_n, num_warps, num_stages, loads) + ((cluster,) if cluster > 1 else ())
+    key = _resource_key(block_m, block_n, num_warps, num_stages, loads, cluster)
     if key not in LAUNCH_RESOURCES and compiled is not None:
         LAUNCH_RESOURCES[key] = (int(getattr(getattr(compiled, "metadata", None), "shared", 0) or 0),
                                  int(getattr(compiled, "n_regs", 0) or 0))
