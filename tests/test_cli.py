@@ -109,6 +109,9 @@ def test_audit_groups_fallbacks(tmp_path):
     assert result.returncode == 0
     assert "90 fell back" in result.stdout
     assert "- 90 layer(s) [3-92] by moe/unknown-scheme" in result.stdout
+    doc = yaml.safe_load(out.read_text())
+    assert f"DeepEP: {doc['deepep']['num_sms']} SMs" in result.stdout
+    assert f"; {doc['deepep']['provenance']['source']}" in result.stdout  # plan writes DeepEP's defaults
 
 
 def test_explain_vocab_lists_every_fact():

@@ -119,3 +119,33 @@ def test_the_launch_order_chooses_the_objective_and_both_are_reported():
 def test_an_order_that_needs_both_measurements_fails_the_trial_on_a_bench_with_one():
     with pytest.raises(TrialFailed, match="needs both launch orders"):
         _search(ScriptedBench(best_c=32), trials=2, order="comm-first")
+
+
+class PhysicalBench:
+    """Communication alone falls as 1/c, the GEMM alone as 1/(132 - c); the pair overlaps to 3 % above
+    the slower of the two. A split's floor is max(comm, GEMM), and the grid's lowest is known."""
+
+    def measure_overlap(self, workload, point, gemm_shape):
+        c = point.num_sms
+        comm, gemm = 3000.0 / c, 112000.0 / (132 - c)
+        row = {"comm_sms": c, "gemm_sms": 132 - c, "gemm_kind": "scripted"}
+        for key, t in (("comm", comm), ("gemm", gemm), ("serial", comm + gemm), ("overlapped", 1.03 * max(comm, gemm)),
+                       ("overlapped_comm_end", comm), ("overlapped_gemm_end", gemm)):
+            row[key] = {"median_us": t, "min_us": t, "max_us": t, "reps": 5}
+        return row
+
+
+def test_the_split_bound_is_the_lowest_floor_of_the_grid_set_beside_vllms_split():
+    grid = (4, 8, 12, 16, 32)
+    found = _search(PhysicalBench(), grid=grid, trials=4, rounds=2)
+    floors = {c: max(3000.0 / c, 112000.0 / (132 - c)) for c in (*grid, VLLM_DBO_COMM_SMS)}
+    best = min(floors, key=floors.get)
+    assert best == 4  # GEMM-bound everywhere here: 875 us on 128 SMs; comm alone is 750 us
+    for tokens in (1024, 4096):
+        row = found["per_bucket"][tokens]
+        assert row["best_floor_split"] == best and row["best_floor_bound_by"] == "GEMM"
+        assert row["best_floor_us"] == round(floors[best], 1)
+        vllm = 1.03 * floors[VLLM_DBO_COMM_SMS]
+        assert row["best_floor_vs_vllm_split"] == round(floors[best] / vllm, 3)
+        # the tuned split overlaps 3 % above its floor, so it sits above the bound, never below it
+        assert row["vs_vllm_split"] >= row["best_floor_vs_vllm_split"]

@@ -249,3 +249,27 @@ def test_model_bench_close_to_calibration_points():
         m = bench.measure(Workload(hidden, experts, 8, 2, dtype), TunePoint(sms, 4096, *DEFAULT))
         assert abs(m.dispatch_cached_us - us) / us < 0.25, (hidden, dtype, sms, m.dispatch_cached_us, us)
     assert load_calibrations()[0].files
+
+
+def test_a_trial_killed_before_its_owner_was_recorded_is_failed_not_counted(tmp_path):
+    """kill -9 between a trial's ask and its first attribute leaves a RUNNING trial with no owner. A
+    resume right after it waits out the grace period, then fails it: it must not hold a budget slot.
+    One claimed during the wait (another worker's) is left alone."""
+    import threading
+
+    import optuna
+
+    from moepolicy.tuning.study import ORPHAN_GRACE_S, _budget_used, _fail_orphans
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="orphans")
+    killed, claimed = study.ask(), study.ask()
+    timer = threading.Timer(ORPHAN_GRACE_S / 4, lambda: claimed.set_user_attr("pid", 1))
+    timer.start()
+    _fail_orphans(study)
+    timer.join()
+    states = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert states[killed.number].state == optuna.trial.TrialState.FAIL
+    assert states[killed.number].user_attrs["orphan"] is True
+    assert "no worker claimed it" in states[killed.number].user_attrs["reason"]
+    assert states[claimed.number].state == optuna.trial.TrialState.RUNNING
+    assert _budget_used(study) == 1  # the claimed one only

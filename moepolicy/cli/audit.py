@@ -1,11 +1,12 @@
-"""``moepolicy audit``: group a policy's layers by decision and reason, fallbacks first; then lint the
-rule packs that decided them (shadowed rules, same-priority overlaps: ``moepolicy.rules.lint``)."""
+"""``moepolicy audit``: group a policy's layers by decision and reason, fallbacks first; then the DeepEP
+section (SMs, provenance, what each bucket measured); then lint the rule packs that decided them (shadowed rules, same-priority overlaps: ``moepolicy.rules.lint``)."""
 
 from __future__ import annotations
 
 import argparse
 from collections import defaultdict
 
+from moepolicy.cli._deepep_summary import deepep_lines
 from moepolicy.cli._output import table
 
 FALLBACK_ORDERS = ("dispatch_then_quant",)
@@ -78,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
         for (_order, rule, reason), idx in fallback.items():
             print(f"- {len(idx)} layer(s) [{ranges(idx)}] by {rule}: {reason}")
             print(f"  see: moepolicy explain {args.policy} --layer {idx[0]}")
+    print()
+    for line in deepep_lines(doc.deepep):
+        print(line)
     print_lint(doc, args)
     return 0
 

@@ -51,7 +51,8 @@ CLUSTERED_LAUNCHES = ((128, 256, 8, 4, "tma"), (128, 256, 8, 3, "tma"), (64, 256
                       (128, 256, 8, 4, "pointer"))
 PERSISTENT_CONFIGS = tuple((*cfg, order) for cfg in PERSISTENT_LAUNCHES for order in ("expert", "rows"))
 CLUSTERED_CONFIGS = tuple((*cfg, order) for cfg in CLUSTERED_LAUNCHES for order in ("expert", "rows"))
-PICK_LAUNCHES = 5
+PICK_LAUNCHES = 5  # launches per timing of a candidate
+PICK_ROUNDS = 5  # interleaved timings per candidate; the median decides (launch_pick.fastest)
 
 
 def _green_context(sms: int, device_index: int):
@@ -178,28 +179,35 @@ class ExpertGemm:
         return launch
 
     def pick(self, sms: int) -> tuple:
-        """The fastest launch config on ``sms`` programs, timed once on an otherwise idle GPU (call it
-        before anything runs beside the GEMM; :class:`ConfinedGemm` does)."""
+        """The fastest launch config on ``sms`` programs: every candidate launched once (compiled),
+        then timed in ``PICK_ROUNDS`` interleaved rounds of ``PICK_LAUNCHES`` launches on an otherwise
+        idle GPU; the lowest median wins (``launch_pick.fastest``). Call it before anything runs
+        beside the GEMM; :class:`ConfinedGemm` does."""
         from moepolicy.measure import persistent_gemm as pg
+        from moepolicy.measure.launch_pick import fastest
 
         if sms not in self._best:
-            torch.cuda.synchronize(self.device)
-            timings = {}
-            for cfg, launch in self._launches.items():
+            for launch in self._launches.values():
                 launch(sms)
+            torch.cuda.synchronize(self.device)
+
+            def time_once(cfg) -> float:
+                launch = self._launches[cfg]
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 for _ in range(PICK_LAUNCHES):
                     launch(sms)
                 end.record()
                 end.synchronize()
-                timings[cfg] = start.elapsed_time(end) * 1000.0 / PICK_LAUNCHES
-            best = min(timings, key=timings.get)
+                return start.elapsed_time(end) * 1000.0 / PICK_LAUNCHES
+
+            best, timings = fastest(list(self._launches), time_once, PICK_ROUNDS)
             self._best[sms], self.pick_timings[sms] = best, timings
             shared, _ = pg.launch_resources(*best[:5], cluster=self.cluster)
             self.launch_config[sms] = {"tile": f"{best[0]}x{best[1]}", "warps": best[2], "stages": best[3],
                                        "loads": best[4], "order": best[5], "us_alone": round(timings[best], 1),
-                                       "candidates": len(timings), "shared_kib_per_cta": shared // 1024}
+                                       "candidates": len(timings), "pick_rounds": PICK_ROUNDS,
+                                       "shared_kib_per_cta": shared // 1024}
         return self._best[sms]
 
     def prepare(self, sms: int) -> None:

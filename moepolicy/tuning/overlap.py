@@ -13,6 +13,10 @@ the whole GEMM, depending on the split), ``comm-first``, or their ``mean``. The 
 3. confirmation: the best config of each of the three best splits and vLLM's split (20 SMs, default chunks) are re-measured
    side by side for ``rounds`` rounds, interleaved, so the choice and the comparison do not rest on
    one lucky measurement; the chosen one is the best median over those rounds.
+
+Each bucket's report also carries the bound: the lowest floor, max(comm alone, GEMM alone), of every
+config measured, set beside vLLM's split (``split_bound``). No split of the grid can overlap below its
+floor, so when that ratio is near 1 the split has little to give, whatever the search finds.
 """
 
 from __future__ import annotations
@@ -203,6 +207,20 @@ def _bucket_report(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[in
     return row
 
 
+def split_bound(m: _Measurer, tokens: int) -> dict:
+    """The lowest floor, max(communication alone, GEMM alone), among every config measured at ``tokens``.
+    A split cannot overlap faster than its floor, so no split of the grid beats this however well it
+    overlaps: set beside vLLM's split it says how much any split could win (measured, from the search's
+    first measurement of each config)."""
+    floors = []
+    for (c, _), rows in m.seen.items():
+        if rows is not None:
+            comm, gemm = rows[tokens]["comm"]["median_us"], rows[tokens]["gemm"]["median_us"]
+            floors.append((max(comm, gemm), c, "GEMM" if gemm >= comm else "communication"))
+    floor, c, side = min(floors)
+    return {"best_floor_us": round(floor, 1), "best_floor_split": c, "best_floor_bound_by": side}
+
+
 def _launch_order_report(runs: list[dict[int, dict]], tokens: int, prefix: str) -> dict:
     """Each launch order's overlapped time (where the bench measured it) and in how many rounds
     DeepEP, enqueued after the GEMM, waited for it instead of running beside it."""
@@ -242,6 +260,10 @@ def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, flo
     vllm_runs = complete.get(vllm)
     first = complete[best][0][buckets[0][0]]
     per_bucket = {t: _bucket_report(complete[best], vllm_runs, t, order) for t, _ in buckets}
+    for t, row in per_bucket.items():
+        row.update(split_bound(m, t))
+        if row["vllm_split_overlapped_us"]:
+            row["best_floor_vs_vllm_split"] = round(row["best_floor_us"] / row["vllm_split_overlapped_us"], 3)
     splits_us = {}
     for (cc, _), value in measured.items():
         splits_us[cc] = round(min(value, splits_us.get(cc, float("inf"))), 1)

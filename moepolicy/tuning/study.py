@@ -190,34 +190,51 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
         _collect(study, bucket, num_sms)  # also when interrupted: what was measured counts
 
 
+ORPHAN_GRACE_S = 2.0  # a trial with no owner yet is another worker's only this long after its ask
+
+
 def _fail_orphans(study) -> None:
     """RUNNING trials left by a worker on this host whose process is gone (kill -9) are failed at
-    once, without waiting for the heartbeat's grace period, so the budget counts only live work."""
+    once, without waiting for the heartbeat's grace period, so the budget counts only live work. A
+    trial killed between its ask and its first attribute has no owner: once it is
+    ``ORPHAN_GRACE_S`` old nobody owns it; a younger one is waited for (another worker may be about
+    to claim it), then failed if it is still unclaimed."""
+    import datetime as dt
+    import time
+
     import optuna
 
-    import datetime as dt
-
     host = socket.gethostname()
+    unclaimed = []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         pid = t.user_attrs.get("pid")
         if pid is None:
-            # killed between ask and its first attribute: nobody owns it once it is a moment old
-            age = (dt.datetime.now() - t.datetime_start).total_seconds() if t.datetime_start else 0
-            if age < 2.0:
-                continue
-        elif t.user_attrs.get("host") != host or not isinstance(pid, int) or pid == os.getpid():
+            age = (dt.datetime.now() - t.datetime_start).total_seconds() if t.datetime_start else ORPHAN_GRACE_S
+            unclaimed.append((t.number, max(0.0, ORPHAN_GRACE_S - age)))
             continue
-        else:
-            try:
-                os.kill(pid, 0)
-                continue  # still alive
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue
-        study._storage.set_trial_user_attr(t._trial_id, "reason", f"worker process {pid} is gone")
-        study._storage.set_trial_user_attr(t._trial_id, "orphan", True)
-        study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+        if t.user_attrs.get("host") != host or not isinstance(pid, int) or pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # still alive
+        except ProcessLookupError:
+            _fail_orphan(study, t, f"worker process {pid} is gone")
+        except PermissionError:
+            continue
+    if unclaimed:
+        time.sleep(max(wait for _, wait in unclaimed))
+        numbers = {n for n, _ in unclaimed}
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if t.number in numbers and t.user_attrs.get("pid") is None:
+                _fail_orphan(study, t, f"no worker claimed it within {ORPHAN_GRACE_S:.0f} s of its ask")
+
+
+def _fail_orphan(study, t, reason: str) -> None:
+    import optuna
+
+    study._storage.set_trial_user_attr(t._trial_id, "reason", reason)
+    study._storage.set_trial_user_attr(t._trial_id, "orphan", True)
+    study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
 
 
 def _budget_used(study, below: Optional[int] = None) -> int:

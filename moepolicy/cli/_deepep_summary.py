@@ -1,0 +1,55 @@
+"""The DeepEP section of a policy, rendered for ``audit``: SM count, where the numbers came from, and
+per bucket what was measured (for ``tune --overlap``: the split against vLLM's, its floor, and the
+lowest floor of the grid, which no split can beat). Only renders what the document records."""
+
+from __future__ import annotations
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def _bucket_name(max_tokens, previous) -> str:
+    if max_tokens is None:
+        return f"> {previous} tokens" if previous else "all token counts"
+    return f"<= {max_tokens} tokens"
+
+
+def deepep_lines(deepep) -> list[str]:
+    prov = deepep.provenance
+    extra = prov.model_extra or {}
+    where = ", ".join(str(extra[k]) for k in ("bench", "date") if extra.get(k))
+    lines = [f"DeepEP: {deepep.num_sms} SMs, NVLink buffer {_mib(deepep.num_nvl_bytes)}, RDMA buffer "
+             f"{_mib(deepep.num_rdma_bytes)}; {prov.source}" + (f" ({where})" if where else "")]
+    overlap = deepep.overlap or {}
+    if overlap:
+        lines.append(f"  overlap split: {overlap.get('comm_sms')} communication SMs, expert GEMM on "
+                     f"{overlap.get('gemm_sms')}, chosen for the {overlap.get('order', 'gemm-first')} launch order")
+        lines.append(f"  GEMM stand-in: {overlap.get('gemm')}")
+    previous = None
+    for bucket in deepep.buckets:
+        name = _bucket_name(bucket.max_tokens, previous)
+        previous = bucket.max_tokens
+        lines.extend(_bucket_lines(name, bucket))
+    return lines
+
+
+def _bucket_lines(name: str, bucket) -> list[str]:
+    chunks = (f"send chunks {bucket.dispatch.num_max_nvl_chunked_send_tokens}/"
+              f"{bucket.combine.num_max_nvl_chunked_send_tokens}")
+    m = bucket.measured or {}
+    if "overlapped_us" not in m:
+        timed = ", ".join(f"{k} {m[k]} us" for k in ("dispatch_us", "combine_us") if k in m)
+        return [f"  {name}: {chunks}" + (f"; {timed.replace('_us', '')}" if timed else "")]
+    out = [f"  {name}: {chunks}; overlapped {m['overlapped_us']} us over {m.get('rounds', '?')} rounds"]
+    if m.get("vs_vllm_split") is not None:
+        out.append(f"    vs vLLM's 20-SM split ({m['vllm_split_overlapped_us']} us): x{m['vs_vllm_split']}")
+    out.append(f"    vs its floor max(comm alone, GEMM alone) = {m['floor_us']} us: x{m['vs_floor']}")
+    if m.get("best_floor_vs_vllm_split") is not None:
+        out.append(f"    no measured split can beat x{m['best_floor_vs_vllm_split']} of vLLM's split: the grid's "
+                   f"lowest floor is {m['best_floor_us']} us at c={m['best_floor_split']}, bound by the "
+                   f"{m['best_floor_bound_by']} alone")
+    waited = m.get("vllm_split_deepep_waited_for_gemm_rounds")
+    if waited:
+        out.append(f"    at vLLM's split DeepEP waited for the GEMM in {waited} of {m.get('rounds', '?')} rounds")
+    return out
