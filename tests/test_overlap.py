@@ -37,14 +37,15 @@ def test_overlap_tune_records_the_split_and_exports_it(tmp_path):
         assert measured["best_floor_split"] in overlap["splits_us"]
         assert measured["best_floor_vs_vllm_split"] <= measured["vs_vllm_split"]
     assert "at vLLM's split DeepEP waited for the GEMM in 5 of 5 rounds" in result.stderr
-    assert "bound: no measured split can beat x" in result.stderr
+    assert "bound: the grid's lowest floor is x" in result.stderr
     assert "DeepEP waited for the GEMM" in next(line for line in result.stderr.splitlines() if "c= 12" in line)
     audit = run_cli("audit", str(out))
     assert audit.returncode == 0, audit.stderr
     first = doc["deepep"]["buckets"][0]["measured"]
     assert f"DeepEP: {overlap['comm_sms']} SMs" in audit.stdout
-    assert f"vs vLLM's 20-SM split ({first['vllm_split_overlapped_us']} us): x{first['vs_vllm_split']}" in audit.stdout
-    assert (f"no measured split can beat x{first['best_floor_vs_vllm_split']} of vLLM's split" in audit.stdout)
+    assert (f"vs vLLM's 20-SM split ({first['vllm_split_overlapped_us']} us; comm alone {first['vllm_split_comm_us']} us, "
+            f"GEMM alone {first['vllm_split_gemm_us']} us): x{first['vs_vllm_split']}") in audit.stdout
+    assert f"bound: the grid's lowest floor is x{first['best_floor_vs_vllm_split']} of vLLM's split" in audit.stdout
     assert "at vLLM's split DeepEP waited for the GEMM in 5 of 5 rounds" in audit.stdout
     vllm = run_cli("export", str(out), "--to", "vllm", "--format", "json")
     assert vllm.returncode == 0, vllm.stderr

@@ -149,3 +149,7 @@ def test_the_split_bound_is_the_lowest_floor_of_the_grid_set_beside_vllms_split(
         assert row["best_floor_vs_vllm_split"] == round(floors[best] / vllm, 3)
         # the tuned split overlaps 3 % above its floor, so it sits above the bound, never below it
         assert row["vs_vllm_split"] >= row["best_floor_vs_vllm_split"]
+        # vLLM's split is reported with its own parts, so the ratio can be read off
+        assert row["vllm_split_gemm_us"] == round(112000.0 / 112, 1)
+        assert row["vllm_split_comm_us"] == round(3000.0 / VLLM_DBO_COMM_SMS, 1)
+        assert row["vllm_split_gemm"] == "scripted"

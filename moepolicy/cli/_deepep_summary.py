@@ -43,12 +43,14 @@ def _bucket_lines(name: str, bucket) -> list[str]:
         return [f"  {name}: {chunks}" + (f"; {timed.replace('_us', '')}" if timed else "")]
     out = [f"  {name}: {chunks}; overlapped {m['overlapped_us']} us over {m.get('rounds', '?')} rounds"]
     if m.get("vs_vllm_split") is not None:
-        out.append(f"    vs vLLM's 20-SM split ({m['vllm_split_overlapped_us']} us): x{m['vs_vllm_split']}")
+        parts = (f"; comm alone {m['vllm_split_comm_us']} us, GEMM alone {m['vllm_split_gemm_us']} us"
+                 if m.get("vllm_split_gemm_us") is not None else "")
+        out.append(f"    vs vLLM's 20-SM split ({m['vllm_split_overlapped_us']} us{parts}): x{m['vs_vllm_split']}")
     out.append(f"    vs its floor max(comm alone, GEMM alone) = {m['floor_us']} us: x{m['vs_floor']}")
     if m.get("best_floor_vs_vllm_split") is not None:
-        out.append(f"    no measured split can beat x{m['best_floor_vs_vllm_split']} of vLLM's split: the grid's "
-                   f"lowest floor is {m['best_floor_us']} us at c={m['best_floor_split']}, bound by the "
-                   f"{m['best_floor_bound_by']} alone")
+        out.append(f"    bound: the grid's lowest floor is x{m['best_floor_vs_vllm_split']} of vLLM's split "
+                   f"({m['best_floor_us']} us at c={m['best_floor_split']}, the {m['best_floor_bound_by']} alone); "
+                   f"no split overlaps below its floor beyond the spread")
     waited = m.get("vllm_split_deepep_waited_for_gemm_rounds")
     if waited:
         out.append(f"    at vLLM's split DeepEP waited for the GEMM in {waited} of {m.get('rounds', '?')} rounds")

@@ -5,7 +5,8 @@ first launches vary by more than the candidates differ (on H200 the 2-CTA-cluste
 126 SMs differed between runs, 1312 vs 1364 us alone: runs 33-35). Every candidate is timed in
 ``rounds`` interleaved rounds, each round starting one candidate further along, so that none is timed
 first after a pause in more than one round in ``len(candidates)``; the lowest median wins. Pure
-Python: the timing itself is passed in.
+Python: the timing itself is passed in (``ExpertGemm.pick`` times each launch as the overlap
+measurement times the GEMM alone: after an L2 flush, queued).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ CLUSTERED_LAUNCHES = ((128, 256, 8, 4, "tma"), (128, 256, 8, 3, "tma"), (64, 256
                       (128, 256, 8, 4, "pointer"))
 PERSISTENT_CONFIGS = tuple((*cfg, order) for cfg in PERSISTENT_LAUNCHES for order in ("expert", "rows"))
 CLUSTERED_CONFIGS = tuple((*cfg, order) for cfg in CLUSTERED_LAUNCHES for order in ("expert", "rows"))
-PICK_LAUNCHES = 5  # launches per timing of a candidate
+PICK_LAUNCHES = 3  # launches per timing of a candidate, each after an L2 flush (their median counts)
 PICK_ROUNDS = 5  # interleaved timings per candidate; the median decides (launch_pick.fastest)
 
 
@@ -149,6 +149,7 @@ class ExpertGemm:
         self.rows, self.group_rows, self.cluster = rows, list(group_rows), cluster
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         self._launches, self.skipped_launches, self.launch_config, self.pick_timings = {}, {}, {}, {}
+        self._pick_timer = None  # a Timer (with its L2-flush buffer), made at the first pick
         for cfg in CLUSTERED_CONFIGS if cluster > 1 else PERSISTENT_CONFIGS:  # compile and check each, once per bucket
             try:
                 tables = pg.tile_tables(self.group_rows, cfg[0], cfg[1], out, self.device, order=cfg[5])
@@ -180,26 +181,26 @@ class ExpertGemm:
 
     def pick(self, sms: int) -> tuple:
         """The fastest launch config on ``sms`` programs: every candidate launched once (compiled),
-        then timed in ``PICK_ROUNDS`` interleaved rounds of ``PICK_LAUNCHES`` launches on an otherwise
-        idle GPU; the lowest median wins (``launch_pick.fastest``). Call it before anything runs
-        beside the GEMM; :class:`ConfinedGemm` does."""
+        then timed in ``PICK_ROUNDS`` interleaved rounds of ``PICK_LAUNCHES`` launches, each timed as
+        the overlap measurement times the GEMM alone (L2 flushed, queued: ``Timer.samples``), on an
+        otherwise idle GPU; the lowest median wins (``launch_pick.fastest``). Call it before anything
+        runs beside the GEMM; :class:`ConfinedGemm` does."""
         from moepolicy.measure import persistent_gemm as pg
         from moepolicy.measure.launch_pick import fastest
+        from moepolicy.measure.timing import Timer
 
         if sms not in self._best:
             for launch in self._launches.values():
                 launch(sms)
             torch.cuda.synchronize(self.device)
+            if self._pick_timer is None:
+                self._pick_timer = Timer(self.device, collective=False)
+            timer = self._pick_timer
 
             def time_once(cfg) -> float:
                 launch = self._launches[cfg]
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(PICK_LAUNCHES):
-                    launch(sms)
-                end.record()
-                end.synchronize()
-                return start.elapsed_time(end) * 1000.0 / PICK_LAUNCHES
+                return statistics.median(timer.samples(lambda: launch(sms), reps=PICK_LAUNCHES, warmup=0,
+                                                       mode="queued"))
 
             best, timings = fastest(list(self._launches), time_once, PICK_ROUNDS)
             self._best[sms], self.pick_timings[sms] = best, timings

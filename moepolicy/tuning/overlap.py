@@ -15,8 +15,9 @@ the whole GEMM, depending on the split), ``comm-first``, or their ``mean``. The 
    one lucky measurement; the chosen one is the best median over those rounds.
 
 Each bucket's report also carries the bound: the lowest floor, max(comm alone, GEMM alone), of every
-config measured, set beside vLLM's split (``split_bound``). No split of the grid can overlap below its
-floor, so when that ratio is near 1 the split has little to give, whatever the search finds.
+config measured, set beside vLLM's split (``split_bound``). No split of the grid overlaps below its
+floor (beyond the measurement spread), so when that ratio is near 1 the split has little to give,
+whatever the search finds.
 """
 
 from __future__ import annotations
@@ -195,7 +196,10 @@ def _bucket_report(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[in
     if vllm_runs:
         theirs = [objective_us(run[tokens], order) for run in vllm_runs]
         ratios = [a / b for a, b in zip(mine, theirs)]
-        row.update({"vllm_split_overlapped_us": round(statistics.median(theirs), 1),
+        row.update({"vllm_split_gemm": vllm_runs[0][tokens].get("gemm_kind"),
+                    "vllm_split_gemm_us": round(_median(vllm_runs, tokens, "gemm"), 1),
+                    "vllm_split_comm_us": round(_median(vllm_runs, tokens, "comm"), 1),
+                    "vllm_split_overlapped_us": round(statistics.median(theirs), 1),
                     "vllm_split_spread_us": [round(min(theirs), 1), round(max(theirs), 1)],
                     "vs_vllm_split": round(statistics.median(mine) / statistics.median(theirs), 3),
                     "vs_vllm_split_per_round": [round(x, 3) for x in ratios]})
@@ -209,9 +213,9 @@ def _bucket_report(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[in
 
 def split_bound(m: _Measurer, tokens: int) -> dict:
     """The lowest floor, max(communication alone, GEMM alone), among every config measured at ``tokens``.
-    A split cannot overlap faster than its floor, so no split of the grid beats this however well it
-    overlaps: set beside vLLM's split it says how much any split could win (measured, from the search's
-    first measurement of each config)."""
+    A split cannot overlap faster than its floor (beyond the measurement spread), so no split of the
+    grid beats this however well it overlaps: set beside vLLM's split it says how much any split could
+    win (measured, from the search's first measurement of each config)."""
     floors = []
     for (c, _), rows in m.seen.items():
         if rows is not None:

@@ -236,9 +236,9 @@ def _tune_overlap(plan: Plan, bench, workload: Workload, space: Space, buckets, 
                 note(f"    {order.replace('_', '-')}: {row[f'{order}_overlapped_us']} us vs vLLM's split "
                      f"{row[f'vllm_split_{order}_overlapped_us']} us (x{row[f'vs_vllm_split_{order}']})")
         if row.get("best_floor_vs_vllm_split") is not None:
-            note(f"    bound: no measured split can beat x{row['best_floor_vs_vllm_split']} of vLLM's split (the lowest "
-                 f"floor, {row['best_floor_us']} us at c={row['best_floor_split']}, is the "
-                 f"{row['best_floor_bound_by']} alone)")
+            note(f"    bound: the grid's lowest floor is x{row['best_floor_vs_vllm_split']} of vLLM's split "
+                 f"({row['best_floor_us']} us at c={row['best_floor_split']}, the {row['best_floor_bound_by']} "
+                 f"alone); no split overlaps below its floor beyond the spread")
         waited = row.get("vllm_split_deepep_waited_for_gemm_rounds")
         if waited:
             note(f"    at vLLM's split DeepEP waited for the GEMM in {waited} of {row['rounds']} rounds (enqueued "
