@@ -112,6 +112,7 @@ def test_audit_groups_fallbacks(tmp_path):
     doc = yaml.safe_load(out.read_text())
     assert f"DeepEP: {doc['deepep']['num_sms']} SMs" in result.stdout
     assert f"; {doc['deepep']['provenance']['source']}" in result.stdout  # plan writes DeepEP's defaults
+    assert f"  {doc['deepep']['provenance']['note']}" in result.stdout  # and says whose defaults
 
 
 def test_explain_vocab_lists_every_fact():

@@ -21,6 +21,8 @@ def deepep_lines(deepep) -> list[str]:
     where = ", ".join(str(extra[k]) for k in ("bench", "date") if extra.get(k))
     lines = [f"DeepEP: {deepep.num_sms} SMs, NVLink buffer {_mib(deepep.num_nvl_bytes)}, RDMA buffer "
              f"{_mib(deepep.num_rdma_bytes)}; {prov.source}" + (f" ({where})" if where else "")]
+    if prov.note:
+        lines.append(f"  {prov.note}")
     overlap = deepep.overlap or {}
     if overlap:
         lines.append(f"  overlap split: {overlap.get('comm_sms')} communication SMs, expert GEMM on "
