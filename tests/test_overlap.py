@@ -43,10 +43,15 @@ def test_overlap_tune_records_the_split_and_exports_it(tmp_path):
     assert audit.returncode == 0, audit.stderr
     first = doc["deepep"]["buckets"][0]["measured"]
     assert f"DeepEP: {overlap['comm_sms']} SMs" in audit.stdout
-    assert (f"vs vLLM's 20-SM split ({first['vllm_split_overlapped_us']} us; comm alone {first['vllm_split_comm_us']} us, "
-            f"GEMM alone {first['vllm_split_gemm_us']} us): x{first['vs_vllm_split']}") in audit.stdout
+    assert (f"vs vLLM's split (20 SMs): {first['vllm_split_overlapped_us']} us {first['vllm_split_spread_us']}; "
+            f"comm alone {first['vllm_split_comm_us']} us, GEMM alone {first['vllm_split_gemm_us']} us: "
+            f"x{first['vs_vllm_split']}") in audit.stdout
     assert f"bound: the grid's lowest floor is x{first['best_floor_vs_vllm_split']} of vLLM's split" in audit.stdout
     assert "at vLLM's split DeepEP waited for the GEMM in 5 of 5 rounds" in audit.stdout
+    # tune printed each bucket as audit renders it from the file: one renderer
+    tune_lines = [line for line in result.stderr.splitlines() if line.startswith("    ")]
+    audit_lines = [line for line in audit.stdout.splitlines() if line.startswith("    ")]
+    assert audit_lines and audit_lines == tune_lines
     vllm = run_cli("export", str(out), "--to", "vllm", "--format", "json")
     assert vllm.returncode == 0, vllm.stderr
     exported = json.loads(vllm.stdout)

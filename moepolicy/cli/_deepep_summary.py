@@ -1,6 +1,7 @@
 """The DeepEP section of a policy, rendered for ``audit``: SM count, where the numbers came from, and
 per bucket what was measured (for ``tune --overlap``: the split against vLLM's, its floor, and the
-lowest floor of the grid, which no split can beat). Only renders what the document records."""
+lowest floor of the grid). Only renders what the document records; ``tune --overlap`` prints the same
+lines."""
 
 from __future__ import annotations
 
@@ -41,19 +42,35 @@ def _bucket_lines(name: str, bucket) -> list[str]:
               f"{bucket.combine.num_max_nvl_chunked_send_tokens}")
     m = bucket.measured or {}
     if "overlapped_us" not in m:
-        timed = ", ".join(f"{k} {m[k]} us" for k in ("dispatch_us", "combine_us") if k in m)
-        return [f"  {name}: {chunks}" + (f"; {timed.replace('_us', '')}" if timed else "")]
-    out = [f"  {name}: {chunks}; overlapped {m['overlapped_us']} us over {m.get('rounds', '?')} rounds"]
+        timed = ", ".join(f"{k[:-3]} {m[k]} us" for k in ("dispatch_us", "combine_us") if k in m)
+        return [f"  {name}: {chunks}" + (f"; {timed}" if timed else "")]
+    return [f"  {name}: {chunks}", *overlap_lines(m)]
+
+
+def overlap_lines(m: dict) -> list[str]:
+    """One bucket of ``tune --overlap`` (its ``measured`` row): what ``tune`` prints and ``audit`` shows."""
+    from moepolicy.tuning.overlap import VLLM_DBO_COMM_SMS
+
+    rounds = m.get("rounds", "?")
+    out = [f"    overlapped {m['overlapped_us']} us {m.get('overlapped_spread_us', '')}, medians of {rounds} "
+           f"rounds ({m.get('objective', 'gemm-first')} launch order)"]
     if m.get("vs_vllm_split") is not None:
         parts = (f"; comm alone {m['vllm_split_comm_us']} us, GEMM alone {m['vllm_split_gemm_us']} us"
                  if m.get("vllm_split_gemm_us") is not None else "")
-        out.append(f"    vs vLLM's 20-SM split ({m['vllm_split_overlapped_us']} us{parts}): x{m['vs_vllm_split']}")
-    out.append(f"    vs its floor max(comm alone, GEMM alone) = {m['floor_us']} us: x{m['vs_floor']}")
+        out.append(f"    vs vLLM's split ({VLLM_DBO_COMM_SMS} SMs): {m['vllm_split_overlapped_us']} us "
+                   f"{m.get('vllm_split_spread_us', '')}{parts}: x{m['vs_vllm_split']}")
+    out.append(f"    vs its floor max(comm alone, GEMM alone) = {m['floor_us']} us: x{m['vs_floor']}; "
+               f"serial {m.get('serial_us')} us")
+    for order in ("gemm_first", "comm_first"):
+        if m.get(f"vs_vllm_split_{order}") is not None:
+            out.append(f"    {order.replace('_', '-')}: {m[f'{order}_overlapped_us']} us vs vLLM's split "
+                       f"{m[f'vllm_split_{order}_overlapped_us']} us (x{m[f'vs_vllm_split_{order}']})")
     if m.get("best_floor_vs_vllm_split") is not None:
         out.append(f"    bound: the grid's lowest floor is x{m['best_floor_vs_vllm_split']} of vLLM's split "
                    f"({m['best_floor_us']} us at c={m['best_floor_split']}, the {m['best_floor_bound_by']} alone); "
                    f"no split overlaps below its floor beyond the spread")
     waited = m.get("vllm_split_deepep_waited_for_gemm_rounds")
     if waited:
-        out.append(f"    at vLLM's split DeepEP waited for the GEMM in {waited} of {m.get('rounds', '?')} rounds")
+        out.append(f"    at vLLM's split DeepEP waited for the GEMM in {waited} of {rounds} rounds (enqueued "
+                   f"after it, its cluster launch found no room beside the GEMM's programs)")
     return out

@@ -23,6 +23,7 @@ used is recorded with every result.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from typing import Optional
 
@@ -52,7 +53,7 @@ CLUSTERED_LAUNCHES = ((128, 256, 8, 4, "tma"), (128, 256, 8, 3, "tma"), (64, 256
 PERSISTENT_CONFIGS = tuple((*cfg, order) for cfg in PERSISTENT_LAUNCHES for order in ("expert", "rows"))
 CLUSTERED_CONFIGS = tuple((*cfg, order) for cfg in CLUSTERED_LAUNCHES for order in ("expert", "rows"))
 PICK_LAUNCHES = 3  # launches per timing of a candidate, each after an L2 flush (their median counts)
-PICK_ROUNDS = 5  # interleaved timings per candidate; the median decides (launch_pick.fastest)
+PICK_ROUNDS = 5  # interleaved timings per candidate; the median decides (timing.interleaved_rounds)
 
 
 def _green_context(sms: int, device_index: int):
@@ -181,13 +182,12 @@ class ExpertGemm:
 
     def pick(self, sms: int) -> tuple:
         """The fastest launch config on ``sms`` programs: every candidate launched once (compiled),
-        then timed in ``PICK_ROUNDS`` interleaved rounds of ``PICK_LAUNCHES`` launches, each timed as
-        the overlap measurement times the GEMM alone (L2 flushed, queued: ``Timer.samples``), on an
-        otherwise idle GPU; the lowest median wins (``launch_pick.fastest``). Call it before anything
-        runs beside the GEMM; :class:`ConfinedGemm` does."""
+        then timed in ``PICK_ROUNDS`` interleaved rounds (``timing.interleaved_rounds``), each the
+        median of ``PICK_LAUNCHES`` launches timed as the overlap measurement times the GEMM alone (L2
+        flushed, queued), on an otherwise idle GPU; the lowest median over the rounds wins. Call it
+        before anything runs beside the GEMM; :class:`ConfinedGemm` does."""
         from moepolicy.measure import persistent_gemm as pg
-        from moepolicy.measure.launch_pick import fastest
-        from moepolicy.measure.timing import Timer
+        from moepolicy.measure.timing import Timer, interleaved_rounds
 
         if sms not in self._best:
             for launch in self._launches.values():
@@ -195,14 +195,10 @@ class ExpertGemm:
             torch.cuda.synchronize(self.device)
             if self._pick_timer is None:
                 self._pick_timer = Timer(self.device, collective=False)
-            timer = self._pick_timer
-
-            def time_once(cfg) -> float:
-                launch = self._launches[cfg]
-                return statistics.median(timer.samples(lambda: launch(sms), reps=PICK_LAUNCHES, warmup=0,
-                                                       mode="queued"))
-
-            best, timings = fastest(list(self._launches), time_once, PICK_ROUNDS)
+            fns = {cfg: functools.partial(launch, sms) for cfg, launch in self._launches.items()}
+            rounds = interleaved_rounds(self._pick_timer, fns, PICK_ROUNDS, PICK_LAUNCHES, mode="queued", warmup=0)
+            timings = {cfg: statistics.median(xs) for cfg, xs in rounds.items()}
+            best = min(timings, key=timings.__getitem__)
             self._best[sms], self.pick_timings[sms] = best, timings
             shared, _ = pg.launch_resources(*best[:5], cluster=self.cluster)
             self.launch_config[sms] = {"tile": f"{best[0]}x{best[1]}", "warps": best[2], "stages": best[3],

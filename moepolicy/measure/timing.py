@@ -13,7 +13,7 @@ Two launch modes:
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from typing import Callable, Hashable, Sequence
 
 import torch
 
@@ -99,12 +99,25 @@ class Timer:
                 "reps": reps, "mode": mode}
 
 
-def interleaved_rounds(timer: Timer, fns: dict[str, Callable[[], object]], rounds: int, reps: int,
-                       mode: str = "synced") -> dict[str, list[float]]:
-    """Each round times every callable once (median of ``reps``, slowest rank), in turn, so slow
-    drifts of the machine fall on all of them alike. Returns the per-round medians per name."""
-    out: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            out[name].append(timer.median_max_over_ranks(fn, reps, warmup=2, mode=mode)["median_us"])
+def rotated_rounds(names: Sequence[Hashable], time_once: Callable[[Hashable], float],
+                   rounds: int) -> dict[Hashable, list[float]]:
+    """``rounds`` rounds, each timing every name once, in turn; each round starts one name further
+    along, so none is timed first after a pause in more than one round in ``len(names)`` (with one
+    fixed order the first in line pays any warm-up every round). Returns each name's timings."""
+    if not names or rounds < 1:
+        raise ValueError(f"need names and rounds >= 1 (got {len(names)} names, {rounds} rounds)")
+    out: dict[Hashable, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            out[name].append(time_once(name))
     return out
+
+
+def interleaved_rounds(timer: Timer, fns: dict[Hashable, Callable[[], object]], rounds: int, reps: int,
+                       mode: str = "synced", warmup: int = 2) -> dict[Hashable, list[float]]:
+    """Each round times every callable once (median of ``reps``, slowest rank), in turn
+    (``rotated_rounds``), so slow drifts of the machine fall on all of them alike. Returns the
+    per-round medians per name."""
+    return rotated_rounds(list(fns), lambda name: timer.median_max_over_ranks(
+        fns[name], reps, warmup=warmup, mode=mode)["median_us"], rounds)

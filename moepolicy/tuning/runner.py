@@ -192,6 +192,7 @@ def overlap_gemm_kind(asked: str, plan: Plan) -> tuple[str, str]:
 
 
 def _tune_overlap(plan: Plan, bench, workload: Workload, space: Space, buckets, args, command, default) -> dict:
+    from moepolicy.cli._deepep_summary import overlap_lines
     from moepolicy.tuning.overlap import search_overlap
 
     if not hasattr(bench, "measure_overlap"):
@@ -227,22 +228,9 @@ def _tune_overlap(plan: Plan, bench, workload: Workload, space: Space, buckets, 
     write_document(doc, args.output)
     note(f"overlap: {c} communication SMs, GEMM on {found['gemm_sms']}: {found['why']}")
     for tokens, row in found["per_bucket"].items():
-        note(f"  T={tokens}: overlapped {row['overlapped_us']} us {row['overlapped_spread_us']}, vLLM's split "
-             f"{row['vllm_split_overlapped_us']} us {row.get('vllm_split_spread_us', '')} (x{row['vs_vllm_split']}), "
-             f"floor {row['floor_us']} us (x{row['vs_floor']}), serial {row['serial_us']} us; medians of "
-             f"{row['rounds']} rounds")
-        for order in ("gemm_first", "comm_first"):
-            if row.get(f"vs_vllm_split_{order}") is not None:
-                note(f"    {order.replace('_', '-')}: {row[f'{order}_overlapped_us']} us vs vLLM's split "
-                     f"{row[f'vllm_split_{order}_overlapped_us']} us (x{row[f'vs_vllm_split_{order}']})")
-        if row.get("best_floor_vs_vllm_split") is not None:
-            note(f"    bound: the grid's lowest floor is x{row['best_floor_vs_vllm_split']} of vLLM's split "
-                 f"({row['best_floor_us']} us at c={row['best_floor_split']}, the {row['best_floor_bound_by']} "
-                 f"alone); no split overlaps below its floor beyond the spread")
-        waited = row.get("vllm_split_deepep_waited_for_gemm_rounds")
-        if waited:
-            note(f"    at vLLM's split DeepEP waited for the GEMM in {waited} of {row['rounds']} rounds (enqueued "
-                 f"after it, its cluster launch found no room beside the GEMM's programs)")
+        note(f"  T={tokens}:")
+        for line in overlap_lines(row):
+            note(line)
     return doc
 
 

@@ -1,0 +1,58 @@
+"""``timing.rotated_rounds``, under ``interleaved_rounds`` (the expert GEMM's launch-config pick and
+``scripts/bench_dispatch.py``): every name timed once per round, each round starting one name further
+along. A scripted timer plays the GPU."""
+
+import statistics
+
+import pytest
+
+pytest.importorskip("torch", reason="moepolicy.measure needs torch (the CPU build is enough)")
+
+from moepolicy.measure.timing import rotated_rounds  # noqa: E402
+
+
+class ScriptedTimer:
+    """Each name has a true time; the first timing of a round reads ``first_penalty`` slower (a
+    pause before it), and ``lucky``'s first timing ever reads 1 us."""
+
+    def __init__(self, true_us, first_penalty=0.0, lucky=None):
+        self.true_us, self.first_penalty, self.lucky = true_us, first_penalty, lucky
+        self.calls = []
+
+    def __call__(self, name):
+        first_of_round = len(self.calls) % len(self.true_us) == 0
+        first_ever = name not in self.calls
+        self.calls.append(name)
+        if name == self.lucky and first_ever:
+            return 1.0
+        return self.true_us[name] + (self.first_penalty if first_of_round else 0.0)
+
+
+def fastest(rounds):
+    medians = {name: statistics.median(xs) for name, xs in rounds.items()}
+    return min(medians, key=medians.get), medians
+
+
+def test_every_name_is_timed_once_per_round_and_the_median_ignores_a_lucky_timing():
+    timer = ScriptedTimer({"a": 100.0, "b": 90.0, "c": 95.0}, lucky="a")
+    rounds = rotated_rounds(["a", "b", "c"], timer, rounds=5)
+    assert {name: len(xs) for name, xs in rounds.items()} == {"a": 5, "b": 5, "c": 5}
+    assert rounds["a"][0] == 1.0  # the lucky timing is kept, and outvoted
+    assert fastest(rounds) == ("b", {"a": 100.0, "b": 90.0, "c": 95.0})
+
+
+def test_the_rotation_keeps_the_first_in_line_from_always_paying_the_pause():
+    true = {"a": 90.0, "b": 100.0, "c": 95.0}
+    timer = ScriptedTimer(true, first_penalty=20.0)
+    rounds = rotated_rounds(["a", "b", "c"], timer, rounds=5)
+    assert timer.calls[:6] == ["a", "b", "c", "b", "c", "a"]
+    assert fastest(rounds) == ("a", true)  # each was first in at most 2 of 5 rounds
+    # one timing each, as the pick did before: the penalty on the first in line picks the wrong one
+    assert fastest(rotated_rounds(["a", "b", "c"], ScriptedTimer(true, first_penalty=20.0), rounds=1))[0] == "c"
+
+
+def test_bad_arguments_say_what_was_wrong():
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        rotated_rounds(["a"], lambda name: 1.0, rounds=0)
+    with pytest.raises(ValueError, match="0 names"):
+        rotated_rounds([], lambda name: 1.0, rounds=3)
