@@ -5,10 +5,12 @@ For each split (``c`` communication SMs, the persistent GEMM's grid = 132 - ``c`
 config, on 2 GPUs with DeepEP: comm alone, GEMM alone, and the two started together (GEMM launched
 first, as ``tune --overlap`` does, and comm first). The GEMM is traced (``persistent_gemm`` trace: SM id,
 start and end of every program), so each row also says how many distinct SMs the GEMM's programs ran
-on, how late its last program started, and how its programs' durations spread; with the compiled
-config's shared memory and registers, that tells whether DeepEP's blocks (dispatch 768 threads and 192
-KiB of shared memory, combine 768 threads and 96 KiB at DeepEP 29d31c0) can share an SM with a GEMM
-program. Writes JSON with provenance.
+on, how late its last program started (and, DeepEP enqueued first, when its first one did), and how
+its programs' durations spread; with the compiled config's shared memory and registers, that tells
+whether DeepEP's blocks (dispatch 768 threads and 192 KiB of shared memory, combine 768 threads and 96
+KiB at DeepEP 29d31c0) can share an SM with a GEMM program. ``--region cached`` times DeepEP's dispatch
+on a cached handle (no CPU wait for the receive counts), to tell what the host's wait costs the
+comm-first pair from what the GPU's placement does. Writes JSON with provenance.
 
     python scripts/diag_overlap_placement.py --out diag_overlap_placement.json
 """
@@ -86,7 +88,7 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
             g = sm_count - c
 
             def comm():
-                ops.dispatch_only("fp8", "full")
+                ops.dispatch_only("fp8", args.region)
                 ops.combine()
 
             for text in args.configs:
@@ -107,8 +109,9 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
                     with torch.cuda.stream(side):
                         run_gemm()
                 torch.cuda.synchronize()
-                samples = {k: [] for k in ("comm", "gemm", "gemm_first", "comm_first",
-                                           "gemm_first_comm_end", "gemm_first_gemm_end")}
+                samples = {k: [] for k in ("comm", "gemm", "gemm_first", "comm_first", "gemm_first_comm_end",
+                                           "gemm_first_gemm_end", "comm_first_comm_end", "comm_first_gemm_end",
+                                           "comm_first_gemm_start")}
                 traces = {"gemm": [], "gemm_first": [], "comm_first": []}
                 def settle():
                     timer.quiesce()
@@ -151,11 +154,12 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
                         e_gemm.synchronize()
                         ends = (s.elapsed_time(e_comm) * 1000, s.elapsed_time(e_gemm) * 1000)
                         samples[order].append(max(ends))
-                        if order == "gemm_first":
-                            samples["gemm_first_comm_end"].append(ends[0])
-                            samples["gemm_first_gemm_end"].append(ends[1])
+                        samples[f"{order}_comm_end"].append(ends[0])
+                        samples[f"{order}_gemm_end"].append(ends[1])
                         traces[order].append(trace_summary(trace))
-                row = {"rank": rank, "tokens": tokens, "comm_sms": c, "gemm_sms": g, "config": text,
+                        if order == "comm_first":  # when its first program started: its end less its span
+                            samples["comm_first_gemm_start"].append(ends[1] - traces[order][-1]["span_us"])
+                row = {"rank": rank, "tokens": tokens, "comm_sms": c, "gemm_sms": g, "config": text, "region": args.region,
                        "resources": pg.launch_resources(*cfg[:5], cluster=cfg[6]),
                        **{k: statistics.median(v) for k, v in samples.items()},
                        **{f"{k}_trace": {f: statistics.median(t[f] for t in v) for f in v[0]} for k, v in traces.items()}}
@@ -173,6 +177,12 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
                               f"last start {tg['last_start_us']:.1f}/{tf['last_start_us']:.1f} us, "
                               f"program max {tg['program_us_max']:.0f}/{tf['program_us_max']:.0f} us "
                               f"(median {tg['program_us_median']:.0f}/{tf['program_us_median']:.0f})", flush=True)
+                        tc = r["comm_first_trace"]
+                        print(f"{'':8} comm-first: comm end {r['comm_first_comm_end']:7.1f}, GEMM first program "
+                              f"at {r['comm_first_gemm_start']:7.1f}, last {tc['last_start_us']:.1f} us after it, "
+                              f"GEMM end {r['comm_first_gemm_end']:7.1f}; SMs {tc['distinct_sms']:.0f}, "
+                              f"program max {tc['program_us_max']:.0f} (median {tc['program_us_median']:.0f})",
+                              flush=True)
             del ops
     if rank == 0:
         import torch as _t
@@ -197,6 +207,9 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--queued", action="store_true",
                    help="the GPU spins while the host enqueues each timed pair (timing.py's queued mode)")
+    p.add_argument("--region", default="full", choices=["full", "cached"],
+                   help="full: layout + dispatch with its CPU wait for the receive counts (as serving calls it); "
+                        "cached: dispatch on a cached handle (the kernel only, no CPU wait)")
     p.add_argument("--nvl-mb", type=float, default=1024)
     p.add_argument("--deepep-commit", default=os.environ.get("MOEPOLICY_DEEPEP_COMMIT", "unknown"))
     args = p.parse_args()

@@ -31,6 +31,33 @@ def rows_per_local_expert(tokens: int, experts: int, top_k: int, ep: int = 2, se
     return [int(n) for n in counts[: experts // ep]]
 
 
+def least_bytes(groups: list[int], hidden: int, out: int) -> int:
+    """The bytes the GEMM must move at least: each operand once. fp8 weights of every expert that got
+    rows and fp8 activations (K = hidden), their float32 block-128 scales, bf16 output."""
+    rows, used = sum(groups), sum(1 for n in groups if n)
+    kb, nb = -(-hidden // 128), -(-out // 128)
+    return used * out * hidden + rows * hidden + 4 * (used * nb * kb + rows * kb) + 2 * rows * out
+
+
+def copy_tbps(device, gib: int = 4, reps: int = 10) -> float:
+    """This GPU's memory bandwidth as a device-to-device copy of ``gib`` GiB sees it (read + write),
+    median of ``reps``: the roof a memory-bound GEMM approaches."""
+    import torch
+
+    src = torch.empty(gib << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(reps + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * (gib << 30) / statistics.median(times[1:]) / 1e12
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="gemm_sm_sweep.json")
@@ -49,6 +76,8 @@ def main() -> int:
         print("gemm_sm_sweep: needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda", 0)
+    roof = copy_tbps(device)
+    print(f"device-to-device copy: {roof:.2f} TB/s (read + write; the memory roof)", flush=True)
     timer, weights, rows_out = Timer(device, collective=False), {}, []
     for shape_name, (hidden, experts, top_k, inter) in SHAPES.items():
         for tokens in args.tokens:
@@ -62,8 +91,12 @@ def main() -> int:
                     with torch.cuda.stream(confined.stream):
                         xs = timer.samples(confined.run, reps=args.reps, mode="queued")
                     times[sms] = statistics.median(xs)
+                moved = least_bytes(groups, hidden, 2 * inter)
                 row = {"shape": shape_name, "tokens": tokens, "kind": gemm.kind, "asked": kind,
-                       "fallback": gemm.fallback_reason, "tflop": gemm.flops / 1e12, "us_by_sms": times}
+                       "fallback": gemm.fallback_reason, "tflop": gemm.flops / 1e12, "us_by_sms": times,
+                       "least_gb": moved / 1e9,
+                       "tbps_by_sms": {sms: round(moved / us / 1e6, 2) for sms, us in times.items()},
+                       "tflops_by_sms": {sms: round(gemm.flops / us / 1e6, 1) for sms, us in times.items()}}
                 if kind.startswith("persistent"):  # the launch config picked per SM count, and the runners-up
                     row["picked"] = {sms: gemm.launch_config.get(sms) for sms in args.sms}
                     row["candidates_us"] = {sms: {"x".join(map(str, cfg)): round(us, 1) for cfg, us in
@@ -73,6 +106,8 @@ def main() -> int:
                 rows_out.append(row)
                 print(f"{shape_name:14} T={tokens:5} {kind:10} " + " ".join(f"{s}:{t:.0f}" for s, t in times.items()),
                       flush=True)
+                print(f"{'':20} moves >= {moved / 1e9:.2f} GB: " + " ".join(
+                      f"{s}:{row['tbps_by_sms'][s]}TB/s,{row['tflops_by_sms'][s]}TF/s" for s in times), flush=True)
                 if kind.startswith("persistent"):
                     for sms in (args.sms[0], args.sms[-1]):
                         top = list(row["candidates_us"][sms].items())[:4]
@@ -84,6 +119,7 @@ def main() -> int:
     prov = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "copy_tbps": round(roof, 2),
             "timing": "CUDA events on the GEMM's stream (persistent kernel: grid = SMs; others: all SMs), "
                       "L2 flushed, queued launches, median"}
     Path(args.out).write_text(json.dumps({"provenance": prov, "rows": rows_out}, indent=2))

@@ -47,6 +47,8 @@ def test_overlap_tune_records_the_split_and_exports_it(tmp_path):
             f"comm alone {first['vllm_split_comm_us']} us, GEMM alone {first['vllm_split_gemm_us']} us: "
             f"x{first['vs_vllm_split']}") in audit.stdout
     assert f"bound: the grid's lowest floor is x{first['best_floor_vs_vllm_split']} of vLLM's split" in audit.stdout
+    assert (f"GEMM alone on {first['gemm_sms']} SMs: x{first['gemm_alone_vs_vllm_split']} of its time on vLLM's 112 "
+            f"(x{first['gemm_sm_ratio_vs_vllm_split']} if its time followed its SMs)") in audit.stdout
     assert "at vLLM's split DeepEP waited for the GEMM in 5 of 5 rounds" in audit.stdout
     # tune printed each bucket as audit renders it from the file: one renderer
     tune_lines = [line for line in result.stderr.splitlines() if line.startswith("    ")]

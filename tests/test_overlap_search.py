@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("optuna", reason="the joint search uses optuna")
 
 from moepolicy.tuning.bench import TrialFailed, Workload  # noqa: E402
-from moepolicy.tuning.overlap import VLLM_DBO_COMM_SMS, search_overlap, with_send_chunks  # noqa: E402
+from moepolicy.tuning.overlap import VLLM_DBO_COMM_SMS, gemm_scaling, search_overlap, with_send_chunks  # noqa: E402
 
 DEFAULT = ((24, 256, 6, 128), (10, 256, 6, 128))
 PLAN = SimpleNamespace(model=SimpleNamespace(moe_layers=[SimpleNamespace(moe_intermediate_size=2048)]))
@@ -122,12 +122,16 @@ def test_an_order_that_needs_both_measurements_fails_the_trial_on_a_bench_with_o
 
 
 class PhysicalBench:
-    """Communication alone falls as 1/c, the GEMM alone as 1/(132 - c); the pair overlaps to 3 % above
-    the slower of the two. A split's floor is max(comm, GEMM), and the grid's lowest is known."""
+    """Communication alone falls as 1/c, the GEMM alone as 1/(132 - c) down to ``gemm_roof_us`` (a
+    memory roof: more SMs stop helping); the pair overlaps to 3 % above the slower of the two. A
+    split's floor is max(comm, GEMM), and the grid's lowest is known."""
+
+    def __init__(self, gemm_roof_us: float = 0.0):
+        self.gemm_roof_us = gemm_roof_us
 
     def measure_overlap(self, workload, point, gemm_shape):
         c = point.num_sms
-        comm, gemm = 3000.0 / c, 112000.0 / (132 - c)
+        comm, gemm = 3000.0 / c, max(112000.0 / (132 - c), self.gemm_roof_us)
         row = {"comm_sms": c, "gemm_sms": 132 - c, "gemm_kind": "scripted"}
         for key, t in (("comm", comm), ("gemm", gemm), ("serial", comm + gemm), ("overlapped", 1.03 * max(comm, gemm)),
                        ("overlapped_comm_end", comm), ("overlapped_gemm_end", gemm)):
@@ -153,3 +157,23 @@ def test_the_split_bound_is_the_lowest_floor_of_the_grid_set_beside_vllms_split(
         assert row["vllm_split_gemm_us"] == round(112000.0 / 112, 1)
         assert row["vllm_split_comm_us"] == round(3000.0 / VLLM_DBO_COMM_SMS, 1)
         assert row["vllm_split_gemm"] == "scripted"
+
+
+def test_the_gemms_speed_up_over_vllms_split_is_set_beside_the_sm_ratio():
+    grid = (4, 8, 12, 16, 32)
+    scaling = _search(PhysicalBench(), grid=grid, trials=4, rounds=2)
+    c = scaling["comm_sms"]
+    for row in scaling["per_bucket"].values():
+        assert (row["gemm_sms"], row["vllm_split_gemm_sms"]) == (132 - c, 112)
+        assert row["gemm_sm_ratio_vs_vllm_split"] == round(112 / (132 - c), 3)
+        # a GEMM whose time follows its SMs gains exactly the SM ratio
+        assert row["gemm_alone_vs_vllm_split"] == row["gemm_sm_ratio_vs_vllm_split"]
+    # a GEMM at a memory roof gains less than the SMs it was given (run 42's DeepSeek-V3 GEMM at 1024 tokens)
+    assert gemm_scaling(126, 112, 1317.9, 1447.8) == {
+        "gemm_sms": 126, "vllm_split_gemm_sms": 112, "gemm_alone_vs_vllm_split": 0.91, "gemm_sm_ratio_vs_vllm_split": 0.889}
+    roof = 112000.0 / 120
+    roofed = _search(PhysicalBench(gemm_roof_us=roof), grid=grid, trials=4, rounds=2)
+    for row in roofed["per_bucket"].values():
+        expected = max(112000.0 / row["gemm_sms"], roof) / 1000.0
+        assert row["gemm_alone_vs_vllm_split"] == round(expected, 3) >= row["gemm_sm_ratio_vs_vllm_split"]
+    assert gemm_scaling(None, 112, 1.0, 1.0) == {}  # a bench that does not say its SMs: nothing claimed

@@ -56,3 +56,33 @@ def test_bad_arguments_say_what_was_wrong():
         rotated_rounds(["a"], lambda name: 1.0, rounds=0)
     with pytest.raises(ValueError, match="0 names"):
         rotated_rounds([], lambda name: 1.0, rounds=3)
+
+
+def test_the_slowest_rank_is_taken_per_repetition_not_per_median():
+    from moepolicy.measure.timing import slowest_per_rep
+
+    # rank 1 is slow in repetitions 0-1, rank 0 in 2-3: each repetition's step waits for its slowest rank
+    rank0 = {"gemm": [100.0, 100.0, 150.0, 150.0], "comm": [50.0, 60.0, 50.0, 60.0]}
+    rank1 = {"gemm": [140.0, 140.0, 100.0, 100.0], "comm": [55.0, 55.0, 55.0, 55.0]}
+    out = slowest_per_rep([rank0, rank1])
+    assert out == {"comm": [55.0, 60.0, 55.0, 60.0], "gemm": [140.0, 140.0, 150.0, 150.0]}
+    # the median of the per-repetition maxima (145) is above either rank's median (125 and 120)
+    assert statistics.median(out["gemm"]) > max(statistics.median(rank0["gemm"]), statistics.median(rank1["gemm"]))
+
+
+def test_ranks_that_timed_different_repetitions_are_refused():
+    from moepolicy.measure.timing import slowest_per_rep
+
+    with pytest.raises(ValueError, match="same repetitions"):
+        slowest_per_rep([{"gemm": [1.0, 2.0]}, {"gemm": [1.0]}])
+    with pytest.raises(ValueError, match="same repetitions"):
+        slowest_per_rep([{"gemm": [1.0]}, {"comm": [1.0]}])
+
+
+def test_one_process_keeps_its_own_timings():
+    import torch
+
+    from moepolicy.measure.timing import Timer
+
+    samples = {"gemm": [1.0, 2.0]}
+    assert Timer(torch.device("cpu")).slowest_rank_per_rep(samples) is samples

@@ -65,6 +65,9 @@ def overlap_lines(m: dict) -> list[str]:
         if m.get(f"vs_vllm_split_{order}") is not None:
             out.append(f"    {order.replace('_', '-')}: {m[f'{order}_overlapped_us']} us vs vLLM's split "
                        f"{m[f'vllm_split_{order}_overlapped_us']} us (x{m[f'vs_vllm_split_{order}']})")
+    if m.get("gemm_alone_vs_vllm_split") is not None:
+        out.append(f"    GEMM alone on {m['gemm_sms']} SMs: x{m['gemm_alone_vs_vllm_split']} of its time on vLLM's "
+                   f"{m['vllm_split_gemm_sms']} (x{m['gemm_sm_ratio_vs_vllm_split']} if its time followed its SMs)")
     if m.get("best_floor_vs_vllm_split") is not None:
         out.append(f"    bound: the grid's lowest floor is x{m['best_floor_vs_vllm_split']} of vLLM's split "
                    f"({m['best_floor_us']} us at c={m['best_floor_split']}, the {m['best_floor_bound_by']} alone); "

@@ -1,4 +1,5 @@
-"""CUDA-event timing with an L2 flush before every repetition; medians, spreads, max over ranks.
+"""CUDA-event timing with an L2 flush before every repetition; medians, spreads, max over ranks (of
+the medians, or per repetition).
 
 Two launch modes:
 - ``synced`` (default): host and GPUs are synchronised (barrier, then the GPU idle) right before the
@@ -97,6 +98,30 @@ class Timer:
             slowest = stats
         return {"median_us": float(slowest[0]), "min_us": float(slowest[1]), "max_us": float(slowest[2]),
                 "reps": reps, "mode": mode}
+
+    def slowest_rank_per_rep(self, samples: dict[str, list[float]]) -> dict[str, list[float]]:
+        """``samples`` (this rank's timings of the same repetitions as every other rank's) reduced to
+        the slowest rank's time in each repetition (:func:`slowest_per_rep`); unchanged on one process."""
+        import torch.distributed as dist
+
+        if not (self.collective and dist.is_initialized()):
+            return samples
+        keys = sorted(samples)
+        mine = torch.tensor([samples[k] for k in keys], dtype=torch.float64, device=self.device)
+        gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(gathered, mine, group=self.group)
+        return slowest_per_rep([{k: row.tolist() for k, row in zip(keys, g)} for g in gathered])
+
+
+def slowest_per_rep(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Every rank's timings of the same repetitions, reduced to the slowest rank's time in each
+    repetition: the ranks of an expert-parallel step start together (barrier) and the step ends when
+    the last one does."""
+    keys = sorted(per_rank[0])
+    for xs in per_rank:
+        if sorted(xs) != keys or any(len(xs[k]) != len(per_rank[0][k]) for k in keys):
+            raise ValueError("every rank must time the same repetitions of the same things")
+    return {k: [max(xs[k][i] for xs in per_rank) for i in range(len(per_rank[0][k]))] for k in keys}
 
 
 def rotated_rounds(names: Sequence[Hashable], time_once: Callable[[Hashable], float],

@@ -1,7 +1,8 @@
 """The live bench: one process per GPU running DeepEP, supervised by the tuning process.
 
 The tuning process (the only optuna client) sends each trial's config to every worker; the workers
-measure it together (NCCL + DeepEP) and rank 0 answers with the slowest rank's medians. A per-trial
+measure it together (NCCL + DeepEP) and rank 0 answers with the slowest rank's times (its medians; for
+the overlap, the slowest rank in each repetition, ``Timer.slowest_rank_per_rep``). A per-trial
 watchdog kills the whole group when a worker dies or a measurement hangs (a DeepEP device trap
 poisons the CUDA context and strands the peers), the trial fails with the reason, and the next
 measurement starts a fresh group.
@@ -154,7 +155,7 @@ def _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, re
         ops.dispatch_only(workload.payload, "full")
         ops.combine()
 
-    result = measure_overlap(comm, gemm, reps, timer.quiesce, timer.head_start)
+    result = measure_overlap(comm, gemm, reps, timer.quiesce, timer.head_start, timer.slowest_rank_per_rep)
     result.update({"comm_sms": point.num_sms, "gemm_sms": sm_count - point.num_sms, "gemm_fp8": gemm.fp8,
                    "gemm_tflop": gemm.flops / 1e12})
     return result

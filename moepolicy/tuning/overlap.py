@@ -204,11 +204,26 @@ def _bucket_report(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[in
                     "vs_vllm_split": round(statistics.median(mine) / statistics.median(theirs), 3),
                     "vs_vllm_split_per_round": [round(x, 3) for x in ratios]})
         row.update(_launch_order_report(vllm_runs, tokens, "vllm_split_"))
+        row.update(gemm_scaling(runs[0][tokens].get("gemm_sms"), vllm_runs[0][tokens].get("gemm_sms"),
+                                row["gemm_us"], row["vllm_split_gemm_us"]))
         for each in ("gemm_first", "comm_first"):
             if row.get(f"{each}_overlapped_us") and row.get(f"vllm_split_{each}_overlapped_us"):
                 row[f"vs_vllm_split_{each}"] = round(
                     row[f"{each}_overlapped_us"] / row[f"vllm_split_{each}_overlapped_us"], 3)
     return row
+
+
+def gemm_scaling(gemm_sms: Optional[int], vllm_gemm_sms: Optional[int], gemm_us: float,
+                 vllm_gemm_us: float) -> dict:
+    """How the GEMM alone sped up from vLLM's split's SMs to this split's (measured), beside what it
+    would if its time followed its SM count (the SM ratio, arithmetic). Where the GEMM bounds both
+    splits, the first is about all a split can win; a GEMM near its memory roof gains less than the
+    second."""
+    if not gemm_sms or not vllm_gemm_sms or not vllm_gemm_us:
+        return {}
+    return {"gemm_sms": gemm_sms, "vllm_split_gemm_sms": vllm_gemm_sms,
+            "gemm_alone_vs_vllm_split": round(gemm_us / vllm_gemm_us, 3),
+            "gemm_sm_ratio_vs_vllm_split": round(vllm_gemm_sms / gemm_sms, 3)}
 
 
 def split_bound(m: _Measurer, tokens: int) -> dict:
