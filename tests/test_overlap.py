@@ -50,6 +50,8 @@ def test_overlap_tune_records_the_split_and_exports_it(tmp_path):
     assert (f"GEMM alone on {first['gemm_sms']} SMs: x{first['gemm_alone_vs_vllm_split']} of its time on vLLM's 112 "
             f"(x{first['gemm_sm_ratio_vs_vllm_split']} if its time followed its SMs)") in audit.stdout
     assert "at vLLM's split DeepEP waited for the GEMM in 5 of 5 rounds" in audit.stdout
+    comm_first = next(line for line in audit.stdout.splitlines() if line.startswith("    comm-first: "))
+    assert comm_first.endswith("the GEMM launches only after the dispatch's host wait for its receive counts")
     # tune printed each bucket as audit renders it from the file: one renderer
     tune_lines = [line for line in result.stderr.splitlines() if line.startswith("    ")]
     audit_lines = [line for line in audit.stdout.splitlines() if line.startswith("    ")]

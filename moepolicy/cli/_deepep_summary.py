@@ -6,6 +6,10 @@ lines."""
 from __future__ import annotations
 
 
+# what the comm-first pair includes besides the GPU's sharing (BENCHMARKS.md, fifth session, run 45)
+COMM_FIRST_NOTE = "; the GEMM launches only after the dispatch's host wait for its receive counts"
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
@@ -64,7 +68,8 @@ def overlap_lines(m: dict) -> list[str]:
     for order in ("gemm_first", "comm_first"):
         if m.get(f"vs_vllm_split_{order}") is not None:
             out.append(f"    {order.replace('_', '-')}: {m[f'{order}_overlapped_us']} us vs vLLM's split "
-                       f"{m[f'vllm_split_{order}_overlapped_us']} us (x{m[f'vs_vllm_split_{order}']})")
+                       f"{m[f'vllm_split_{order}_overlapped_us']} us (x{m[f'vs_vllm_split_{order}']})"
+                       + (COMM_FIRST_NOTE if order == "comm_first" else ""))
     if m.get("gemm_alone_vs_vllm_split") is not None:
         out.append(f"    GEMM alone on {m['gemm_sms']} SMs: x{m['gemm_alone_vs_vllm_split']} of its time on vLLM's "
                    f"{m['vllm_split_gemm_sms']} (x{m['gemm_sm_ratio_vs_vllm_split']} if its time followed its SMs)")
