@@ -39,23 +39,17 @@ def least_bytes(groups: list[int], hidden: int, out: int) -> int:
     return used * out * hidden + rows * hidden + 4 * (used * nb * kb + rows * kb) + 2 * rows * out
 
 
-def copy_tbps(device, gib: int = 4, reps: int = 10) -> float:
+def copy_tbps(timer, gib: int = 4, reps: int = 10) -> float:
     """This GPU's memory bandwidth as a device-to-device copy of ``gib`` GiB sees it (read + write),
-    median of ``reps``: the roof a memory-bound GEMM approaches."""
+    median of ``reps`` (timed as the GEMM is: ``Timer.samples``, queued): the roof a memory-bound GEMM
+    approaches."""
     import torch
 
-    src = torch.empty(gib << 30, dtype=torch.uint8, device=device)
+    src = torch.empty(gib << 30, dtype=torch.uint8, device=timer.device)
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(reps + 1):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+    us = statistics.median(timer.samples(lambda: dst.copy_(src), reps=reps, warmup=1, mode="queued"))
     del src, dst
-    return 2 * (gib << 30) / statistics.median(times[1:]) / 1e12
+    return 2 * (gib << 30) / us / 1e6
 
 
 def main() -> int:
@@ -76,9 +70,9 @@ def main() -> int:
         print("gemm_sm_sweep: needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda", 0)
-    roof = copy_tbps(device)
-    print(f"device-to-device copy: {roof:.2f} TB/s (read + write; the memory roof)", flush=True)
     timer, weights, rows_out = Timer(device, collective=False), {}, []
+    roof = copy_tbps(timer)
+    print(f"device-to-device copy: {roof:.2f} TB/s (read + write; the memory roof)", flush=True)
     for shape_name, (hidden, experts, top_k, inter) in SHAPES.items():
         for tokens in args.tokens:
             groups = rows_per_local_expert(tokens, experts, top_k)

@@ -295,15 +295,15 @@ def deepep_waited(comm_alone_us: float, comm_end_us: float, gemm_end_us: float) 
             and comm_end_us > WAITED_STRETCH * comm_alone_us)
 
 
-def measure_overlap(comm, gemm: ConfinedGemm, reps: int, flush, head_start=None, across_ranks=None) -> dict:
+def measure_overlap(comm, gemm: ConfinedGemm, reps: int, timer, queued: bool = True) -> dict:
     """``comm()`` runs dispatch + combine (DeepEP picks its own stream); the GEMM runs on its own
     stream. Returns comm alone, GEMM alone (confined), their serial sum, and the two started
-    together in both launch orders, each with when each side ended. ``flush()`` runs before every
-    timing; ``head_start()`` (optional: ``Timer.head_start``) makes the GPU spin while the host
-    enqueues, so that the times are the GPU's (a serving host runs ahead of its GPU) rather than
-    including the host's launch of the first kernel (``timing.py``: queued mode). ``across_ranks``
-    (optional: ``Timer.slowest_rank_per_rep``) reduces every rank's timings to the slowest rank's in
-    each repetition before the medians are taken: an expert-parallel step ends when its last rank does.
+    together in both launch orders, each with when each side ended. ``timer``
+    (``timing.Timer``) flushes L2 and meets the other ranks before every timing; ``queued``, the GPU
+    spins while the host enqueues, so that the times are the GPU's (a serving host runs ahead of its
+    GPU) rather than including the host's launch of the first kernel (``timing.py``). Every rank's
+    timings are reduced to the slowest rank's in each repetition before the medians are taken
+    (``Timer.slowest_rank_per_rep``): an expert-parallel step ends when its last rank does.
 
     - ``overlapped`` (GEMM first; the objective): the GEMM is enqueued first, so it already holds its
       SMs when DeepEP's kernels launch. DeepEP launches cooperatively in clusters of 2 blocks
@@ -318,9 +318,9 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, flush, head_start=None,
         return torch.cuda.Event(enable_timing=True)
 
     def started():
-        flush()
-        if head_start is not None:
-            head_start()
+        timer.quiesce()
+        if queued:
+            timer.head_start()
         start = event()
         start.record(device_stream)
         return start
@@ -364,8 +364,7 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, flush, head_start=None,
             end_comm, end_gemm = pair(comm_first)
             xs[f"{prefix}_comm_end"].append(end_comm)
             xs[f"{prefix}_gemm_end"].append(end_gemm)
-    if across_ranks is not None:
-        xs = across_ranks(xs)
+    xs = timer.slowest_rank_per_rep(xs)
     out = {k: spread(v) for k, v in xs.items()}
     out["serial"] = spread([a + b for a, b in zip(xs["comm"], xs["gemm"])])
     out["overlapped"] = spread([max(a, b) for a, b in zip(xs["overlapped_comm_end"], xs["overlapped_gemm_end"])])
@@ -374,8 +373,7 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, flush, head_start=None,
     out["deepep_waited_for_gemm"] = deepep_waited(out["comm"]["median_us"], out["overlapped_comm_end"]["median_us"],
                                                   out["overlapped_gemm_end"]["median_us"])
     out["gemm_kind"] = gemm.kind
-    out["timing"] = ("queued (GPU time)" if head_start is not None else "synced (host launch counts)") + (
-        ", slowest rank per repetition" if across_ranks is not None else ", this rank")
+    out["timing"] = ("queued (GPU time)" if queued else "synced (host launch counts)") + ", slowest rank per repetition"
     if gemm.fallback_reason:
         out["gemm_fallback"] = gemm.fallback_reason
     out["floor_us"] = max(out["comm"]["median_us"], out["gemm"]["median_us"])

@@ -155,7 +155,7 @@ def _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, re
         ops.dispatch_only(workload.payload, "full")
         ops.combine()
 
-    result = measure_overlap(comm, gemm, reps, timer.quiesce, timer.head_start, timer.slowest_rank_per_rep)
+    result = measure_overlap(comm, gemm, reps, timer)
     result.update({"comm_sms": point.num_sms, "gemm_sms": sm_count - point.num_sms, "gemm_fp8": gemm.fp8,
                    "gemm_tflop": gemm.flops / 1e12})
     return result
