@@ -10,7 +10,8 @@ its programs' durations spread; with the compiled config's shared memory and reg
 whether DeepEP's blocks (dispatch 768 threads and 192 KiB of shared memory, combine 768 threads and 96
 KiB at DeepEP 29d31c0) can share an SM with a GEMM program. ``--region cached`` times DeepEP's dispatch
 on a cached handle (no CPU wait for the receive counts), to tell what the host's wait costs the
-comm-first pair from what the GPU's placement does. Writes JSON with provenance.
+comm-first pair from what the GPU's placement does; ``--region no-wait`` times the full call given
+``num_worst_tokens``, which does not wait on the host either. Writes JSON with provenance.
 
     python scripts/diag_overlap_placement.py --out diag_overlap_placement.json
 """
@@ -207,9 +208,10 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--queued", action="store_true",
                    help="the GPU spins while the host enqueues each timed pair (timing.py's queued mode)")
-    p.add_argument("--region", default="full", choices=["full", "cached"],
+    p.add_argument("--region", default="full", choices=["full", "no-wait", "cached"],
                    help="full: layout + dispatch with its CPU wait for the receive counts (as serving calls it); "
-                        "cached: dispatch on a cached handle (the kernel only, no CPU wait)")
+                        "no-wait: the same with num_worst_tokens (no CPU wait; receive buffers sized for the "
+                        "worst case); cached: dispatch on a cached handle (the kernel only, no CPU wait)")
     p.add_argument("--nvl-mb", type=float, default=1024)
     p.add_argument("--deepep-commit", default=os.environ.get("MOEPOLICY_DEEPEP_COMMIT", "unknown"))
     args = p.parse_args()

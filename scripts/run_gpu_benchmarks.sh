@@ -2,11 +2,11 @@
 # The GPU measurements behind docs/BENCHMARKS.md, in one go, on a machine with 2 GPUs and DeepEP
 # importable. Every step logs to $OUT (default ./gpu-out) and a failing step does not stop the rest.
 #   OUT=gpu-out bash scripts/run_gpu_benchmarks.sh [steps...]
-#   (steps: tests bench sweep gemm placement overlap overlap-unclustered overlap-mean overlap-green overlap-grouped overlap-dense; default all)
+#   (steps: tests bench sweep gemm placement overlap overlap-unclustered overlap-mean overlap-no-wait overlap-green overlap-grouped overlap-dense; default all)
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STEPS=${*:-tests bench sweep gemm placement overlap overlap-unclustered overlap-mean overlap-green overlap-grouped overlap-dense}
+STEPS=${*:-tests bench sweep gemm placement overlap overlap-unclustered overlap-mean overlap-no-wait overlap-green overlap-grouped overlap-dense}
 COMMIT=${MOEPOLICY_DEEPEP_COMMIT:-unknown}
 step() { local name=$1; shift; echo "== $name: $*"; local t0=$SECONDS
   timeout "${STEP_TIMEOUT:-400}" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
@@ -24,9 +24,10 @@ for s in $STEPS; do case $s in
   gemm) step gemm_sm_sweep python scripts/gemm_sm_sweep.py --out "$OUT/gemm_sm_sweep.json" ;;
   placement) step diag_overlap_placement python scripts/diag_overlap_placement.py --tokens 1024 4096 \
            --sms 20 24 26 28 30 32 --out "$OUT/diag_overlap_placement.json" ;;
-  overlap-green|overlap-grouped|overlap-dense|overlap-mean|overlap-unclustered)
+  overlap-green|overlap-grouped|overlap-dense|overlap-mean|overlap-no-wait|overlap-unclustered)
          case $s in overlap-green) extra="--overlap-confine green";; overlap-grouped) extra="--overlap-gemm grouped";;
                     overlap-mean) extra="--overlap-order mean";;
+                    overlap-no-wait) extra="--overlap-order comm-first-no-wait";;
                     overlap-unclustered) extra="--overlap-gemm persistent";;
                     *) extra="--overlap-gemm dense";; esac
          for m in DeepSeek-V3 Qwen3-30B-A3B-FP8; do

@@ -35,6 +35,9 @@ def test_overlap_measurement_is_consistent():
         assert r[side]["median_us"] <= r["overlapped"]["max_us"] + 1e-6
     for side in ("comm_first_comm_end", "comm_first_gemm_end"):  # the other launch order, timed alike
         assert r[side]["median_us"] <= r["overlapped_comm_first"]["max_us"] + 1e-6
+    for side in ("comm_first_no_wait_comm_end", "comm_first_no_wait_gemm_end"):  # and without the host wait
+        assert r[side]["median_us"] <= r["overlapped_comm_first_no_wait"]["max_us"] + 1e-6
+    assert r["comm_no_wait"]["median_us"] > 0
     from moepolicy.measure.overlap import deepep_waited
 
     assert r["deepep_waited_for_gemm"] == deepep_waited(r["comm"]["median_us"], r["overlapped_comm_end"]["median_us"],

@@ -52,6 +52,11 @@ def test_overlap_tune_records_the_split_and_exports_it(tmp_path):
     assert "at vLLM's split DeepEP waited for the GEMM in 5 of 5 rounds" in audit.stdout
     comm_first = next(line for line in audit.stdout.splitlines() if line.startswith("    comm-first: "))
     assert comm_first.endswith("the GEMM launches only after the dispatch's host wait for its receive counts")
+    # the engines' order without the host wait (num_worst_tokens) is measured and shown beside it
+    no_wait = next(line for line in audit.stdout.splitlines() if line.startswith("    comm-first, no host wait: "))
+    assert (f"{first['comm_first_no_wait_overlapped_us']} us vs vLLM's split "
+            f"{first['vllm_split_comm_first_no_wait_overlapped_us']} us (x{first['vs_vllm_split_comm_first_no_wait']})"
+            in no_wait) and "num_worst_tokens" in no_wait
     # tune printed each bucket as audit renders it from the file: one renderer
     tune_lines = [line for line in result.stderr.splitlines() if line.startswith("    ")]
     audit_lines = [line for line in audit.stdout.splitlines() if line.startswith("    ")]
@@ -117,6 +122,16 @@ def test_overlap_order_is_chosen_and_recorded(tmp_path):
     assert doc["deepep"]["overlap"]["order"] == "comm-first"
     measured = doc["deepep"]["buckets"][0]["measured"]
     assert measured["objective"] == "comm-first" and measured["overlapped_us"] == measured["comm_first_overlapped_us"]
+    no_wait_out = tmp_path / "nw.yaml"
+    result = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
+                     "--overlap", "--overlap-order", "comm-first-no-wait", "--sms", "12,32", "--tokens", "1024",
+                     "--trials", "2", "--confirm-rounds", "2", "-o", str(no_wait_out),
+                     "--storage", f"sqlite:///{tmp_path}/nw.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
+    assert result.returncode == 0, result.stderr
+    doc = yaml.safe_load(no_wait_out.read_text())
+    measured = doc["deepep"]["buckets"][0]["measured"]
+    assert doc["deepep"]["overlap"]["order"] == measured["objective"] == "comm-first-no-wait"
+    assert measured["overlapped_us"] == measured["comm_first_no_wait_overlapped_us"]
     bad = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
                   "--overlap", "--overlap-order", "sideways", "--sms", "12", "--tokens", "1024", "-o", str(out))
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--overlap-order" in bad.stderr

@@ -20,9 +20,10 @@ WORK = Workload(7168, 256, 8, 2, "fp8")
 class ScriptedBench:
     """Overlapped time = |c - best_c| * 10 + chunk penalty + 500 (+ a lucky first reading for one split)."""
 
-    def __init__(self, best_c=32, lucky_c=None, failing_c=None, flaky=None, comm_first_best_c=None):
+    def __init__(self, best_c=32, lucky_c=None, failing_c=None, flaky=None, comm_first_best_c=None,
+                 no_wait_best_c=None):
         self.best_c, self.lucky_c, self.failing_c, self.flaky = best_c, lucky_c, failing_c, flaky
-        self.comm_first_best_c = comm_first_best_c
+        self.comm_first_best_c, self.no_wait_best_c = comm_first_best_c, no_wait_best_c
         self.calls, self.split_calls = Counter(), Counter()
 
     def measure_overlap(self, workload, point, gemm_shape):
@@ -43,6 +44,10 @@ class ScriptedBench:
             u = 450 + 10 * abs(point.num_sms - self.comm_first_best_c)
             row["overlapped_comm_first"] = {"median_us": u, "min_us": u, "max_us": u, "reps": 5}
             row["deepep_waited_for_gemm"] = point.num_sms < self.best_c
+        if self.no_wait_best_c is not None:  # comm first without the host wait: a third best split
+            u = 400 + 10 * abs(point.num_sms - self.no_wait_best_c)
+            row["overlapped_comm_first_no_wait"] = {"median_us": u, "min_us": u, "max_us": u, "reps": 5}
+            row["comm_no_wait"] = dict(part, median_us=t * 0.7)
         return row
 
 
@@ -116,9 +121,37 @@ def test_the_launch_order_chooses_the_objective_and_both_are_reported():
     assert 16 <= mean["comm_sms"] <= 32 and mean["order"] == "mean"
 
 
-def test_an_order_that_needs_both_measurements_fails_the_trial_on_a_bench_with_one():
-    with pytest.raises(TrialFailed, match="needs both launch orders"):
-        _search(ScriptedBench(best_c=32), trials=2, order="comm-first")
+def test_comm_first_without_the_host_wait_is_its_own_objective():
+    bench = ScriptedBench(best_c=32, comm_first_best_c=16, no_wait_best_c=24)
+    found = _search(bench, trials=24, order="comm-first-no-wait")
+    assert found["comm_sms"] == 24 and found["order"] == "comm-first-no-wait"
+    row = found["per_bucket"][1024]
+    assert row["objective"] == "comm-first-no-wait" and row["overlapped_us"] == row["comm_first_no_wait_overlapped_us"] == 400
+    assert row["vs_vllm_split"] == row["vs_vllm_split_comm_first_no_wait"] == round(400 / 440, 3)  # 20 is 4 SMs off
+    assert row["comm_first_overlapped_us"] == 450 + 10 * 8  # the other orders are still recorded
+    assert row["comm_no_wait_us"] and row["vllm_split_comm_no_wait_us"]
+    # mean stays the mean of gemm-first and comm-first (with the host wait)
+    mean = _search(ScriptedBench(best_c=32, comm_first_best_c=16, no_wait_best_c=24), trials=24, order="mean")
+    assert 16 <= mean["comm_sms"] <= 32
+
+
+@pytest.mark.parametrize("order, missing", [("comm-first", "comm-first"), ("comm-first-no-wait", "comm-first-no-wait"),
+                                            ("mean", "comm-first")])
+def test_an_order_the_bench_did_not_measure_fails_the_trial(order, missing):
+    with pytest.raises(TrialFailed, match=f"--overlap-order {order} needs the {missing} launch order measured"):
+        _search(ScriptedBench(best_c=32), trials=2, order=order)
+
+
+def test_the_cli_offers_every_launch_order():
+    import argparse
+
+    from moepolicy.cli import tune
+    from moepolicy.tuning.overlap import ORDERS
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    tune.add_parser(sub)
+    action = next(a for a in sub.choices["tune"]._actions if a.dest == "overlap_order")
+    assert tuple(action.choices) == ORDERS
 
 
 class PhysicalBench:

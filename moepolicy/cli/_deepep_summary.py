@@ -8,6 +8,7 @@ from __future__ import annotations
 
 # what the comm-first pair includes besides the GPU's sharing (BENCHMARKS.md, fifth session, run 45)
 COMM_FIRST_NOTE = "; the GEMM launches only after the dispatch's host wait for its receive counts"
+COMM_FIRST_NO_WAIT_NOTE = " (dispatch given num_worst_tokens, receive buffers sized for the worst case)"
 
 
 def _mib(n: int) -> str:
@@ -65,11 +66,11 @@ def overlap_lines(m: dict) -> list[str]:
                    f"{m.get('vllm_split_spread_us', '')}{parts}: x{m['vs_vllm_split']}")
     out.append(f"    vs its floor max(comm alone, GEMM alone) = {m['floor_us']} us: x{m['vs_floor']}; "
                f"serial {m.get('serial_us')} us")
-    for order in ("gemm_first", "comm_first"):
+    for order, label, tail in (("gemm_first", "gemm-first", ""), ("comm_first", "comm-first", COMM_FIRST_NOTE),
+                               ("comm_first_no_wait", "comm-first, no host wait", COMM_FIRST_NO_WAIT_NOTE)):
         if m.get(f"vs_vllm_split_{order}") is not None:
-            out.append(f"    {order.replace('_', '-')}: {m[f'{order}_overlapped_us']} us vs vLLM's split "
-                       f"{m[f'vllm_split_{order}_overlapped_us']} us (x{m[f'vs_vllm_split_{order}']})"
-                       + (COMM_FIRST_NOTE if order == "comm_first" else ""))
+            out.append(f"    {label}: {m[f'{order}_overlapped_us']} us vs vLLM's split "
+                       f"{m[f'vllm_split_{order}_overlapped_us']} us (x{m[f'vs_vllm_split_{order}']}){tail}")
     if m.get("gemm_alone_vs_vllm_split") is not None:
         out.append(f"    GEMM alone on {m['gemm_sms']} SMs: x{m['gemm_alone_vs_vllm_split']} of its time on vLLM's "
                    f"{m['vllm_split_gemm_sms']} (x{m['gemm_sm_ratio_vs_vllm_split']} if its time followed its SMs)")

@@ -45,12 +45,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="--overlap: grid (default): the GEMM is held to its SMs only by the persistent kernel's "
                         "grid, as serving does when it tells DeepGEMM its SMs; green: also a green context "
                         "(an idealised partition, for analysis)")
-    p.add_argument("--overlap-order", choices=["gemm-first", "comm-first", "mean"], default="gemm-first",
+    p.add_argument("--overlap-order", choices=["gemm-first", "comm-first", "comm-first-no-wait", "mean"],
+                   default="gemm-first",
                    help="--overlap: which launch order the split is chosen for: gemm-first (default: the GEMM "
                         "already holds its SMs when DeepEP launches), comm-first (DeepEP's calls are enqueued "
                         "first, as vLLM's DBO and SGLang's TBO schedules order them; the full dispatch's host "
-                        "wait for its receive counts then delays the GEMM's launch), or the mean of both; both "
-                        "are always measured and recorded")
+                        "wait for its receive counts then delays the GEMM's launch), comm-first-no-wait (the "
+                        "same order with the dispatch given num_worst_tokens, so the host does not wait: what "
+                        "a CUDA-graph or run-ahead engine can do), or the mean of gemm-first and comm-first; "
+                        "all are always measured and recorded")
     p.add_argument("--confirm-rounds", type=int, default=5,
                    help="--overlap: rounds in which the best configs and vLLM's split are re-measured (default 5)")
     p.add_argument("--launcher", choices=["local", "torchrun"], default="local",

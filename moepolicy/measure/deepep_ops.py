@@ -1,8 +1,12 @@
-"""The DeepEP operations that are timed: both orders, both timed regions, and combine.
+"""The DeepEP operations that are timed: both orders, the timed regions, and combine.
 
 Timed regions:
 - ``full``: what serving calls: ``get_dispatch_layout`` + dispatch without a cached handle (notify,
   the CPU wait for receive counts, the kernel);
+- ``no-wait``: the same call with ``num_worst_tokens`` (the most rows a rank can receive: every
+  token of every rank), so the host does not wait for the receive counts; the receive buffers are
+  sized for that worst case (DeepEP 29d31c0, intranode only; ``buffer.py`` dispatch docstring). This
+  is the call a CUDA-graph-captured or run-ahead serving host makes;
 - ``cached``: dispatch reusing a cached handle (the kernel only), as DeepEP's own sweep times it.
 A handle is bound to the SM count it was made with (FACTS.md), so each config gets fresh handles.
 """
@@ -15,6 +19,8 @@ from typing import Optional
 import torch
 
 from moepolicy.quant import triton_kernels
+
+REGIONS = ("full", "no-wait", "cached")
 
 
 def join_rank(rank: int, world: int, rendezvous: str, nvl_bytes: int):
@@ -66,7 +72,13 @@ class DeepEPOps:
         # rows each local expert receives, as DeepEP counts them: the groups of the expert GEMM
         self.rows_per_local_expert = [int(n) for n in counts]
 
-    def _dispatch(self, payload, handle, layout: Optional[tuple] = None):
+    @property
+    def worst_tokens(self) -> int:
+        """The most rows this rank can receive: every token of every rank (a token goes to a rank at
+        most once)."""
+        return int(self.work.topk_idx.shape[0]) * int(self.buffer.group_size)
+
+    def _dispatch(self, payload, handle, layout: Optional[tuple] = None, worst: int = 0):
         w = self.work
         if handle is not None:
             recv, _, _, _, _, _ = self.buffer.dispatch(payload, handle=handle, config=self.dcfg)
@@ -75,28 +87,31 @@ class DeepEPOps:
         recv, _, _, per_local_expert, handle, _ = self.buffer.dispatch(
             payload, topk_idx=w.topk_idx, topk_weights=w.topk_weights, num_tokens_per_rank=per_rank,
             num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-            config=self.dcfg)
+            num_worst_tokens=worst, config=self.dcfg)
         return handle, recv, per_local_expert
 
-    def _full(self, payload):
+    def _full(self, payload, region: str = "full"):
+        """``get_dispatch_layout`` + dispatch without a handle; ``no-wait``: with ``num_worst_tokens``."""
+        if region not in REGIONS:
+            raise ValueError(f"timed region must be one of {REGIONS}, got {region!r}")
         layout = self.buffer.get_dispatch_layout(self.work.topk_idx, self.work.num_experts)
-        return self._dispatch(payload, None, layout)[1]
+        return self._dispatch(payload, None, layout, self.worst_tokens if region == "no-wait" else 0)[1]
 
     # --- the timed operations ---------------------------------------------------------------
     def quant_then_dispatch(self, region: str):
         payload = triton_kernels.per_token_group(self.work.x, self.group)
         if region == "cached":
             return self._dispatch(payload, self.handle_fp8)[1]
-        return self._full(payload)
+        return self._full(payload, region)
 
     def dispatch_then_quant(self, region: str):
-        recv = self._dispatch(self.work.x, self.handle_bf16)[1] if region == "cached" else self._full(self.work.x)
+        recv = self._dispatch(self.work.x, self.handle_bf16)[1] if region == "cached" else self._full(self.work.x, region)
         return triton_kernels.per_token_group(recv, self.group)
 
     def dispatch_only(self, payload_kind: str, region: str):
         payload = self.work.x if payload_kind == "bf16" else self._fp8
         handle = self.handle_bf16 if payload_kind == "bf16" else self.handle_fp8
-        return self._dispatch(payload, handle)[1] if region == "cached" else self._full(payload)
+        return self._dispatch(payload, handle)[1] if region == "cached" else self._full(payload, region)
 
     def quant_only(self, which: str):
         """The quantization alone: of the T tokens this rank sends, or of the rows it received."""

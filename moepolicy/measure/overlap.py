@@ -295,10 +295,10 @@ def deepep_waited(comm_alone_us: float, comm_end_us: float, gemm_end_us: float) 
             and comm_end_us > WAITED_STRETCH * comm_alone_us)
 
 
-def measure_overlap(comm, gemm: ConfinedGemm, reps: int, timer, queued: bool = True) -> dict:
+def measure_overlap(comm, gemm: ConfinedGemm, reps: int, timer, queued: bool = True, comm_no_wait=None) -> dict:
     """``comm()`` runs dispatch + combine (DeepEP picks its own stream); the GEMM runs on its own
     stream. Returns comm alone, GEMM alone (confined), their serial sum, and the two started
-    together in both launch orders, each with when each side ended. ``timer``
+    together in each launch order, each with when each side ended. ``timer``
     (``timing.Timer``) flushes L2 and meets the other ranks before every timing; ``queued``, the GPU
     spins while the host enqueues, so that the times are the GPU's (a serving host runs ahead of its
     GPU) rather than including the host's launch of the first kernel (``timing.py``). Every rank's
@@ -311,7 +311,10 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, timer, queued: bool = T
       programs landed; on H200 DeepEP often waited for the whole unclustered GEMM, at split sizes that
       change with the launch timing, and never for the clustered one (``deepep_waited_for_gemm``);
     - ``overlapped_comm_first``: DeepEP's kernels are enqueued first (the full dispatch's CPU wait for
-      the receive counts then delays the GEMM's launch as well)."""
+      the receive counts then delays the GEMM's launch as well);
+    - ``overlapped_comm_first_no_wait`` (when ``comm_no_wait`` is given: the same communication with
+      a dispatch that does not wait on the host, ``num_worst_tokens``): DeepEP enqueued first, as
+      vLLM's DBO and SGLang's TBO order it, without the host wait; ``comm_no_wait`` alone is timed too."""
     device_stream = torch.cuda.current_stream()
 
     def event():
@@ -334,42 +337,49 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, timer, queued: bool = T
         end.synchronize()
         return start.elapsed_time(end) * 1000
 
-    def pair(comm_first: bool) -> tuple[float, float]:
+    def pair(comm_fn, comm_first: bool) -> tuple[float, float]:
         start, end_comm, end_gemm = started(), event(), event()
         gemm.stream.wait_event(start)
         if comm_first:
-            comm()
+            comm_fn()
             end_comm.record(device_stream)
         with torch.cuda.stream(gemm.stream):
             gemm.run()
         end_gemm.record(gemm.stream)
         if not comm_first:
-            comm()
+            comm_fn()
             end_comm.record(device_stream)
         end_comm.synchronize()
         end_gemm.synchronize()
         return start.elapsed_time(end_comm) * 1000, start.elapsed_time(end_gemm) * 1000
 
+    # the communications timed alone, and the pairs (prefix, communication, DeepEP enqueued first)
+    comms = {"comm": comm} if comm_no_wait is None else {"comm": comm, "comm_no_wait": comm_no_wait}
+    pairs = [("overlapped", comm, False), ("comm_first", comm, True)]
+    if comm_no_wait is not None:
+        pairs.append(("comm_first_no_wait", comm_no_wait, True))
     for _ in range(3):
-        comm()
+        for fn in comms.values():
+            fn()
         with torch.cuda.stream(gemm.stream):
             gemm.run()
     torch.cuda.synchronize()
-    xs: dict[str, list[float]] = {k: [] for k in ("comm", "gemm", "overlapped_comm_end", "overlapped_gemm_end",
-                                                  "comm_first_comm_end", "comm_first_gemm_end")}
+    xs: dict[str, list[float]] = {k: [] for k in (*comms, "gemm")}
+    xs.update({f"{prefix}_{side}_end": [] for prefix, _, _ in pairs for side in ("comm", "gemm")})
     for _ in range(reps):
-        xs["comm"].append(timed(comm, device_stream))
+        for name, fn in comms.items():
+            xs[name].append(timed(fn, device_stream))
         xs["gemm"].append(timed(gemm.run, gemm.stream))
-        for comm_first, prefix in ((False, "overlapped"), (True, "comm_first")):
-            end_comm, end_gemm = pair(comm_first)
+        for prefix, comm_fn, comm_first in pairs:
+            end_comm, end_gemm = pair(comm_fn, comm_first)
             xs[f"{prefix}_comm_end"].append(end_comm)
             xs[f"{prefix}_gemm_end"].append(end_gemm)
     xs = timer.slowest_rank_per_rep(xs)
     out = {k: spread(v) for k, v in xs.items()}
     out["serial"] = spread([a + b for a, b in zip(xs["comm"], xs["gemm"])])
-    out["overlapped"] = spread([max(a, b) for a, b in zip(xs["overlapped_comm_end"], xs["overlapped_gemm_end"])])
-    out["overlapped_comm_first"] = spread([max(a, b) for a, b in zip(xs["comm_first_comm_end"],
-                                                                      xs["comm_first_gemm_end"])])
+    for prefix, _, _ in pairs:  # a pair takes until its later side ends
+        name = prefix if prefix == "overlapped" else f"overlapped_{prefix}"
+        out[name] = spread([max(a, b) for a, b in zip(xs[f"{prefix}_comm_end"], xs[f"{prefix}_gemm_end"])])
     out["deepep_waited_for_gemm"] = deepep_waited(out["comm"]["median_us"], out["overlapped_comm_end"]["median_us"],
                                                   out["overlapped_gemm_end"]["median_us"])
     out["gemm_kind"] = gemm.kind

@@ -76,6 +76,8 @@ def modelled_overlap(bench, workload, point, gemm_shape, sm_count: int = 132) ->
             "overlapped": spread(gemm_first), "overlapped_comm_end": spread(gemm_first if waited else comm * 1.1),
             "overlapped_gemm_end": spread(gemm * 1.05), "overlapped_comm_first": spread(overlapped),
             "comm_first_comm_end": spread(comm * 1.1), "comm_first_gemm_end": spread(gemm * 1.05),
+            "comm_no_wait": spread(comm * 0.95), "overlapped_comm_first_no_wait": spread(overlapped * 0.97),
+            "comm_first_no_wait_comm_end": spread(comm), "comm_first_no_wait_gemm_end": spread(gemm),
             "deepep_waited_for_gemm": waited, "floor_us": max(comm, gemm), "comm_sms": point.num_sms,
             "gemm_sms": sm_count - point.num_sms, "gemm_fp8": True, "gemm_tflop": 0.0,
             "gemm_kind": "modelled GEMM (fake DeepEP workers)"}

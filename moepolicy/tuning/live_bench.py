@@ -151,11 +151,11 @@ def _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, re
         works[confined_key] = ConfinedGemm(works[expert_key], sm_count - point.num_sms, gemm_shape.confine)
     gemm = works[confined_key]
 
-    def comm():
-        ops.dispatch_only(workload.payload, "full")
+    def comm(region: str = "full"):
+        ops.dispatch_only(workload.payload, region)
         ops.combine()
 
-    result = measure_overlap(comm, gemm, reps, timer)
+    result = measure_overlap(comm, gemm, reps, timer, comm_no_wait=lambda: comm("no-wait"))
     result.update({"comm_sms": point.num_sms, "gemm_sms": sm_count - point.num_sms, "gemm_fp8": gemm.fp8,
                    "gemm_tflop": gemm.flops / 1e12})
     return result

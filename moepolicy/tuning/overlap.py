@@ -2,10 +2,12 @@
 expert GEMMs.
 
 A measurement starts dispatch + combine on ``c`` SMs and the experts' GEMM on the other SMs together,
-for every token bucket, and times the pair in both launch orders (medians of repeats, with spread;
+for every token bucket, and times the pair in each launch order (medians of repeats, with spread;
 ``measure/overlap.py``). The order the split is chosen for is ``order``: ``gemm-first`` (the GEMM
 holds its SMs when DeepEP launches; on H200 DeepEP's cooperative cluster launch then often waits for
-the whole GEMM, depending on the split), ``comm-first``, or their ``mean``. The search has three phases:
+the whole unclustered GEMM, depending on the split), ``comm-first`` (with the full dispatch's host
+wait for its receive counts), ``comm-first-no-wait`` (the dispatch given ``num_worst_tokens``, no host
+wait), or the ``mean`` of the first two. The search has three phases:
 
 1. split scan: every candidate ``c`` (and vLLM's 20) with DeepEP's default chunks;
 2. joint search: an optuna TPE study over (``c``, dispatch send chunk, combine send chunk) that
@@ -35,20 +37,27 @@ CHUNK_CANDIDATES = {"dispatch": (16, 20, 24, 32), "combine": (6, 8, 10, 12, 16)}
 Chunks = tuple  # ((dispatch config tail), (combine config tail)) as TunePoint takes them
 Config = tuple  # (c, Chunks)
 CONFIRM_SPLITS = 3  # splits whose best config is re-measured beside vLLM's
-# which launch order the split is chosen for (both are measured): the GEMM enqueued first, DeepEP's
-# kernels enqueued first, or the mean of the two
-ORDERS = ("gemm-first", "comm-first", "mean")
+# which launch order the split is chosen for (all are measured), and the pair of ``measure_overlap``'s
+# row that times it: the GEMM enqueued first; DeepEP's calls enqueued first, with the full dispatch's
+# host wait for its receive counts, or without it (``num_worst_tokens``); ``mean``: of the first two
+ORDER_ROWS = {"gemm-first": "overlapped", "comm-first": "overlapped_comm_first",
+              "comm-first-no-wait": "overlapped_comm_first_no_wait"}
+ORDERS = (*ORDER_ROWS, "mean")
+
+
+def _field(order: str) -> str:
+    """A launch order as it prefixes the report's fields: ``comm-first`` → ``comm_first``."""
+    return order.replace("-", "_")
 
 
 def objective_us(row: dict, order: str) -> float:
     """One measurement's overlapped time under ``order`` (``measure_overlap``'s row)."""
-    gemm_first = row["overlapped"]["median_us"]
-    if order == "gemm-first":
-        return gemm_first
-    if "overlapped_comm_first" not in row:
-        raise TrialFailed(f"--overlap-order {order} needs both launch orders measured; this bench measured one")
-    comm_first = row["overlapped_comm_first"]["median_us"]
-    return comm_first if order == "comm-first" else (gemm_first + comm_first) / 2
+    parts = ("gemm-first", "comm-first") if order == "mean" else (order,)
+    missing = [part for part in parts if ORDER_ROWS[part] not in row]
+    if missing:
+        raise TrialFailed(f"--overlap-order {order} needs the {' and '.join(missing)} launch order measured; "
+                          f"this bench did not measure it")
+    return sum(row[ORDER_ROWS[part]]["median_us"] for part in parts) / len(parts)
 
 
 def gemm_shape(plan, workload: Workload, tokens: int, kind: str = "persistent", confine: str = "grid") -> GemmShape:
@@ -206,7 +215,7 @@ def _bucket_report(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[in
         row.update(_launch_order_report(vllm_runs, tokens, "vllm_split_"))
         row.update(gemm_scaling(runs[0][tokens].get("gemm_sms"), vllm_runs[0][tokens].get("gemm_sms"),
                                 row["gemm_us"], row["vllm_split_gemm_us"]))
-        for each in ("gemm_first", "comm_first"):
+        for each in map(_field, ORDER_ROWS):
             if row.get(f"{each}_overlapped_us") and row.get(f"vllm_split_{each}_overlapped_us"):
                 row[f"vs_vllm_split_{each}"] = round(
                     row[f"{each}_overlapped_us"] / row[f"vllm_split_{each}_overlapped_us"], 3)
@@ -243,9 +252,11 @@ def split_bound(m: _Measurer, tokens: int) -> dict:
 def _launch_order_report(runs: list[dict[int, dict]], tokens: int, prefix: str) -> dict:
     """Each launch order's overlapped time (where the bench measured it) and in how many rounds
     DeepEP, enqueued after the GEMM, waited for it instead of running beside it."""
-    out = {f"{prefix}gemm_first_overlapped_us": round(_median(runs, tokens, "overlapped"), 1)}
-    if all("overlapped_comm_first" in run[tokens] for run in runs):
-        out[f"{prefix}comm_first_overlapped_us"] = round(_median(runs, tokens, "overlapped_comm_first"), 1)
+    out = {}
+    names = {key: f"{_field(order)}_overlapped_us" for order, key in ORDER_ROWS.items()}
+    for key, name in (*names.items(), ("comm_no_wait", "comm_no_wait_us")):  # and the no-wait comm alone
+        if all(key in run[tokens] for run in runs):
+            out[f"{prefix}{name}"] = round(_median(runs, tokens, key), 1)
     if all("deepep_waited_for_gemm" in run[tokens] for run in runs):
         out[f"{prefix}deepep_waited_for_gemm_rounds"] = sum(bool(run[tokens]["deepep_waited_for_gemm"]) for run in runs)
     return out
