@@ -111,27 +111,28 @@ def test_overlap_flags_are_checked(tmp_path):
     assert result.returncode != 0 and "Traceback" not in result.stderr and "--sms takes even integers" in result.stderr
 
 
-def test_overlap_order_is_chosen_and_recorded(tmp_path):
+@pytest.mark.parametrize("order, field", [("comm-first", "comm_first_overlapped_us"),
+                                          ("comm-first-no-wait", "comm_first_no_wait_overlapped_us")])
+def test_overlap_order_is_chosen_and_recorded(tmp_path, order, field):
     out = tmp_path / "p.yaml"
     result = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
-                     "--overlap", "--overlap-order", "comm-first", "--sms", "12,32", "--tokens", "1024",
+                     "--overlap", "--overlap-order", order, "--sms", "12,32", "--tokens", "1024",
                      "--trials", "2", "--confirm-rounds", "2", "-o", str(out),
                      "--storage", f"sqlite:///{tmp_path}/s.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
     assert result.returncode == 0, result.stderr
     doc = yaml.safe_load(out.read_text())
-    assert doc["deepep"]["overlap"]["order"] == "comm-first"
     measured = doc["deepep"]["buckets"][0]["measured"]
-    assert measured["objective"] == "comm-first" and measured["overlapped_us"] == measured["comm_first_overlapped_us"]
-    no_wait_out = tmp_path / "nw.yaml"
-    result = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
-                     "--overlap", "--overlap-order", "comm-first-no-wait", "--sms", "12,32", "--tokens", "1024",
-                     "--trials", "2", "--confirm-rounds", "2", "-o", str(no_wait_out),
-                     "--storage", f"sqlite:///{tmp_path}/nw.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
-    assert result.returncode == 0, result.stderr
-    doc = yaml.safe_load(no_wait_out.read_text())
-    measured = doc["deepep"]["buckets"][0]["measured"]
-    assert doc["deepep"]["overlap"]["order"] == measured["objective"] == "comm-first-no-wait"
-    assert measured["overlapped_us"] == measured["comm_first_no_wait_overlapped_us"]
+    assert doc["deepep"]["overlap"]["order"] == measured["objective"] == order
+    assert measured["overlapped_us"] == measured[field]
+    # the floor takes the communication as that order runs it
+    no_wait = order == "comm-first-no-wait"
+    assert measured["comm_region"] == ("no-wait" if no_wait else "full")
+    assert (measured["comm_us"] == measured["comm_no_wait_us"]) == no_wait  # the fake's no-wait comm is 5 % shorter
+    assert ("vs its floor max(comm alone without the host wait, GEMM alone)" in result.stderr) == no_wait
+
+
+def test_an_unknown_overlap_order_is_refused(tmp_path):
+    out = tmp_path / "p.yaml"
     bad = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
                   "--overlap", "--overlap-order", "sideways", "--sms", "12", "--tokens", "1024", "-o", str(out))
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--overlap-order" in bad.stderr

@@ -47,7 +47,8 @@ class ScriptedBench:
         if self.no_wait_best_c is not None:  # comm first without the host wait: a third best split
             u = 400 + 10 * abs(point.num_sms - self.no_wait_best_c)
             row["overlapped_comm_first_no_wait"] = {"median_us": u, "min_us": u, "max_us": u, "reps": 5}
-            row["comm_no_wait"] = dict(part, median_us=t * 0.7)
+            # the host wait makes the communication longer than the GEMM; without it, shorter
+            row["comm"], row["comm_no_wait"] = dict(part, median_us=t * 1.2), dict(part, median_us=t * 0.7)
         return row
 
 
@@ -130,6 +131,12 @@ def test_comm_first_without_the_host_wait_is_its_own_objective():
     assert row["vs_vllm_split"] == row["vs_vllm_split_comm_first_no_wait"] == round(400 / 440, 3)  # 20 is 4 SMs off
     assert row["comm_first_overlapped_us"] == 450 + 10 * 8  # the other orders are still recorded
     assert row["comm_no_wait_us"] and row["vllm_split_comm_no_wait_us"]
+    # its floor and the grid's bound take the communication without the host wait (here below the GEMM)
+    assert row["comm_region"] == "no-wait" and row["comm_us"] == row["comm_no_wait_us"] < row["gemm_us"]
+    assert row["floor_us"] == row["gemm_us"] and row["best_floor_bound_by"] == "GEMM"
+    gemm_first = _search(ScriptedBench(best_c=32, comm_first_best_c=16, no_wait_best_c=24), trials=24)["per_bucket"][1024]
+    assert gemm_first["comm_region"] == "full" and gemm_first["floor_us"] == gemm_first["comm_us"] > gemm_first["gemm_us"]
+    assert gemm_first["best_floor_bound_by"] == "communication"
     # mean stays the mean of gemm-first and comm-first (with the host wait)
     mean = _search(ScriptedBench(best_c=32, comm_first_best_c=16, no_wait_best_c=24), trials=24, order="mean")
     assert 16 <= mean["comm_sms"] <= 32

@@ -59,12 +59,13 @@ def overlap_lines(m: dict) -> list[str]:
     rounds = m.get("rounds", "?")
     out = [f"    overlapped {m['overlapped_us']} us {m.get('overlapped_spread_us', '')}, medians of {rounds} "
            f"rounds ({m.get('objective', 'gemm-first')} launch order)"]
+    comm = "comm alone without the host wait" if m.get("comm_region") == "no-wait" else "comm alone"
     if m.get("vs_vllm_split") is not None:
-        parts = (f"; comm alone {m['vllm_split_comm_us']} us, GEMM alone {m['vllm_split_gemm_us']} us"
+        parts = (f"; {comm} {m['vllm_split_comm_us']} us, GEMM alone {m['vllm_split_gemm_us']} us"
                  if m.get("vllm_split_gemm_us") is not None else "")
         out.append(f"    vs vLLM's split ({VLLM_DBO_COMM_SMS} SMs): {m['vllm_split_overlapped_us']} us "
                    f"{m.get('vllm_split_spread_us', '')}{parts}: x{m['vs_vllm_split']}")
-    out.append(f"    vs its floor max(comm alone, GEMM alone) = {m['floor_us']} us: x{m['vs_floor']}; "
+    out.append(f"    vs its floor max({comm}, GEMM alone) = {m['floor_us']} us: x{m['vs_floor']}; "
                f"serial {m.get('serial_us')} us")
     for order, label, tail in (("gemm_first", "gemm-first", ""), ("comm_first", "comm-first", COMM_FIRST_NOTE),
                                ("comm_first_no_wait", "comm-first, no host wait", COMM_FIRST_NO_WAIT_NOTE)):
