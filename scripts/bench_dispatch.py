@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SHAPES = {"deepseek-v3": (7168, 256, 8), "qwen3-30b-a3b": (2048, 128, 8)}
+from moepolicy.measure.shapes import BENCH_MODELS, bench_shape
 
 
 def provenance(args) -> dict:
@@ -112,7 +112,8 @@ def worker(rank: int, world: int, args, rendezvous: str, out_path: str) -> None:
         dcfg = deep_ep.Buffer.get_dispatch_config(world)
         ccfg = deep_ep.Buffer.get_combine_config(world)
         for shape in args.shapes:
-            hidden, experts, top_k = SHAPES[shape]
+            dims = bench_shape(shape)
+            hidden, experts, top_k = dims.hidden, dims.experts, dims.top_k
             for tokens in args.tokens:
                 work = make_workload(tokens, hidden, experts, top_k, rank, device)
                 ops = DeepEPOps(buffer, work, dcfg, ccfg)
@@ -152,7 +153,7 @@ def worker(rank: int, world: int, args, rendezvous: str, out_path: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench_dispatch.json")
-    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--shapes", nargs="+", default=list(BENCH_MODELS), choices=list(BENCH_MODELS))
     p.add_argument("--tokens", nargs="+", type=int, default=[128, 512, 1024, 4096, 8192])
     p.add_argument("--num-sms", nargs="+", type=int, default=[24])
     p.add_argument("--reps", type=int, default=10, help="timings per round (their median is the round's value)")

@@ -27,8 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-# hidden, experts, top-k, expert intermediate
-SHAPES = {"deepseek-v3": (7168, 256, 8, 2048), "qwen3-30b-a3b": (2048, 128, 8, 768)}
+from moepolicy.measure.shapes import BENCH_MODELS, bench_shape
+
 DEFAULT_CONFIGS = ["64x256x8x4", "128x128x8x5", "64x256x8x4:tma", "128x128x8x4:tma", "128x256x8x3:tma"]
 
 
@@ -69,7 +69,8 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
     device, buffer = join_rank(rank, world, rendezvous, args.nvl_mb * 1024 * 1024)
     timer = Timer(device)
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-    hidden, experts, top_k, inter = SHAPES[args.shape]
+    dims = bench_shape(args.shape)
+    hidden, experts, top_k, inter = dims.hidden, dims.experts, dims.top_k, dims.intermediate
     weights, rows_out = {}, []
 
     def event():
@@ -201,7 +202,7 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="diag_overlap_placement.json")
-    p.add_argument("--shape", default="deepseek-v3", choices=list(SHAPES))
+    p.add_argument("--shape", default="deepseek-v3", choices=list(BENCH_MODELS))
     p.add_argument("--tokens", nargs="+", type=int, default=[1024])
     p.add_argument("--sms", nargs="+", type=int, default=[8, 12, 16, 20, 24, 32, 48])
     p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="BMxBNxWARPSxSTAGES[:tma]")

@@ -17,8 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-# hidden, experts, top-k, expert intermediate
-SHAPES = {"deepseek-v3": (7168, 256, 8, 2048), "qwen3-30b-a3b": (2048, 128, 8, 768)}
+from moepolicy.measure.shapes import BENCH_MODELS, bench_shape
 
 
 def rows_per_local_expert(tokens: int, experts: int, top_k: int, ep: int = 2, seed: int = 0) -> list[int]:
@@ -73,7 +72,9 @@ def main() -> int:
     timer, weights, rows_out = Timer(device, collective=False), {}, []
     roof = copy_tbps(timer)
     print(f"device-to-device copy: {roof:.2f} TB/s (read + write; the memory roof)", flush=True)
-    for shape_name, (hidden, experts, top_k, inter) in SHAPES.items():
+    for shape_name in BENCH_MODELS:
+        dims = bench_shape(shape_name)
+        hidden, experts, top_k, inter = dims.hidden, dims.experts, dims.top_k, dims.intermediate
         for tokens in args.tokens:
             groups = rows_per_local_expert(tokens, experts, top_k)
             for kind in args.kinds:

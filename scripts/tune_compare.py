@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-SHAPES = {"deepseek-v3": (7168, 256, 8), "qwen3-30b-a3b": (2048, 128, 8)}
+from moepolicy.measure.shapes import BENCH_MODELS, bench_shape
 
 
 def ci95(xs):
@@ -43,7 +43,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    p.add_argument("--shapes", nargs="+", default=list(BENCH_MODELS), choices=list(BENCH_MODELS))
     p.add_argument("--grid", action="store_true", help="also record the dispatch grid for the replay")
     args = p.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -63,7 +63,8 @@ def main() -> int:
                           "region": "full call + combine", "sms": args.sms, "tokens": args.tokens,
                           "ep_size": world}, "shapes": {}}
     for shape in args.shapes:
-        hidden, experts, top_k = SHAPES[shape]
+        dims = bench_shape(shape)
+        hidden, experts, top_k = dims.hidden, dims.experts, dims.top_k
         work = Workload(hidden, experts, top_k, world, "fp8")
         bench = LiveBench(world, 1024 * 1024 * 1024, trial_timeout_s=90, reps=20)
         t0 = time.monotonic()
