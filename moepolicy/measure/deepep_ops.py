@@ -105,6 +105,8 @@ class DeepEPOps:
         return self._full(payload, region)
 
     def dispatch_then_quant(self, region: str):
+        # ``no-wait``: the receiver quantizes every row of the worst-case buffer, as a host that does
+        # not know the receive count must
         recv = self._dispatch(self.work.x, self.handle_bf16)[1] if region == "cached" else self._full(self.work.x, region)
         return triton_kernels.per_token_group(recv, self.group)
 

@@ -257,8 +257,9 @@ def split_bound(m: _Measurer, tokens: int) -> dict:
 
 
 def _launch_order_report(runs: list[dict[int, dict]], tokens: int, prefix: str) -> dict:
-    """Each launch order's overlapped time (where the bench measured it) and in how many rounds
-    DeepEP, enqueued after the GEMM, waited for it instead of running beside it."""
+    """Each launch order's overlapped time (where the bench measured it), the no-wait communication
+    alone, and in how many rounds DeepEP, enqueued after the GEMM, waited for it instead of running
+    beside it."""
     out = {}
     names = {key: f"{_field(order)}_overlapped_us" for order, key in ORDER_ROWS.items()}
     for key, name in (*names.items(), ("comm_no_wait", "comm_no_wait_us")):  # and the no-wait comm alone
