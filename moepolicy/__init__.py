@@ -6,7 +6,7 @@ torch (serving processes import it).
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from moepolicy._version import __version__
 
 __all__ = ["__version__", "load_policy"]
 

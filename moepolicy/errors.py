@@ -12,8 +12,10 @@ class MoePolicyError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: object = "") -> None:
+    def __init__(self, message: object = "", *, field: str | None = None) -> None:
         super().__init__(one_line(str(message)))
+        # the input the message starts with, in library words (``ep_size``); the CLI names its flag
+        self.field = field
 
 
 class UsageError(MoePolicyError):

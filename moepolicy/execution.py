@@ -57,4 +57,4 @@ def execution_for(layer: LayerFacts, arch: str, kernel: Optional[str]) -> Execut
     if kernel is None:
         chosen = default_kernel(layer, arch)
         return Execution(chosen, find_mode(chosen, arch, layer), "vLLM's pick for this GPU and scheme")
-    return Execution(kernel, find_mode(kernel, arch, layer), "--expert-kernel")
+    return Execution(kernel, find_mode(kernel, arch, layer), "asked for (expert_kernel)")

@@ -56,7 +56,7 @@ def model_problems(facts: ModelFacts, target: Target) -> list[str]:
         if layout == "internode":
             if target.gpus_per_node != limits.gpus_per_node:
                 problems.append(f"DeepEP internode kernels assume {limits.gpus_per_node} GPUs per node; "
-                                f"--gpus-per-node is {target.gpus_per_node}")
+                                f"gpus_per_node is {target.gpus_per_node}")
             elif ep % limits.gpus_per_node or ep // limits.gpus_per_node not in limits.internode_rdma_ranks:
                 ok = [n * limits.gpus_per_node for n in limits.internode_rdma_ranks]
                 problems.append(f"DeepEP internode kernels run on {ok} ranks; EP size is {ep}")

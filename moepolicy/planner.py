@@ -9,7 +9,7 @@ import datetime as _dt
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from moepolicy import __version__
+from moepolicy._version import __version__
 from moepolicy.errors import InfeasibleError
 from moepolicy.execution import Execution, execution_for
 from moepolicy.feasibility import model_problems, wire_problem
@@ -17,9 +17,8 @@ from moepolicy.keys import compute_keys
 from moepolicy.rules.engine import Decision, decide
 from moepolicy.rules.grammar import RulePack
 from moepolicy.rules.vocabulary import layer_facts
-from moepolicy.runtime.buffers import (
-    effective_rdma_recv, low_latency_bytes_hint, nvl_bytes_hint, rdma_bytes_hint,
-)
+from moepolicy.deepep.buffers import ht_buffer_bytes, low_latency_bytes_hint
+from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
 from moepolicy.schema.facts import LayerFacts, ModelFacts
 from moepolicy.schema.policy import SCHEMA_VERSION
 from moepolicy.target import Target
@@ -86,40 +85,18 @@ def make_plan(facts: ModelFacts, target: Target, packs: Sequence[RulePack]) -> P
     return Plan(facts, target, tuple(packs), layers)
 
 
-def default_chunks(target: Target) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
-    defaults = target.deepep.defaults
-    fallback = defaults.config_fallback
-    dispatch = defaults.dispatch.get(target.ep_size, fallback)
-    combine = defaults.combine.get(target.ep_size, fallback)
-    return dispatch, combine
-
-
-def chunk_doc(values: Sequence[int]) -> dict[str, int]:
-    nvl_send, nvl_recv, rdma_send, rdma_recv = values
-    return {
-        "num_max_nvl_chunked_send_tokens": nvl_send,
-        "num_max_nvl_chunked_recv_tokens": nvl_recv,
-        "num_max_rdma_chunked_send_tokens": rdma_send,
-        "num_max_rdma_chunked_recv_tokens": effective_rdma_recv(rdma_send, rdma_recv),
-    }
-
-
 def buffer_bytes(target: Target, hidden: int, num_experts: int, num_sms: int,
-                 configs: Sequence[Sequence[int]], ll_tokens: int = LL_MAX_TOKENS_DEFAULT) -> tuple[int, int]:
+                 configs: Sequence[ChunkConfig], ll_tokens: int = LL_MAX_TOKENS_DEFAULT) -> tuple[int, int]:
     """(num_nvl_bytes, num_rdma_bytes) for bf16 rows of ``hidden`` under the given configs."""
     if target.backend == "deepep_ll":
         return 0, low_latency_bytes_hint(ll_tokens, hidden, num_experts)
-    hidden_bytes = hidden * 2
-    nvl = max(nvl_bytes_hint(num_sms, c[1], hidden_bytes, target.ep_size) for c in configs)
-    rdma = max(rdma_bytes_hint(num_sms, effective_rdma_recv(c[2], c[3]), hidden_bytes, target.ep_size)
-               for c in configs)
-    return nvl, rdma
+    return ht_buffer_bytes(num_sms, configs, hidden, target.ep_size)
 
 
 def default_deepep_section(plan: Plan) -> dict[str, Any]:
     target = plan.target
-    num_sms = target.deepep.defaults.num_sms or 20
-    dispatch, combine = default_chunks(target)
+    num_sms = default_num_sms(target.deepep)
+    dispatch, combine = default_configs(target.deepep, target.ep_size)
     moe = plan.model.moe_layers
     hidden = max((layer.hidden_size for layer in moe), default=plan.model.hidden_size)
     experts = max((layer.num_experts for layer in moe), default=0)
@@ -134,7 +111,7 @@ def default_deepep_section(plan: Plan) -> dict[str, Any]:
         provenance["note"] = "DeepEP v2 sizes itself and computes SM counts analytically; these legacy fields are unused"
     section: dict[str, Any] = {
         "num_sms": num_sms, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma,
-        "buckets": [{"max_tokens": None, "dispatch": chunk_doc(dispatch), "combine": chunk_doc(combine)}],
+        "buckets": [{"max_tokens": None, "dispatch": dispatch.to_doc(), "combine": combine.to_doc()}],
         "provenance": provenance,
     }
     if target.backend == "deepep_ll":

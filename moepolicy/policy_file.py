@@ -73,7 +73,7 @@ def _finish(raw: dict[str, Any], doc: Any, extra: list[str], version: str, sourc
         message = f"{source}: unknown keys {why}: {', '.join(extra[:5])}" + (
             f" (+{len(extra) - 5} more)" if len(extra) > 5 else "")
         if strict:
-            raise PolicyError(message + " (refused under --strict)")
+            raise PolicyError(message + " (refused in strict mode)")
         warnings.append(message + " (ignored)")
     try:
         expected = compute_keys(raw)
@@ -111,7 +111,7 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
 def parse_policy_light(text: str, source: str, strict: bool = False) -> LoadedPolicy:
     """Validate with pydantic-core directly (the runtime's reader: the same rules, a fraction of
     the import time); ``doc`` is the validated dict."""
-    from moepolicy.runtime.fast_validate import unknown_keys, validate
+    from moepolicy.schema.fast_validate import unknown_keys, validate
 
     raw = _parse_raw(text, source)
     doc = validate(raw, source)

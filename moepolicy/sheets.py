@@ -102,7 +102,7 @@ def gpu_profile(name: str) -> GpuProfile:
     if key not in gpus:
         near = difflib.get_close_matches(key, list(gpus), n=1)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
-        raise UsageError(f"--gpu {name!r} is not a known profile{hint}; known: {', '.join(gpus)}")
+        raise UsageError(f"gpu {name!r} is not a known profile{hint}; known: {', '.join(gpus)}", field="gpu")
     return gpus[key]
 
 
@@ -131,8 +131,8 @@ def deepep_sheet(name: str) -> DeepEPSheet:
         if name in (sheet.name, sheet.version, sheet.commit, sheet.name.removeprefix("deepep-")):
             return sheet
     raise UsageError(
-        f"--deep-ep-version {name!r} matches no capability sheet; known: "
-        + ", ".join(f"{s.name} ({s.version})" for s in sheets.values())
+        f"deep_ep_version {name!r} matches no capability sheet; known: "
+        + ", ".join(f"{s.name} ({s.version})" for s in sheets.values()), field="deep_ep_version"
     )
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from moepolicy import sheets
-from moepolicy.deepep_probe import import_features, matching_sheet
+from moepolicy.deepep.probe import import_features, matching_sheet
 from moepolicy.errors import UsageError
 from moepolicy.schema.capability import DeepEPSheet, GpuProfile
 
@@ -49,7 +49,7 @@ class Target:
 
 def visible_gpu() -> tuple[Optional[str], int]:
     """(profile name, count) of the visible CUDA GPUs via NVML, without importing torch."""
-    from moepolicy.runtime.hardware import nvml_gpus
+    from moepolicy.hardware import nvml_gpus
 
     names = nvml_gpus()
     if not names:
@@ -63,7 +63,7 @@ def visible_gpu() -> tuple[Optional[str], int]:
 
 def _deepep_sheet(version: Optional[str], probe: bool) -> tuple[DeepEPSheet, str]:
     if version:
-        return sheets.deepep_sheet(version), "flag --deep-ep-version"
+        return sheets.deepep_sheet(version), "asked for (deep_ep_version)"
     if probe:
         features = import_features()
         if features is not None:
@@ -86,28 +86,29 @@ def resolve_target(*, gpu: Optional[str] = None, ep_size: Optional[int] = None,
     profile = sheets.gpu_profile(gpu_name)
     ep = ep_size if ep_size is not None else default_ep
     if ep is None:
-        raise UsageError("--ep-size is required (no live GPUs to take it from)")
+        raise UsageError("ep_size is required (no live GPUs to take it from)", field="ep_size")
     if ep < 1:
-        raise UsageError(f"--ep-size must be a positive integer, got {ep}")
+        raise UsageError(f"ep_size must be a positive integer, got {ep}", field="ep_size")
     per_node = gpus_per_node if gpus_per_node is not None else 8
     if per_node < 1:
-        raise UsageError(f"--gpus-per-node must be a positive integer, got {per_node}")
+        raise UsageError(f"gpus_per_node must be a positive integer, got {per_node}", field="gpus_per_node")
     if backend not in ("deepep_ht", "deepep_ll"):
-        raise UsageError(f"--backend must be deepep_ht or deepep_ll, got {backend!r}")
+        raise UsageError(f"backend must be deepep_ht or deepep_ll, got {backend!r}", field="backend")
     if engine not in ("vllm", "sglang"):
-        raise UsageError(f"--engine must be vllm or sglang, got {engine!r}")
+        raise UsageError(f"engine must be vllm or sglang, got {engine!r}", field="engine")
     if static_scale not in ("global-max", "per-expert"):
-        raise UsageError(f"--static-scale must be global-max or per-expert, got {static_scale!r}")
+        raise UsageError(f"static_scale must be global-max or per-expert, got {static_scale!r}", field="static_scale")
     bad = [o for o in options if o not in OPT_INS]
     if bad:
-        raise UsageError(f"--opt-in {bad[0]!r} is unknown; known: {', '.join(OPT_INS)}")
+        raise UsageError(f"options {bad[0]!r} is unknown; known: {', '.join(OPT_INS)}", field="options")
     if expert_kernel is not None and expert_kernel not in sheets.kernel_sheet().kernels:
         import difflib
 
         known = list(sheets.kernel_sheet().kernels)
         near = difflib.get_close_matches(expert_kernel, known, n=1)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
-        raise UsageError(f"--expert-kernel {expert_kernel!r} is unknown{hint}; known: {', '.join(known)}")
+        raise UsageError(f"expert_kernel {expert_kernel!r} is unknown{hint}; known: {', '.join(known)}",
+                         field="expert_kernel")
     sheet, evidence = _deepep_sheet(deep_ep_version, probe)
     return Target(gpu=gpu_name, profile=profile, ep_size=ep, gpus_per_node=per_node,
                   backend=backend, expert_kernel=expert_kernel, engine=engine, deepep=sheet,

@@ -30,7 +30,7 @@ def ci95(xs):
 def main() -> int:
     import optuna
 
-    from moepolicy.runtime.buffers import effective_rdma_recv
+    from moepolicy.deepep.configs import default_configs
     from moepolicy.sheets import deepep_sheet
     from moepolicy.tuning.bench import TrialFailed, TunePoint, Workload
     from moepolicy.tuning.live_bench import LiveBench
@@ -54,9 +54,7 @@ def main() -> int:
         print("tune_compare: needs at least 2 GPUs", file=sys.stderr)
         return 2
     sheet = deepep_sheet("deepep-legacy-29d31c0")
-    fallback = sheet.defaults.config_fallback
-    d0, c0 = sheet.defaults.dispatch.get(world, fallback), sheet.defaults.combine.get(world, fallback)
-    default = ((d0[0], d0[1], d0[2], effective_rdma_recv(d0[2], d0[3])), (c0[0], c0[1], c0[2], effective_rdma_recv(c0[2], c0[3])))
+    default = default_configs(sheet, world)
     space = load_space()
     out = {"provenance": {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                           "command": " ".join(["tune_compare.py", *sys.argv[1:]]), "deepep_commit": "29d31c0",
@@ -91,7 +89,7 @@ def main() -> int:
         bucket = BucketResult(args.tokens, 1.0)
         t1 = time.monotonic()
         tune_bucket(storage, f"{shape}/sms{args.sms}/t{args.tokens}", bench, work, space, args.sms, bucket,
-                    args.trials, default, False, 768, "full", 0, True, lambda line: print(line, flush=True))
+                    args.trials, default, False, 768, "full", 0)
         tune_s = time.monotonic() - t1
         study = optuna.load_study(study_name=f"{shape}/sms{args.sms}/t{args.tokens}", storage=storage)
         done = sorted([t for t in study.trials if t.value is not None and "effective" in t.user_attrs],

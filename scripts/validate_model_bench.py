@@ -40,7 +40,7 @@ def main() -> int:
     for name, bench in (("model", ModelBench("h200")), ("live", LiveBench(2, 1 << 30, reps=20))):
         bucket = BucketResult(args.tokens, 1.0)
         tune_bucket(optuna.storages.InMemoryStorage(), name, bench, work, space, args.sms, bucket, args.trials,
-                    default, False, 768, "full", 0, True, lambda line: None)
+                    default, False, 768, "full", 0)
         bench.close()
         picks[name] = bucket.best
         print(f"{name} bench picks d{bucket.best.dispatch[:2]} c{bucket.best.combine[:2]}", flush=True)

@@ -12,11 +12,20 @@ SHARED_MODELS = ROOT.parent / "shared" / "models"
 os.environ.setdefault("MOEPOLICY_OFFLINE", "1")
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+def cli_command(*args: str, fake_deepep: int = 0, model_bench_delay: float = 0.0) -> list[str]:
+    """The CLI as a process: ``python -m moepolicy ARGS``, or with a test bench source injected."""
+    if not fake_deepep and not model_bench_delay:
+        return [sys.executable, "-m", "moepolicy", *args]
+    return [sys.executable, "-m", "moepolicy.testing.cli", "--fake-deepep", str(fake_deepep),
+            "--model-bench-delay", str(model_bench_delay), "--", *args]
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, fake_deepep: int = 0,
+            model_bench_delay: float = 0.0) -> subprocess.CompletedProcess:
     """Run the installed CLI as a user would, in a separate process."""
     full_env = {**os.environ, "MOEPOLICY_OFFLINE": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "moepolicy", *args], capture_output=True, text=True,
-                          cwd=cwd, env=full_env, timeout=120)
+    return subprocess.run(cli_command(*args, fake_deepep=fake_deepep, model_bench_delay=model_bench_delay),
+                          capture_output=True, text=True, cwd=cwd, env=full_env, timeout=120)
 
 
 def shared_models() -> list[Path]:

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from conftest import cli_command
+
 optuna = pytest.importorskip("optuna", reason="tuning needs optuna")
 
 KILLS = int(os.environ.get("MOEPOLICY_CRASH_KILLS", "20"))
@@ -43,10 +45,10 @@ def output_is_whole(path, previous: str) -> bool:
 
 def test_kill_9_at_random_moments_then_resume(tmp_path):
     rng = random.Random(20261130)
-    env = {**os.environ, "MOEPOLICY_OFFLINE": "1", "MOEPOLICY_MODEL_BENCH_DELAY_S": "0.05"}
+    env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
     out = tmp_path / "policy.yaml"
     db = tmp_path / "studies.db"
-    args = [sys.executable, "-m", "moepolicy", "tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2",
+    args = [*cli_command(model_bench_delay=0.05), "tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2",
             "--gpu", "h200", "--bench", "model", "--sms", "20,24", "--tokens", "512,4096",
             "--trials", str(TRIALS), "--storage", f"sqlite:///{db}", "--study", "crash", "-o", str(out)]
     previous = ""

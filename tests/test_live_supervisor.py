@@ -7,7 +7,7 @@ import pytest
 
 optuna = pytest.importorskip("optuna", reason="tuning needs optuna")
 
-from moepolicy.testing.fake_deepep import fake_worker  # noqa: E402
+from moepolicy.testing.fake_deepep import FakeWorker  # noqa: E402
 from moepolicy.tuning.bench import Workload  # noqa: E402
 from moepolicy.tuning.live_bench import LiveBench  # noqa: E402
 from moepolicy.tuning.space import load_space  # noqa: E402
@@ -18,15 +18,14 @@ DEFAULT = ((24, 256, 6, 132), (10, 256, 6, 132))
 
 def test_faults_become_fail_trials_and_the_group_restarts(monkeypatch):
     # faults are keyed by the bench's running measurement number (LiveBench._token)
-    monkeypatch.setenv("MOEPOLICY_FAKE_FAULTS", "2:hang,4:die,6:raise,7:nan,9:negative,10:tiny")
-    bench = LiveBench(2, 1 << 20, trial_timeout_s=3.0, start_timeout_s=60, worker=fake_worker)
+    faults = {2: "hang", 4: "die", 6: "raise", 7: "nan", 9: "negative", 10: "tiny"}
+    bench = LiveBench(2, 1 << 20, trial_timeout_s=3.0, start_timeout_s=60, worker=FakeWorker(faults))
     storage = optuna.storages.InMemoryStorage()
     bucket = BucketResult(4096, 1.0)
-    lines = []
     started = time.monotonic()
     try:
         tune_bucket(storage, "sup", bench, Workload(7168, 256, 8, 2, "fp8"), load_space(), 24, bucket, 12,
-                    DEFAULT, False, 768, "full", 0, True, lines.append)
+                    DEFAULT, False, 768, "full", 0)
     finally:
         bench.close()
     study = optuna.load_study(study_name="sup", storage=storage)

@@ -15,7 +15,7 @@ def test_overlap_tune_records_the_split_and_exports_it(tmp_path):
     out = tmp_path / "p.yaml"
     result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
                      "--overlap", "--sms", "12,32,48", "--tokens", "1024,4096", "-o", str(out),
-                     "--storage", f"sqlite:///{tmp_path}/s.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
+                     "--storage", f"sqlite:///{tmp_path}/s.db", fake_deepep=2)
     assert result.returncode == 0, result.stderr
     assert "fake DeepEP workers" in result.stderr.splitlines()[0]
     doc = yaml.safe_load(out.read_text())
@@ -96,18 +96,18 @@ def test_overlap_without_torch_says_so_in_one_line(tmp_path):
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                             env={**env, "MOEPOLICY_OFFLINE": "1"}, timeout=120)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1].startswith("moepolicy: --bench live needs CUDA GPUs")
+    assert result.stderr.strip().splitlines()[-1].startswith("moepolicy: --bench live: the live bench needs at least 2 CUDA GPUs")
 
 
 def test_overlap_flags_are_checked(tmp_path):
     result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
                      "--overlap", "--confirm-rounds", "0", "--sms", "12", "--tokens", "1024", "-o", str(tmp_path / "p.yaml"),
-                     "--storage", f"sqlite:///{tmp_path}/s.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
+                     "--storage", f"sqlite:///{tmp_path}/s.db", fake_deepep=2)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "--confirm-rounds >= 1" in result.stderr
     result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
                      "--overlap", "--sms", "12,3x", "--tokens", "1024", "-o", str(tmp_path / "p.yaml"),
-                     "--storage", f"sqlite:///{tmp_path}/s2.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
+                     "--storage", f"sqlite:///{tmp_path}/s2.db", fake_deepep=2)
     assert result.returncode != 0 and "Traceback" not in result.stderr and "--sms takes even integers" in result.stderr
 
 
@@ -118,7 +118,7 @@ def test_overlap_order_is_chosen_and_recorded(tmp_path, order, field):
     result = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
                      "--overlap", "--overlap-order", order, "--sms", "12,32", "--tokens", "1024",
                      "--trials", "2", "--confirm-rounds", "2", "-o", str(out),
-                     "--storage", f"sqlite:///{tmp_path}/s.db", env={"MOEPOLICY_FAKE_DEEPEP": "2"})
+                     "--storage", f"sqlite:///{tmp_path}/s.db", fake_deepep=2)
     assert result.returncode == 0, result.stderr
     doc = yaml.safe_load(out.read_text())
     measured = doc["deepep"]["buckets"][0]["measured"]

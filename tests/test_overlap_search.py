@@ -10,9 +10,20 @@ import pytest
 pytest.importorskip("optuna", reason="the joint search uses optuna")
 
 from moepolicy.tuning.bench import TrialFailed, Workload  # noqa: E402
-from moepolicy.tuning.overlap import VLLM_DBO_COMM_SMS, gemm_scaling, search_overlap, with_send_chunks  # noqa: E402
+from moepolicy.deepep.configs import ChunkConfig  # noqa: E402
+from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS  # noqa: E402
+from moepolicy.tuning.overlap import search_overlap, with_send_chunks  # noqa: E402
+from moepolicy.tuning.overlap_report import OverlapBucketRow, SplitTimes  # noqa: E402
 
-DEFAULT = ((24, 256, 6, 128), (10, 256, 6, 128))
+DEFAULT = (ChunkConfig(24, 256, 6, 128), ChunkConfig(10, 256, 6, 128))
+
+
+def _rows(found) -> dict:
+    """Each bucket's row as the policy document stores it (and ``audit`` reads it back)."""
+    rows = {t: row.to_doc() for t, row in found.rows.items()}
+    for t, row in found.rows.items():
+        assert OverlapBucketRow.from_doc(rows[t]).to_doc() == rows[t]  # the stored form round-trips
+    return rows
 PLAN = SimpleNamespace(model=SimpleNamespace(moe_layers=[SimpleNamespace(moe_intermediate_size=2048)]))
 WORK = Workload(7168, 256, 8, 2, "fp8")
 
@@ -60,11 +71,11 @@ def _search(bench, grid=(12, 16, 24, 32, 48), trials=16, rounds=5, order="gemm-f
 def test_finds_the_best_split_and_chunks_jointly():
     bench = ScriptedBench(best_c=32)
     found = _search(bench, trials=40)
-    assert found["comm_sms"] == 32
-    assert set(found["splits_us"]) == {12, 16, 20, 24, 32, 48}  # vLLM's split is always scanned
-    d, c = found["chunks"][1024]
+    assert found.comm_sms == 32
+    assert set(found.splits_us) == {12, 16, 20, 24, 32, 48}  # vLLM's split is always scanned
+    d, c = found.chunks
     assert d[0] == 24 and c[0] == 12  # the combine chunk moved off DeepEP's default 10
-    row = found["per_bucket"][4096]
+    row = _rows(found)[4096]
     assert row["rounds"] == 5 and len(row["vs_vllm_split_per_round"]) == 5
     assert row["vs_vllm_split"] < 1.0 and row["vllm_split_overlapped_us"] is not None
 
@@ -72,7 +83,7 @@ def test_finds_the_best_split_and_chunks_jointly():
 def test_no_config_is_measured_twice_outside_the_confirmation_rounds():
     bench = ScriptedBench(best_c=32)
     found = _search(bench, trials=30, rounds=4)
-    confirmed = len(found["confirmed_us"])
+    confirmed = len(found.confirmed_us)
     assert confirmed == 4  # the best config of the three best splits, and vLLM's split
     repeats = {k: n for k, n in bench.calls.items() if n > 1}
     # every repeat is a confirmation: 1 search measurement + 4 rounds, for exactly the 4 candidates per bucket
@@ -83,26 +94,26 @@ def test_no_config_is_measured_twice_outside_the_confirmation_rounds():
 def test_one_lucky_reading_does_not_win():
     bench = ScriptedBench(best_c=32, lucky_c=12)
     found = _search(bench)
-    assert found["comm_sms"] == 32  # 12 looked best once (100 us) but lost every confirmation round
-    assert "c=12 chunks 24/10" in found["confirmed_us"]  # it was a candidate ...
-    assert found["confirmed_us"]["c=12 chunks 24/10"] > min(found["confirmed_us"].values())  # ... and lost
+    assert found.comm_sms == 32  # 12 looked best once (100 us) but lost every confirmation round
+    assert "c=12 chunks 24/10" in found.confirmed_us  # it was a candidate ...
+    assert found.confirmed_us["c=12 chunks 24/10"] > min(found.confirmed_us.values())  # ... and lost
 
 
 def test_a_failing_split_is_skipped_and_the_search_goes_on():
     bench = ScriptedBench(best_c=32, failing_c=48)
     found = _search(bench)
-    assert 48 not in found["splits_us"] and found["comm_sms"] == 32
+    assert 48 not in found.splits_us and found.comm_sms == 32
 
 
 def test_with_send_chunks_keeps_the_rest_of_the_config():
-    assert with_send_chunks(DEFAULT, 32, 8) == ((32, 256, 6, 128), (8, 256, 6, 128))
+    assert with_send_chunks(DEFAULT, 32, 8) == (ChunkConfig(32, 256, 6, 128), ChunkConfig(8, 256, 6, 128))
 
 
 def test_a_failed_confirmation_round_is_dropped_for_every_candidate():
     # vLLM's config fails its 3rd measurement at 4096 tokens (1 in the scan, then rounds 1 and 2)
     bench = ScriptedBench(best_c=32, flaky=((VLLM_DBO_COMM_SMS, 24, 10, 4096), 3))
     found = _search(bench, rounds=5)
-    for row in found["per_bucket"].values():
+    for row in _rows(found).values():
         assert row["rounds"] == 4 and len(row["vs_vllm_split_per_round"]) == 4
         assert all(r < 1.0 for r in row["vs_vllm_split_per_round"])  # rounds stay paired
 
@@ -111,22 +122,22 @@ def test_the_launch_order_chooses_the_objective_and_both_are_reported():
     bench = ScriptedBench(best_c=32, comm_first_best_c=16)
     gemm_first = _search(bench, trials=24)
     comm_first = _search(ScriptedBench(best_c=32, comm_first_best_c=16), trials=24, order="comm-first")
-    assert gemm_first["comm_sms"] == 32 and comm_first["comm_sms"] == 16
-    row = comm_first["per_bucket"][1024]
+    assert gemm_first.comm_sms == 32 and comm_first.comm_sms == 16
+    row = _rows(comm_first)[1024]
     assert row["objective"] == "comm-first" and row["overlapped_us"] == row["comm_first_overlapped_us"] == 450
     assert row["vs_vllm_split"] == row["vs_vllm_split_comm_first"] == round(450 / 490, 3)  # vLLM's 20: 4 SMs off
-    d, c = comm_first["chunks"][1024]
+    d, c = comm_first.chunks
     assert row["gemm_first_overlapped_us"] == 500 + 10 * 16 + 2 * abs(d[0] - 24) + 3 * abs(c[0] - 12)  # still recorded
     assert row["vllm_split_deepep_waited_for_gemm_rounds"] == row["rounds"]  # 20 < 32: flagged every round
     mean = _search(ScriptedBench(best_c=32, comm_first_best_c=16), trials=24, order="mean")
-    assert 16 <= mean["comm_sms"] <= 32 and mean["order"] == "mean"
+    assert 16 <= mean.comm_sms <= 32 and mean.order == "mean"
 
 
 def test_comm_first_without_the_host_wait_is_its_own_objective():
     bench = ScriptedBench(best_c=32, comm_first_best_c=16, no_wait_best_c=24)
     found = _search(bench, trials=24, order="comm-first-no-wait")
-    assert found["comm_sms"] == 24 and found["order"] == "comm-first-no-wait"
-    row = found["per_bucket"][1024]
+    assert found.comm_sms == 24 and found.order == "comm-first-no-wait"
+    row = _rows(found)[1024]
     assert row["objective"] == "comm-first-no-wait" and row["overlapped_us"] == row["comm_first_no_wait_overlapped_us"] == 400
     assert row["vs_vllm_split"] == row["vs_vllm_split_comm_first_no_wait"] == round(400 / 440, 3)  # 20 is 4 SMs off
     assert row["comm_first_overlapped_us"] == 450 + 10 * 8  # the other orders are still recorded
@@ -134,12 +145,12 @@ def test_comm_first_without_the_host_wait_is_its_own_objective():
     # its floor and the grid's bound take the communication without the host wait (here below the GEMM)
     assert row["comm_region"] == "no-wait" and row["comm_us"] == row["comm_no_wait_us"] < row["gemm_us"]
     assert row["floor_us"] == row["gemm_us"] and row["best_floor_bound_by"] == "GEMM"
-    gemm_first = _search(ScriptedBench(best_c=32, comm_first_best_c=16, no_wait_best_c=24), trials=24)["per_bucket"][1024]
+    gemm_first = _rows(_search(ScriptedBench(best_c=32, comm_first_best_c=16, no_wait_best_c=24), trials=24))[1024]
     assert gemm_first["comm_region"] == "full" and gemm_first["floor_us"] == gemm_first["comm_us"] > gemm_first["gemm_us"]
     assert gemm_first["best_floor_bound_by"] == "communication"
     # mean stays the mean of gemm-first and comm-first (with the host wait)
     mean = _search(ScriptedBench(best_c=32, comm_first_best_c=16, no_wait_best_c=24), trials=24, order="mean")
-    assert 16 <= mean["comm_sms"] <= 32
+    assert 16 <= mean.comm_sms <= 32
 
 
 @pytest.mark.parametrize("order, missing", [("comm-first", "comm-first"), ("comm-first-no-wait", "comm-first-no-wait"),
@@ -186,7 +197,7 @@ def test_the_split_bound_is_the_lowest_floor_of_the_grid_set_beside_vllms_split(
     best = min(floors, key=floors.get)
     assert best == 4  # GEMM-bound everywhere here: 875 us on 128 SMs; comm alone is 750 us
     for tokens in (1024, 4096):
-        row = found["per_bucket"][tokens]
+        row = _rows(found)[tokens]
         assert row["best_floor_split"] == best and row["best_floor_bound_by"] == "GEMM"
         assert row["best_floor_us"] == round(floors[best], 1)
         vllm = 1.03 * floors[VLLM_DBO_COMM_SMS]
@@ -202,18 +213,22 @@ def test_the_split_bound_is_the_lowest_floor_of_the_grid_set_beside_vllms_split(
 def test_the_gemms_speed_up_over_vllms_split_is_set_beside_the_sm_ratio():
     grid = (4, 8, 12, 16, 32)
     scaling = _search(PhysicalBench(), grid=grid, trials=4, rounds=2)
-    c = scaling["comm_sms"]
-    for row in scaling["per_bucket"].values():
+    c = scaling.comm_sms
+    for row in _rows(scaling).values():
         assert (row["gemm_sms"], row["vllm_split_gemm_sms"]) == (132 - c, 112)
         assert row["gemm_sm_ratio_vs_vllm_split"] == round(112 / (132 - c), 3)
         # a GEMM whose time follows its SMs gains exactly the SM ratio
         assert row["gemm_alone_vs_vllm_split"] == row["gemm_sm_ratio_vs_vllm_split"]
     # a GEMM at a memory roof gains less than the SMs it was given (run 42's DeepSeek-V3 GEMM at 1024 tokens)
-    assert gemm_scaling(126, 112, 1317.9, 1447.8) == {
-        "gemm_sms": 126, "vllm_split_gemm_sms": 112, "gemm_alone_vs_vllm_split": 0.91, "gemm_sm_ratio_vs_vllm_split": 0.889}
+    def made(gemm_sms, vllm_gemm_sms, gemm_us, vllm_gemm_us):
+        return OverlapBucketRow("gemm-first", 1, SplitTimes(1.0, (1.0, 1.0), 1.0, gemm_us, gemm_sms=gemm_sms), 1.0,
+                                "full", vllm=SplitTimes(1.0, (1.0, 1.0), 1.0, vllm_gemm_us, gemm_sms=vllm_gemm_sms))
+
+    measured = made(126, 112, 1317.9, 1447.8).to_doc()
+    assert (measured["gemm_alone_vs_vllm_split"], measured["gemm_sm_ratio_vs_vllm_split"]) == (0.91, 0.889)
     roof = 112000.0 / 120
     roofed = _search(PhysicalBench(gemm_roof_us=roof), grid=grid, trials=4, rounds=2)
-    for row in roofed["per_bucket"].values():
+    for row in _rows(roofed).values():
         expected = max(112000.0 / row["gemm_sms"], roof) / 1000.0
         assert row["gemm_alone_vs_vllm_split"] == round(expected, 3) >= row["gemm_sm_ratio_vs_vllm_split"]
-    assert gemm_scaling(None, 112, 1.0, 1.0) == {}  # a bench that does not say its SMs: nothing claimed
+    assert "gemm_alone_vs_vllm_split" not in made(None, 112, 1.0, 1.0).to_doc()  # SMs unknown: nothing claimed

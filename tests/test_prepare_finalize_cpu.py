@@ -63,7 +63,7 @@ def test_dynamic_per_tensor_orders_differ_and_label_agrees(results):
 
 
 def test_received_rows_follow_routing(results):
-    from moepolicy.runtime.transport import destination_mask
+    from moepolicy.reference.transport import destination_mask
 
     for r in range(WORLD):
         got = results[r][("block128", "quant_then_dispatch")]

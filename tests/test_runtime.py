@@ -118,7 +118,7 @@ def test_ep_size_mismatch_keeps_decisions_uses_defaults(ds_policy):
 
 
 def test_gpu_arch_mismatch(ds_policy, monkeypatch):
-    from moepolicy.runtime import hardware
+    from moepolicy import hardware
 
     monkeypatch.setattr(hardware, "current_arch", lambda: ("sm100", "test"))
     policy = load_policy(ds_policy, ep_size=8)
@@ -237,7 +237,7 @@ def test_unknown_keys_from_newer_minor(ds_policy, caplog):
         policy = load_policy(ds_policy, ep_size=8)
     assert not policy.is_fallback
     assert any("deepep.new_knob" in r.getMessage() for r in caplog.records)
-    with pytest.raises(PolicyError, match="refused under --strict"):
+    with pytest.raises(PolicyError, match="refused in strict mode"):
         load_policy(ds_policy, strict=True)
 
 
@@ -270,7 +270,7 @@ def test_bucket_lookup_and_buffer_sizes(ds_policy):
 
 
 def test_buffer_formulas_match_deepep_worked_values():
-    from moepolicy.runtime.buffers import low_latency_bytes_hint, nvl_bytes_hint, rdma_bytes_hint
+    from moepolicy.deepep.buffers import low_latency_bytes_hint, nvl_bytes_hint, rdma_bytes_hint
 
     # research/deepep-source-notes.md §1.3-1.4 (DeepEP's own formulas, checked there against PR#434)
     assert round(nvl_bytes_hint(20, 256, 14336, 2) / 1e6, 1) == 83.9

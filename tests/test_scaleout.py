@@ -11,16 +11,18 @@ import sys
 
 import pytest
 
+from conftest import cli_command
+
 optuna = pytest.importorskip("optuna", reason="tuning needs optuna")
 
 TRIALS = 10
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "MOEPOLICY_OFFLINE": "1", "MOEPOLICY_MODEL_BENCH_DELAY_S": "0.05",
+ENV = {**os.environ, "MOEPOLICY_OFFLINE": "1",
        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 
 
 def tune(storage: str, out, study="shared", extra=()):
-    return [sys.executable, "-m", "moepolicy", "tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu",
+    return [*cli_command(model_bench_delay=0.05), "tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu",
             "h200", "--bench", "model", "--sms", "24", "--tokens", "1024", "--trials", str(TRIALS),
             "--storage", storage, "--study", study, "-o", str(out), *extra]
 
@@ -121,7 +123,7 @@ def test_torchrun_coordination_with_gloo_and_the_model_bench(tmp_path):
            "tune", "--launcher", "torchrun", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200",
            "--bench", "model", "--sms", "24", "--tokens", "1024", "--trials", "6",
            "--storage", f"sqlite:///{tmp_path}/s.db", "--study", "tr", "-o", str(out)]
-    result = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, "MOEPOLICY_MODEL_BENCH_DELAY_S": "0"},
+    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV,
                             timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "rank 1: measured" in result.stderr

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from conftest import cli_command
+
 optuna = pytest.importorskip("optuna", reason="tuning tests need optuna (pip install 'moepolicy[tune]')")
 
 from moepolicy.testing.bench_contract import BenchContract  # noqa: E402
@@ -59,7 +61,7 @@ def run_bucket(bench, trials, space=None, storage=None, name="s", seed=0):
     storage = storage or optuna.storages.InMemoryStorage()
     bucket = BucketResult(4096, 1.0)
     tune_bucket(storage, name, bench, WORK, space or load_space(), 24, bucket, trials, DEFAULT, False, 768,
-                "full", seed, True, lambda line: None)
+                "full", seed)
     return bucket, optuna.load_study(study_name=name, storage=storage)
 
 
@@ -68,7 +70,7 @@ def test_space_proposes_only_feasible_points():
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     budget = 128 * 1024 * 1024
     max_recv = space.max_nvl_recv(24, 7168, 2, budget)
-    from moepolicy.runtime.buffers import nvl_bytes_hint
+    from moepolicy.deepep.buffers import nvl_bytes_hint
 
     for _ in range(300):
         trial = study.ask()
@@ -134,7 +136,7 @@ def tune_args(tmp_path, *extra, study="s", out="p.yaml", trials=6):
 def test_tune_cli_model_bench_writes_a_loadable_modelled_policy(tmp_path):
     result = run_cli(*tune_args(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert result.stderr.splitlines()[0].startswith("bench: model (asked for with --bench model)")
+    assert result.stderr.splitlines()[0].startswith("bench: model (asked for the model bench)")
     from moepolicy import load_policy
 
     policy = load_policy(tmp_path / "p.yaml", ep_size=2, model="DeepSeek-V3")
@@ -169,11 +171,38 @@ def test_resume_with_another_target_is_refused(tmp_path):
     assert "was made for another model" in other.stderr and len(other.stderr.strip().splitlines()) <= 3
 
 
-def test_storage_password_never_printed_or_written(tmp_path):
-    from moepolicy.tuning.runner import redact
+SECRET_URLS = [  # (url, what must be hidden, what must stay)
+    ("postgresql://tuner:s3cret@db:5432/x", "s3cret", "postgresql://tuner:***@db:5432/x"),
+    ("mysql+pymysql://u:s3cret@h/db", "s3cret", "h/db"),
+    ("sqlite:///q.db?password=QuerySecretPW", "QuerySecretPW", "sqlite:///q.db"),
+    ("postgresql://:OnlyPassPW@localhost:1/db", "OnlyPassPW", "localhost:1/db"),
+    ("postgresql://localhost:1/db?user=alice&password=QueryPW", "QueryPW", "user=alice"),
+    ("postgresql://alice:p@ssw0rdX@host/db", "ssw0rdX", "alice:***@host/db"),
+    ("postgresql://alice:a:b/c@host/db?sslpassword=K3y&token=T0k", "K3y", "host/db"),
+    ("postgresql://alice:a:b/c@host/db?sslpassword=K3y&token=T0k", "T0k", "host/db"),
+    ("postgresql://alice:a:b/c@host/db?sslpassword=K3y&token=T0k", "a:b/c", "alice:***@host"),
+]
 
-    assert redact("postgresql://tuner:s3cret@db:5432/x") == "postgresql://tuner:***@db:5432/x"
-    assert "s3cret" not in redact("mysql+pymysql://u:s3cret@h/db")
+
+@pytest.mark.parametrize("url, secret, kept", SECRET_URLS)
+def test_storage_secrets_are_hidden_in_every_url_shape(url, secret, kept):
+    from moepolicy.tuning.storage import redact_command, redact_url
+
+    assert secret not in redact_url(url) and kept in redact_url(url)
+    for argv in (["tune", "--storage", url], ["tune", f"--storage={url}"]):
+        assert secret not in redact_command(argv)
+    assert redact_url("sqlite:////tmp/a@b/studies.db") == "sqlite:////tmp/a@b/studies.db"  # a path, no user info
+
+
+def test_a_storage_password_reaches_neither_the_policy_nor_stderr(tmp_path):
+    out = tmp_path / "p.yaml"
+    url = f"sqlite:///{tmp_path}/q.db?password=QuerySecretPW"
+    result = run_cli(*tune_args(tmp_path, study="secret")[:-2], "--storage", url, "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "QuerySecretPW" not in result.stderr and "QuerySecretPW" not in out.read_text()
+    refused = run_cli(*tune_args(tmp_path, study="s2")[:-2], "--storage", "postgresql://u:Pw0rd@127.0.0.1:1/db",
+                      "-o", str(tmp_path / "q.yaml"))
+    assert refused.returncode != 0 and "Pw0rd" not in refused.stderr and "Traceback" not in refused.stderr
 
 
 def completed_trials(db):
@@ -187,8 +216,8 @@ def completed_trials(db):
 
 
 def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
-    env = {**os.environ, "MOEPOLICY_OFFLINE": "1", "MOEPOLICY_MODEL_BENCH_DELAY_S": "0.15"}
-    args = [sys.executable, "-m", "moepolicy", *tune_args(tmp_path, study="k")]
+    env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
+    args = [*cli_command(model_bench_delay=0.15), *tune_args(tmp_path, study="k")]
     out = tmp_path / "p.yaml"
     out.write_text("previous complete policy\n")
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
@@ -210,8 +239,8 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
 
 
 def test_ctrl_c_writes_what_was_found(tmp_path):
-    env = {**os.environ, "MOEPOLICY_OFFLINE": "1", "MOEPOLICY_MODEL_BENCH_DELAY_S": "0.15"}
-    args = [sys.executable, "-m", "moepolicy", *tune_args(tmp_path, study="c", trials=40)]
+    env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
+    args = [*cli_command(model_bench_delay=0.15), *tune_args(tmp_path, study="c", trials=40)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     time.sleep(3.5)
     proc.send_signal(signal.SIGINT)
@@ -261,11 +290,12 @@ def test_a_trial_killed_before_its_owner_was_recorded_is_failed_not_counted(tmp_
 
     from moepolicy.tuning.study import ORPHAN_GRACE_S, _budget_used, _fail_orphans
 
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="orphans")
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/s.db")
+    study = optuna.create_study(storage=storage, study_name="orphans")
     killed, claimed = study.ask(), study.ask()
     timer = threading.Timer(ORPHAN_GRACE_S / 4, lambda: claimed.set_user_attr("pid", 1))
     timer.start()
-    _fail_orphans(study)
+    _fail_orphans(storage, study)
     timer.join()
     states = {t.number: t for t in study.get_trials(deepcopy=False)}
     assert states[killed.number].state == optuna.trial.TrialState.FAIL

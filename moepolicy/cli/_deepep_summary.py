@@ -5,6 +5,9 @@ lines."""
 
 from __future__ import annotations
 
+from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
+from moepolicy.tuning.overlap_report import OverlapBucketRow
+
 
 # what the comm-first pair includes besides the GPU's sharing (BENCHMARKS.md, fifth session, run 45)
 COMM_FIRST_NOTE = "; the GEMM launches only after the dispatch's host wait for its receive counts"
@@ -49,38 +52,49 @@ def _bucket_lines(name: str, bucket) -> list[str]:
     if "overlapped_us" not in m:
         timed = ", ".join(f"{k[:-3]} {m[k]} us" for k in ("dispatch_us", "combine_us") if k in m)
         return [f"  {name}: {chunks}" + (f"; {timed}" if timed else "")]
-    return [f"  {name}: {chunks}", *overlap_lines(m)]
+    return [f"  {name}: {chunks}", *overlap_lines(OverlapBucketRow.from_doc(m))]
 
 
-def overlap_lines(m: dict) -> list[str]:
-    """One bucket of ``tune --overlap`` (its ``measured`` row): what ``tune`` prints and ``audit`` shows."""
-    from moepolicy.tuning.overlap import VLLM_DBO_COMM_SMS
+def _us(x: float) -> str:
+    return str(round(x, 1))
 
-    rounds = m.get("rounds", "?")
-    out = [f"    overlapped {m['overlapped_us']} us {m.get('overlapped_spread_us', '')}, medians of {rounds} "
-           f"rounds ({m.get('objective', 'gemm-first')} launch order)"]
-    comm = "comm alone without the host wait" if m.get("comm_region") == "no-wait" else "comm alone"
-    if m.get("vs_vllm_split") is not None:
-        parts = (f"; {comm} {m['vllm_split_comm_us']} us, GEMM alone {m['vllm_split_gemm_us']} us"
-                 if m.get("vllm_split_gemm_us") is not None else "")
-        out.append(f"    vs vLLM's split ({VLLM_DBO_COMM_SMS} SMs): {m['vllm_split_overlapped_us']} us "
-                   f"{m.get('vllm_split_spread_us', '')}{parts}: x{m['vs_vllm_split']}")
-    out.append(f"    vs its floor max({comm}, GEMM alone) = {m['floor_us']} us: x{m['vs_floor']}; "
-               f"serial {m.get('serial_us')} us")
+
+def _x(ratio: float) -> str:
+    return str(round(ratio, 3))
+
+
+def _spread(spread: tuple[float, float]) -> str:
+    return f"[{_us(spread[0])}, {_us(spread[1])}]"
+
+
+def overlap_lines(row: OverlapBucketRow) -> list[str]:
+    """One bucket of ``tune --overlap``: what ``tune`` prints and ``audit`` shows."""
+    c, v = row.chosen, row.vllm
+    out = [f"    overlapped {_us(c.overlapped_us)} us {_spread(c.spread_us)}, medians of {row.rounds} "
+           f"rounds ({row.objective} launch order)"]
+    comm = "comm alone without the host wait" if row.comm_region == "no-wait" else "comm alone"
+    if v is not None:
+        parts = f"; {comm} {_us(v.comm_us)} us, GEMM alone {_us(v.gemm_us)} us" if v.gemm_us else ""
+        out.append(f"    vs vLLM's split ({VLLM_DBO_COMM_SMS} SMs): {_us(v.overlapped_us)} us "
+                   f"{_spread(v.spread_us)}{parts}: x{_x(row.vs_vllm_split)}")
+    out.append(f"    vs its floor max({comm}, GEMM alone) = {_us(row.floor_us)} us: x{_x(row.vs_floor)}; "
+               f"serial {_us(row.serial_us)} us")
     for order, label, tail in (("gemm_first", "gemm-first", ""), ("comm_first", "comm-first", COMM_FIRST_NOTE),
                                ("comm_first_no_wait", "comm-first, no host wait", COMM_FIRST_NO_WAIT_NOTE)):
-        if m.get(f"vs_vllm_split_{order}") is not None:
-            out.append(f"    {label}: {m[f'{order}_overlapped_us']} us vs vLLM's split "
-                       f"{m[f'vllm_split_{order}_overlapped_us']} us (x{m[f'vs_vllm_split_{order}']}){tail}")
-    if m.get("gemm_alone_vs_vllm_split") is not None:
-        out.append(f"    GEMM alone on {m['gemm_sms']} SMs: x{m['gemm_alone_vs_vllm_split']} of its time on vLLM's "
-                   f"{m['vllm_split_gemm_sms']} (x{m['gemm_sm_ratio_vs_vllm_split']} if its time followed its SMs)")
-    if m.get("best_floor_vs_vllm_split") is not None:
-        out.append(f"    bound: the grid's lowest floor is x{m['best_floor_vs_vllm_split']} of vLLM's split "
-                   f"({m['best_floor_us']} us at c={m['best_floor_split']}, the {m['best_floor_bound_by']} alone); "
+        ratio = row.vs_vllm_split_in(order)
+        if ratio is not None:
+            out.append(f"    {label}: {_us(c.by_order[order])} us vs vLLM's split "
+                       f"{_us(v.by_order[order])} us (x{_x(ratio)}){tail}")
+    if row.gemm_alone_vs_vllm_split is not None:
+        out.append(f"    GEMM alone on {c.gemm_sms} SMs: x{_x(row.gemm_alone_vs_vllm_split)} of its time on vLLM's "
+                   f"{v.gemm_sms} (x{_x(row.gemm_sm_ratio_vs_vllm_split)} if its time followed its SMs)")
+    if row.best_floor_vs_vllm_split is not None:
+        b = row.bound
+        out.append(f"    bound: the grid's lowest floor is x{_x(row.best_floor_vs_vllm_split)} of vLLM's split "
+                   f"({_us(b.floor_us)} us at c={b.split}, the {b.bound_by} alone); "
                    f"no split overlaps below its floor beyond the spread")
-    waited = m.get("vllm_split_deepep_waited_for_gemm_rounds")
+    waited = v.deepep_waited_rounds if v is not None else None
     if waited:
-        out.append(f"    at vLLM's split DeepEP waited for the GEMM in {waited} of {rounds} rounds (enqueued "
+        out.append(f"    at vLLM's split DeepEP waited for the GEMM in {waited} of {row.rounds} rounds (enqueued "
                    f"after it, its cluster launch found no room beside the GEMM's programs)")
     return out

@@ -20,3 +20,24 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out=None) ->
 def note(message: str) -> None:
     """A line for the user on stderr (progress, the target used, warnings)."""
     print(message, file=sys.stderr, flush=True)
+
+
+class progress_to_stderr:
+    """Show the ``moepolicy.tuning`` logger's progress lines on stderr while the block runs."""
+
+    def __enter__(self):
+        import logging
+
+        self._logger = logging.getLogger("moepolicy.tuning")
+        self._handler = logging.StreamHandler(sys.stderr)
+        self._handler.setFormatter(logging.Formatter("%(message)s"))
+        self._level, self._propagate = self._logger.level, self._logger.propagate
+        self._logger.addHandler(self._handler)
+        self._logger.setLevel(logging.INFO)
+        self._logger.propagate = False
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._logger.removeHandler(self._handler)
+        self._logger.setLevel(self._level)
+        self._logger.propagate = self._propagate

@@ -3,29 +3,15 @@ section (SMs, provenance, what each bucket measured); then lint the rule packs t
 
 from __future__ import annotations
 
+
 import argparse
 from collections import defaultdict
 
 from moepolicy.cli._deepep_summary import deepep_lines
 from moepolicy.cli._output import table
+from moepolicy.text import index_ranges
 
 FALLBACK_ORDERS = ("dispatch_then_quant",)
-
-
-def ranges(indices: list[int]) -> str:
-    out, start = [], None
-    prev = None
-    for i in sorted(indices):
-        if start is None:
-            start = prev = i
-        elif i == prev + 1:
-            prev = i
-        else:
-            out.append(f"{start}-{prev}" if start != prev else str(start))
-            start = prev = i
-    if start is not None:
-        out.append(f"{start}-{prev}" if start != prev else str(start))
-    return ",".join(out)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -72,12 +58,12 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for (order, rule, _reason), idx in sorted(groups.items(), key=lambda kv: (kv[0][0] not in FALLBACK_ORDERS, kv[0][0], kv[0][1])):
         mark = "FALLBACK " if order in FALLBACK_ORDERS else ""
-        rows.append([f"{mark}{order}", rule, len(idx), ranges(idx)])
+        rows.append([f"{mark}{order}", rule, len(idx), index_ranges(idx)])
     table(["order", "rule", "layers", "indices"], rows)
     if fallback:
         print("\nwhy the fallbacks happened:")
         for (_order, rule, reason), idx in fallback.items():
-            print(f"- {len(idx)} layer(s) [{ranges(idx)}] by {rule}: {reason}")
+            print(f"- {len(idx)} layer(s) [{index_ranges(idx)}] by {rule}: {reason}")
             print(f"  see: moepolicy explain {args.policy} --layer {idx[0]}")
     print()
     for line in deepep_lines(doc.deepep):

@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="moepolicy", description=(
         "Decide, per MoE layer, whether activations are quantized before or after DeepEP dispatch; "
         "tune DeepEP; emit a policy the serving runtime loads."))
-    from moepolicy import __version__
+    from moepolicy._version import __version__
 
     parser.add_argument("--version", action="version", version=f"moepolicy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -34,13 +34,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+# library field names whose flag is not the field's name with dashes
+_FLAGS = {"options": "--opt-in"}
+
+
+def flag_words(exc: MoePolicyError) -> str:
+    """The error's one line, its leading field name (``ep_size``) said as the flag (``--ep-size``)."""
+    message = one_line(str(exc))
+    field = getattr(exc, "field", None)
+    if field and message.startswith(field):
+        return _FLAGS.get(field, "--" + field.replace("_", "-")) + message[len(field):]
+    return message
+
+
+def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
+    """Run one command. ``bench_source`` (a ``tuning.bench_source.BenchSource``) replaces where
+    ``tune`` gets its measurements (tests inject fakes here)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "tune":
+            return int(args.run(args, bench_source) or 0)
         return int(args.run(args) or 0)
     except MoePolicyError as exc:
-        print(f"moepolicy: {one_line(str(exc))}", file=sys.stderr)
+        print(f"moepolicy: {flag_words(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("moepolicy: interrupted", file=sys.stderr)

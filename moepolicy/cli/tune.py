@@ -9,18 +9,29 @@ which first. Outside the model's measured envelope the policy keeps DeepEP's def
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 
-from moepolicy.cli._output import note
+from typing import Optional
+
+from moepolicy.cli._deepep_summary import overlap_lines
+from moepolicy.cli._output import note, progress_to_stderr, table
 from moepolicy.cli._target import add_target_flags
-from moepolicy.errors import UsageError
+from moepolicy.document import write_document
+from moepolicy.errors import TuningError, UsageError
+from moepolicy.tuning.bench_source import BenchChoice, BenchSource
+from moepolicy.tuning.overlap_report import OverlapBucketRow
+from moepolicy.tuning.options import (
+    DEFAULT_STORAGE, OVERLAP_CONFINES, OVERLAP_GEMMS, OverlapOptions, TuneOptions,
+)
+from moepolicy.tuning.storage import redact_command
+
+DEFAULT_NODE_GPUS = 8
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="tune DeepEP (optuna, live or modelled) and write the policy")
     p.add_argument("--model", required=True)
-    add_target_flags(p, ep_required_hint="default: the visible GPU count when tuning live")
+    add_target_flags(p, ep_required_hint="default: the visible GPU count when tuning live, else one full node")
     p.add_argument("--bench", choices=["live", "model"], help="default: live when deep_ep and GPUs are present")
     p.add_argument("--trials", type=int, default=24, help="trials per (SM count, token bucket) study (default 24)")
     p.add_argument("--max-sms", type=int, help="SM budget for communication; without it, the Pareto front")
@@ -34,14 +45,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overlap", action="store_true",
                    help="choose DeepEP's SMs and send chunks against the experts' GEMM on the other SMs "
                         "(live bench; --trials joint trials after a scan of the --sms splits)")
-    p.add_argument("--overlap-gemm", choices=["auto", "persistent", "persistent-clustered", "grouped", "dense"],
+    p.add_argument("--overlap-gemm", choices=list(OVERLAP_GEMMS),
                    default="auto",
                    help="--overlap: the experts' GEMM beside the communication: persistent (block-fp8 grouped "
                         "Triton kernel on exactly the GEMM's SMs), persistent-clustered (the same in 2-CTA "
                         "clusters, as DeepGEMM's multicast launches), grouped (torch's fp8 grouped GEMM) or dense "
                         "(one cuBLAS fp8 GEMM); auto (default): persistent-clustered where the experts run "
                         "DeepGEMM, else persistent; a kind that cannot run falls back")
-    p.add_argument("--overlap-confine", choices=["grid", "green"], default="grid",
+    p.add_argument("--overlap-confine", choices=list(OVERLAP_CONFINES), default="grid",
                    help="--overlap: grid (default): the GEMM is held to its SMs only by the persistent kernel's "
                         "grid, as serving does when it tells DeepGEMM its SMs; green: also a green context "
                         "(an idealised partition, for analysis)")
@@ -63,31 +74,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _bench_kind(args) -> tuple[str, str, int]:
-    import os
-
-    from moepolicy.tuning.live_bench import deep_ep_importable, visible_gpus
-
-    if os.environ.get("MOEPOLICY_FAKE_DEEPEP") and args.bench == "live":  # CI: the supervisor, no GPUs
-        return "live", "fake DeepEP workers (MOEPOLICY_FAKE_DEEPEP)", int(os.environ["MOEPOLICY_FAKE_DEEPEP"])
-
-    gpus = visible_gpus() if args.bench != "model" else 0
-    missing = deep_ep_importable() if args.bench != "model" else "not asked"
-    if args.bench == "live":
-        if gpus < 2:
-            raise UsageError(f"--bench live needs CUDA GPUs (visible: {gpus})")
-        if missing:
-            raise UsageError(f"--bench live: {missing}")
-        return "live", "asked for with --bench live", gpus
-    if args.bench == "model":
-        return "model", "asked for with --bench model", gpus
-    if gpus >= 2 and not missing:
-        return "live", f"deep_ep imports and {gpus} GPUs are visible", gpus
-    why = f"{gpus} CUDA GPU(s) visible" if gpus < 2 else missing
-    return "model", f"{why}: using the calibrated model bench", gpus
-
-
-def _buckets(args, objective) -> list[tuple[int, float]]:
+def _buckets(args, objective) -> tuple[tuple[int, float], ...]:
     if args.tokens:
         try:
             tokens = sorted({int(t) for t in args.tokens.split(",") if t.strip()})
@@ -95,11 +82,38 @@ def _buckets(args, objective) -> list[tuple[int, float]]:
             raise UsageError(f"--tokens takes integers like 128,1024,4096, got {args.tokens!r}") from None
         if not tokens or tokens[0] <= 0:
             raise UsageError(f"--tokens needs positive token counts, got {args.tokens!r}")
-        return [(t, 1.0) for t in tokens]
-    return sorted((int(b["tokens"]), float(b.get("weight", 1.0))) for b in objective["buckets"])
+        return tuple((t, 1.0) for t in tokens)
+    return tuple(sorted((int(b["tokens"]), float(b.get("weight", 1.0))) for b in objective["buckets"]))
 
 
-def _torchrun(args: argparse.Namespace) -> int:
+def _sms(text: Optional[str]) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(sorted({int(s) for s in text.split(",") if s.strip()}))
+    except ValueError:
+        raise UsageError(f"--sms takes even integers like 20,24, got {text!r}") from None
+
+
+def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
+    """The frozen options a tune runs with, checked; flags are named here, not below the CLI."""
+    if args.trials < 1:
+        raise UsageError(f"--trials must be at least 1, got {args.trials}")
+    if args.max_sms is not None and args.max_sms < 2:
+        raise UsageError(f"--max-sms must be at least 2, got {args.max_sms}")
+    overlap = None
+    if args.overlap:
+        if args.confirm_rounds < 1:
+            raise UsageError(f"--overlap needs --confirm-rounds >= 1 (got {args.confirm_rounds})")
+        overlap = OverlapOptions(gemm=args.overlap_gemm, confine=args.overlap_confine, order=args.overlap_order,
+                                 confirm_rounds=args.confirm_rounds)
+    return TuneOptions(buckets=_buckets(args, objective), trials=args.trials, max_sms=args.max_sms,
+                       sms=_sms(args.sms), max_buffer_mb=args.max_buffer_mb, storage=args.storage or DEFAULT_STORAGE,
+                       study=args.study, seed=args.seed, command="moepolicy " + redact_command(sys.argv[1:]),
+                       overlap=overlap)
+
+
+def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
     """Rank 0 tunes as usual with a coordinated bench; the other ranks serve measurements."""
     import os
 
@@ -127,57 +141,95 @@ def _torchrun(args: argparse.Namespace) -> int:
         inner = RankBench(dist.group.WORLD, args.max_buffer_mb * 1024 * 1024 // 128 * 128)
     else:
         dist.init_process_group("gloo")
-        from moepolicy.tuning.model_bench import ModelBench
-
-        inner = ModelBench(resolve_target(gpu=args.gpu, ep_size=world, probe=False).gpu)
+        inner = source.build(BenchChoice("model", "torchrun", world),
+                             resolve_target(gpu=args.gpu, ep_size=world, probe=False).gpu, 0, 0.0, 0)
     try:
         if dist.get_rank() != 0:
             served = serve(inner)
             note(f"rank {dist.get_rank()}: measured {served} trials")
             return 0
-        args.coordinated = CoordinatedBench(inner)
+        bench = CoordinatedBench(inner)
         try:
-            return _run_local(args)
+            choice = BenchChoice(args.bench, f"torchrun, {world} ranks, rank 0 drives the study", world)
+            return _tune_and_write(args, choice, lambda plan, objective: bench)
         finally:
-            args.coordinated.close()
+            bench.close()
     finally:
         dist.barrier()
         dist.destroy_process_group()
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
+    source = source or BenchSource()
     if args.launcher == "torchrun":
-        return _torchrun(args)
-    return _run_local(args)
+        return _torchrun(args, source)
+    try:
+        choice = source.choose(args.bench)
+    except TuningError as exc:
+        raise UsageError(f"--bench {args.bench}: {exc}") from None
+    if args.overlap and choice.kind != "live":
+        raise UsageError("--overlap needs the live bench: it times DeepEP beside a confined GEMM on GPUs "
+                         f"(bench: {choice.kind}, {choice.why})")
+    if choice.kind == "live" and args.ep_size is not None and args.ep_size != choice.ranks:
+        raise UsageError(f"live tuning runs on the {choice.ranks} visible GPUs; --ep-size {args.ep_size} differs "
+                         f"(use --bench model, or run where {args.ep_size} GPUs are visible)")
+
+    def build(plan, objective):
+        return source.build(choice, plan.target.gpu, args.max_buffer_mb * 1024 * 1024 // 128 * 128,
+                            args.trial_timeout, int(objective.get("reps", 20)))
+
+    return _tune_and_write(args, choice, build)
 
 
-def _run_local(args: argparse.Namespace) -> int:
+def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench) -> int:
     from moepolicy.cli.plan import build_plan
     from moepolicy.tuning.space import load_objective, load_space
 
-    if args.trials < 1:
-        raise UsageError(f"--trials must be at least 1, got {args.trials}")
-    if args.max_sms is not None and args.max_sms < 2:
-        raise UsageError(f"--max-sms must be at least 2, got {args.max_sms}")
-    if getattr(args, "coordinated", None) is not None:
-        kind, why, gpus = args.bench, f"torchrun, {args.ep_size} ranks, rank 0 drives the study", args.ep_size
-    else:
-        kind, why, gpus = _bench_kind(args)
-    note(f"bench: {kind} ({why})")
-    if kind == "live" and args.ep_size is not None and args.ep_size != gpus and getattr(args, "coordinated", None) is None:
-        raise UsageError(f"live tuning runs on the {gpus} visible GPUs; --ep-size {args.ep_size} differs "
-                         f"(use --bench model, or run where {args.ep_size} GPUs are visible)")
-    plan = build_plan(args, default_ep=gpus if kind == "live" else None)
+    note(f"bench: {choice.kind} ({choice.why})")
+    objective, space = load_objective(), load_space()
+    options = tune_options(args, objective)
+    default_ep = choice.ranks if choice.kind == "live" else None
+    if choice.kind == "model" and args.ep_size is None:
+        default_ep = args.gpus_per_node or DEFAULT_NODE_GPUS
+        note(f"no --ep-size and no GPUs to count: assuming one full node, EP {default_ep} "
+             "(pass --ep-size to choose)")
+    plan = build_plan(args, default_ep=default_ep)
     try:
         import optuna
     except ImportError:
         raise UsageError("tuning needs optuna: pip install 'moepolicy[tune]'") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    objective, space = load_objective(), load_space()
-    from moepolicy.tuning.runner import redact, tune_plan
+    from moepolicy.tuning.runner import tune_plan
 
-    tune_plan(plan, kind=kind, args=args, space=space, objective=objective,
-                    buckets=_buckets(args, objective),
-                    command=redact("moepolicy " + " ".join(shlex.quote(a) for a in sys.argv[1:])))
+    with progress_to_stderr():
+        result = tune_plan(plan, build_bench(plan, objective), options, space, objective)
+    render(result)
+    write_document(result.document, args.output)
     note(f"wrote {args.output}")
+    if result.interrupted:
+        raise KeyboardInterrupt
     return 0
+
+
+def render(result) -> None:
+    """The tune's summary on stderr: the overlap split per bucket, or default vs tuned per bucket."""
+    if result.overlap is not None:
+        found = result.overlap
+        note(f"overlap: {found.comm_sms} communication SMs, GEMM on {found.gemm_sms}: {found.why}")
+        stored = [bucket["measured"] for bucket in result.document["deepep"]["buckets"]]
+        for tokens, measured in zip(found.rows, stored):  # rendered as audit renders the file
+            note(f"  T={tokens}:")
+            for line in overlap_lines(OverlapBucketRow.from_doc(measured)):
+                note(line)
+        return
+    if not result.buckets:
+        note(f"DeepEP: {result.num_sms} SMs, DeepEP's default configs ({result.label}): {result.why}")
+        return
+    rows = []
+    for b in result.buckets:
+        gain = f"{(b.default_us / b.tuned_us - 1) * 100:+.1f}%" if b.default_us else "-"
+        rows.append([b.tokens, f"{b.default_us:.1f}" if b.default_us else "-", f"{b.tuned_us:.1f}", gain,
+                     f"d{b.point.dispatch[:2]} c{b.point.combine[:2]}"])
+    note(f"num_sms {result.num_sms}: {result.why}")
+    table(["tokens", f"default us ({result.label}, {result.region})", "tuned us", "gain", "config (nvl send, recv)"],
+          rows, out=sys.stderr)

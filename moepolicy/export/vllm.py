@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
 from moepolicy.errors import PolicyError
 from moepolicy.schema.policy import PolicyDoc
+from moepolicy.text import index_ranges
 
-VLLM_HT_NUM_SMS = 20
 VLLM_DEFAULT_BUFFER_MB = 1024
 VLLM_LL_HIDDEN_SIZES = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
 INT_MAX = 2**31 - 1
@@ -83,14 +84,8 @@ def export(doc: PolicyDoc) -> dict[str, Any]:
         if vllm_order != layer.order:
             differ.setdefault(f"{layer.order} ({layer.rule}); vLLM does {vllm_order}", []).append(layer.index)
     for what, idx in differ.items():
-        cannot.append(f"layers {_ranges(idx)}: {what}")
+        cannot.append(f"layers {index_ranges(idx)}: {what}")
     return {"env": env, "args": args, "cannot_express": cannot}
-
-
-def _ranges(indices: list[int]) -> str:
-    from moepolicy.cli.audit import ranges
-
-    return ranges(indices)
 
 
 def render_shell(result: dict[str, Any], model: str) -> str:

@@ -130,7 +130,7 @@ def capability_block(rule: Rule, sheet: DeepEPSheet, layout: str, allowed: Seque
             return f"needs {cap_id} ({layout}), which {sheet.name} does not support"
         if entry.evidence not in allowed:
             return (f"needs {cap_id} ({layout}), known only as {entry.evidence} "
-                    f"({entry.source}); opt in with --opt-in inferred-capabilities")
+                    f"({entry.source}); opt in with the option inferred-capabilities")
     return None
 
 

@@ -39,7 +39,7 @@ def load_user_pack(spec: str) -> RulePack:
     if spec in builtin_names():
         return builtin_pack(spec)
     raise RulePackError(
-        f"--rules {spec!r}: no such file, and not a built-in pack ({', '.join(builtin_names())})"
+        f"rules {spec!r}: no such file, and not a built-in pack ({', '.join(builtin_names())})", field="rules"
     )
 
 
@@ -48,7 +48,7 @@ def pack_stack(extra: Sequence[str] = ()) -> list[RulePack]:
     packs = [load_user_pack(spec) for spec in extra]
     names = [p.name for p in packs]
     if len(set(names)) != len(names):
-        raise RulePackError(f"--rules names a pack twice: {names}")
+        raise RulePackError(f"rules names a pack twice: {names}", field="rules")
     if DEFAULT_PACK not in names:
         packs.append(builtin_pack(DEFAULT_PACK))
     return packs

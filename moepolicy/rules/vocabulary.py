@@ -49,7 +49,7 @@ VOCABULARY: dict[str, FactType] = {
     "target.engine": FactType("enum", ("vllm", "sglang"), "serving engine conventions"),
     "target.deepep_api": FactType("enum", ("legacy", "v2"), "DeepEP API generation"),
     "target.static_scale": FactType("enum", ("global-max", "per-expert"), "static input scale convention: one global max for all experts, or each expert's own"),
-    "target.options": FactType("set", doc="opt-ins given with --opt-in"),
+    "target.options": FactType("set", doc="the opt-ins the target was given"),
     "kernel.name": FactType("str", doc="expert kernel consuming the dispatched tokens"),
     "kernel.supported": FactType("bool", doc="the kernel runs this layer's scheme on this GPU"),
     "kernel.act_dtype": FactType("enum", ("fp8_e4m3", "int8", "nvfp4", "mxfp8", "bf16", "unknown"), "activation dtype the kernel consumes"),

@@ -44,7 +44,7 @@ def _facts_check(doc: PolicyDoc, model: Optional[str]) -> SubCheck:
 
 
 def _arch_check(doc: PolicyDoc) -> SubCheck:
-    from moepolicy.runtime.hardware import current_arch
+    from moepolicy.hardware import current_arch
 
     arch, how = current_arch()
     if arch is None:
@@ -91,7 +91,7 @@ def _ep_check(doc: PolicyDoc, ep_size: Optional[int]) -> SubCheck:
 
 
 def _gpu_check(doc: PolicyDoc) -> SubCheck:
-    from moepolicy.runtime.hardware import nvml_gpus
+    from moepolicy.hardware import nvml_gpus
 
     names = nvml_gpus()
     if not names:
@@ -102,7 +102,7 @@ def _gpu_check(doc: PolicyDoc) -> SubCheck:
 
 
 def _deepep_check(doc: PolicyDoc) -> SubCheck:
-    from moepolicy.deepep_probe import imported_features, matching_sheet
+    from moepolicy.deepep.probe import imported_features, matching_sheet
 
     features = imported_features()
     if features is None:

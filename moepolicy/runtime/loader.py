@@ -14,13 +14,11 @@ from typing import Optional
 
 from moepolicy.errors import PolicyError
 from moepolicy.wire import Scale, Wire
-from moepolicy.runtime.policy import (
-    Bucket, ChunkConfig, DeepEPSettings, LayerDecision, Policy, SafePolicy,
-)
+from moepolicy.deepep.configs import ChunkConfig
+from moepolicy.runtime.policy import Bucket, DeepEPSettings, LayerDecision, Policy, SafePolicy
 
 _WARNED: set[tuple[str, str]] = set()
 _WARN_LOCK = threading.Lock()
-DEFAULT_NUM_SMS = 20
 
 
 def _warn_once(source: str, message: str) -> None:
@@ -33,13 +31,9 @@ def _warn_once(source: str, message: str) -> None:
     logging.getLogger("moepolicy").warning("moepolicy: %s", message)
 
 
-def _chunk(c: dict) -> ChunkConfig:
-    return ChunkConfig(c["num_max_nvl_chunked_send_tokens"], c["num_max_nvl_chunked_recv_tokens"],
-                       c["num_max_rdma_chunked_send_tokens"], c["num_max_rdma_chunked_recv_tokens"])
-
-
 def _settings_from_doc(deepep: dict) -> DeepEPSettings:
-    buckets = tuple(Bucket(b["max_tokens"], _chunk(b["dispatch"]), _chunk(b["combine"])) for b in deepep["buckets"])
+    buckets = tuple(Bucket(b["max_tokens"], ChunkConfig.from_doc(b["dispatch"]), ChunkConfig.from_doc(b["combine"]))
+                    for b in deepep["buckets"])
     source = deepep["provenance"]["source"]
     return DeepEPSettings(num_sms=deepep["num_sms"], num_nvl_bytes=deepep["num_nvl_bytes"],
                           num_rdma_bytes=deepep["num_rdma_bytes"], buckets=buckets, source=source,
@@ -50,27 +44,21 @@ def default_settings(ep_size: Optional[int], hidden: Optional[int] = None,
                      sheet_name: Optional[str] = None) -> DeepEPSettings:
     """DeepEP's built-in configs for ``ep_size`` (what DeepEP would use without a policy)."""
     from moepolicy import sheets
-    from moepolicy.runtime.buffers import effective_rdma_recv, nvl_bytes_hint, rdma_bytes_hint
+    from moepolicy.deepep.buffers import ht_buffer_bytes
+    from moepolicy.deepep.configs import default_configs, default_num_sms
 
     try:
         sheet = sheets.deepep_sheet(sheet_name or sheets.NEWEST_SHEET)
     except Exception:  # noqa: BLE001 (an unknown sheet name still gets the newest defaults)
         sheet = sheets.deepep_sheet(sheets.NEWEST_SHEET)
-    d = sheet.defaults
     ranks = ep_size or 8
-    disp = d.dispatch.get(ranks, d.config_fallback)
-    comb = d.combine.get(ranks, d.config_fallback)
-
-    def chunk(c):
-        return ChunkConfig(c[0], c[1], c[2], effective_rdma_recv(c[2], c[3]))
-
-    num_sms = d.num_sms or DEFAULT_NUM_SMS
+    disp, comb = default_configs(sheet, ranks)
+    num_sms = default_num_sms(sheet)
     nvl = rdma = 0
     if hidden:
-        nvl = max(nvl_bytes_hint(num_sms, c[1], hidden * 2, ranks) for c in (disp, comb))
-        rdma = max(rdma_bytes_hint(num_sms, effective_rdma_recv(c[2], c[3]), hidden * 2, ranks) for c in (disp, comb))
+        nvl, rdma = ht_buffer_bytes(num_sms, (disp, comb), hidden, ranks)
     return DeepEPSettings(num_sms=num_sms, num_nvl_bytes=nvl, num_rdma_bytes=rdma,
-                          buckets=(Bucket(None, chunk(disp), chunk(comb)),), source="default",
+                          buckets=(Bucket(None, disp, comb),), source="default",
                           is_default=True)
 
 
@@ -112,7 +100,7 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
         strict: raise :class:`~moepolicy.errors.PolicyError` instead of falling back.
     """
     from moepolicy.policy_file import parse_policy_light, read_policy
-    from moepolicy.runtime.fast_validate import View
+    from moepolicy.schema.fast_validate import View
     from moepolicy.runtime.keycheck import check_keys, summarise
 
     source = str(path)

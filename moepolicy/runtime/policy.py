@@ -7,7 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from moepolicy.runtime import buffers
+from moepolicy.deepep import buffers
+from moepolicy.deepep.configs import ChunkConfig
 from moepolicy.wire import Wire
 
 
@@ -33,20 +34,6 @@ SAFE_RULE = "safe-fallback"
 def safe_layer(index: int, reason: str) -> LayerDecision:
     return LayerDecision(index=index, kind="moe", order="dispatch_then_quant", wire=BF16_WIRE,
                          numerics="approximate", rule=SAFE_RULE, reason=reason)
-
-
-@dataclass(frozen=True)
-class ChunkConfig:
-    nvl_send: int
-    nvl_recv: int
-    rdma_send: int
-    rdma_recv: int
-
-    def as_kwargs(self) -> dict[str, int]:
-        return {"num_max_nvl_chunked_send_tokens": self.nvl_send,
-                "num_max_nvl_chunked_recv_tokens": self.nvl_recv,
-                "num_max_rdma_chunked_send_tokens": self.rdma_send,
-                "num_max_rdma_chunked_recv_tokens": self.rdma_recv}
 
 
 @dataclass(frozen=True)
@@ -82,8 +69,8 @@ class DeepEPSettings:
         import deep_ep  # the serving process has it; loading a policy does not need it
 
         bucket = self.bucket_for(num_tokens)
-        return (deep_ep.Config(self.num_sms, *_tuple(bucket.dispatch)),
-                deep_ep.Config(self.num_sms, *_tuple(bucket.combine)))
+        return (deep_ep.Config(self.num_sms, *bucket.dispatch),
+                deep_ep.Config(self.num_sms, *bucket.combine))
 
     def buffer_bytes(self, hidden: int, num_ranks: int) -> tuple[int, int]:
         """(num_nvl_bytes, num_rdma_bytes) for bf16 rows of ``hidden`` over every bucket's configs:
@@ -93,7 +80,7 @@ class DeepEPSettings:
         for bucket in self.buckets:
             for chunk in (bucket.dispatch, bucket.combine):
                 if deep_ep is not None:
-                    config = deep_ep.Config(self.num_sms, *_tuple(chunk))
+                    config = deep_ep.Config(self.num_sms, *chunk)
                     nvl = max(nvl, config.get_nvl_buffer_size_hint(hidden * 2, num_ranks))
                     if num_ranks > 8:
                         rdma = max(rdma, config.get_rdma_buffer_size_hint(hidden * 2, num_ranks))
@@ -101,10 +88,6 @@ class DeepEPSettings:
                     nvl = max(nvl, buffers.nvl_bytes_hint(self.num_sms, chunk.nvl_recv, hidden * 2, num_ranks))
                     rdma = max(rdma, buffers.rdma_bytes_hint(self.num_sms, chunk.rdma_recv, hidden * 2, num_ranks))
         return nvl, rdma
-
-
-def _tuple(chunk: ChunkConfig) -> tuple[int, int, int, int]:
-    return chunk.nvl_send, chunk.nvl_recv, chunk.rdma_send, chunk.rdma_recv
 
 
 class Policy:

@@ -123,6 +123,8 @@ class BucketDoc(_Doc):
 class ProvenanceDoc(_Doc):
     """Where the DeepEP numbers came from; free-form details (study, trials, command, date) allowed."""
 
+    model_config = ConfigDict(json_schema_extra={"x-free-form": True})
+
     source: Literal["measured", "modelled", "extrapolated", "default"]
     note: str = ""
 

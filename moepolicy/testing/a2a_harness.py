@@ -40,7 +40,7 @@ def worker(rank: int, world: int, transport_kind: str, outdir: str, tokens: int 
     import torch.distributed as dist
 
     from moepolicy.quant.reference import global_static_scale
-    from moepolicy.runtime.prepare_finalize import PrepareFinalize, QuantSpec
+    from moepolicy.reference.prepare_finalize import PrepareFinalize, QuantSpec
 
     gpu = transport_kind == "deepep"
     if gpu:
@@ -52,11 +52,11 @@ def worker(rank: int, world: int, transport_kind: str, outdir: str, tokens: int 
         import deep_ep
 
         buffer = deep_ep.Buffer(dist.group.WORLD, int(2e8), 0)
-        from moepolicy.runtime.transport import DeepEPTransport
+        from moepolicy.reference.transport import DeepEPTransport
 
         transport = DeepEPTransport(buffer, num_experts)
     else:
-        from moepolicy.runtime.transport import GatherTransport
+        from moepolicy.reference.transport import GatherTransport
 
         transport = GatherTransport(None, num_experts)
     x, topk_idx, topk_w = make_inputs(rank, tokens, hidden, num_experts, top_k, device)
@@ -101,7 +101,7 @@ def reference_rows(results: list[dict], name: str, order_key, world: int, tokens
     received, in the order it received them."""
     from moepolicy.quant import reference
     from moepolicy.quant.reference import global_static_scale
-    from moepolicy.runtime.prepare_finalize import QuantSpec, quantize
+    from moepolicy.reference.prepare_finalize import QuantSpec, quantize
 
     fields = SPECS[name]
     static = float(global_static_scale(per_expert_static_scales(num_experts)))
@@ -166,7 +166,7 @@ def spawn_low_latency(world: int, outdir: str, **kwargs) -> list:
 
 def combine_is_exact(results: list[dict], world: int, num_experts: int) -> bool:
     """Combine sums each received row back to its token: x times the ranks it went to, on every rank."""
-    from moepolicy.runtime.transport import destination_mask
+    from moepolicy.reference.transport import destination_mask
 
     for r in range(world):
         data = results[r]["combine"]

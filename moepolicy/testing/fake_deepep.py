@@ -1,33 +1,38 @@
 """A fake DeepEP worker for the supervised live bench: no GPU, answers with the model bench, and
 misbehaves on request so the watchdog, restarts and FAIL trials can be tested in CI.
 
-``MOEPOLICY_FAKE_FAULTS="2:hang,4:die,6:raise,7:nan"``: what to do on the bench's n-th
+``FakeWorker({2: "hang", 4: "die", 6: "raise", 7: "nan"})``: what to do on the bench's n-th
 measurement (hang past the watchdog, kill the process as a device trap would, raise as a DeepEP host
-assert does, or answer nonsense: ``nan``, ``negative``, ``tiny``).
+assert does, or answer nonsense: ``nan``, ``negative``, ``tiny``). ``fake_worker`` misbehaves never.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Mapping, Optional
 
 
-def _faults() -> dict[int, str]:
-    out = {}
-    for item in filter(None, os.environ.get("MOEPOLICY_FAKE_FAULTS", "").split(",")):
-        n, kind = item.split(":")
-        out[int(n)] = kind
-    return out
+class FakeWorker:
+    """A worker process's target (picklable): the faults to inject, by measurement number."""
+
+    def __init__(self, faults: Optional[Mapping[int, str]] = None):
+        self.faults = dict(faults or {})
+
+    def __call__(self, rank, world, rendezvous, buffer_bytes, commands, results, reps) -> None:
+        _serve(rank, commands, results, self.faults)
 
 
-def fake_worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands, results, reps: int) -> None:
+fake_worker = FakeWorker()
+
+
+def _serve(rank: int, commands, results, faults: Mapping[int, str]) -> None:
     """The live bench's own command loop (``serve_commands``) with a model-bench measurement."""
     from moepolicy.tuning.bench import Measurement
     from moepolicy.tuning.live_bench import serve_commands
     from moepolicy.tuning.model_bench import ModelBench
 
     bench = ModelBench("h200")
-    faults = _faults()
 
     def misbehave(token):
         fault = faults.get(token)

@@ -225,8 +225,6 @@ class LiveBench(Bench):
         if not self._procs:
             self._start_group()
         self._token += 1
-        if self._token == int(os.environ.get("MOEPOLICY_FAULT_KILL_AT", "0") or 0):
-            self.kill_workers_for_test()  # fault injection: a rank dies as on a device trap
         for q in self._commands:
             q.put((self._token, workload, point))
         deadline = time.monotonic() + self.trial_timeout_s
@@ -257,15 +255,10 @@ class LiveBench(Bench):
             return payload
 
     def identity(self) -> str:
-        from moepolicy.runtime.hardware import nvml_gpus
+        from moepolicy.hardware import nvml_gpus
 
         names = nvml_gpus()
         return f"{names[0]} x{self.world}" if names else f"{self.world} GPUs (NVML unavailable)"
-
-    def kill_workers_for_test(self) -> None:
-        """Fault injection: kill rank 0 as a device trap would."""
-        if self._procs:
-            self._procs[0].kill()
 
     def close(self) -> None:
         for q in self._commands:

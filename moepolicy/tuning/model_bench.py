@@ -11,7 +11,6 @@ measured envelope (same GPU and EP size, hidden within the calibrated range) ans
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -126,8 +125,9 @@ class ModelBench(Bench):
     name = "model"
     source = "modelled"
 
-    def __init__(self, gpu: str, calibration_folder: Optional[str] = None):
+    def __init__(self, gpu: str, calibration_folder: Optional[str] = None, delay_s: float = 0.0):
         self.gpu = gpu
+        self.delay_s = delay_s  # a pause per measurement, as a live trial takes time (tests interrupt tunes)
         self.calibrations = load_calibrations(calibration_folder)
 
     def identity(self) -> str:
@@ -150,9 +150,8 @@ class ModelBench(Bench):
         return None
 
     def measure(self, workload: Workload, point: TunePoint) -> Measurement:
-        delay = float(os.environ.get("MOEPOLICY_MODEL_BENCH_DELAY_S", "0") or 0)
-        if delay:  # lets tests interrupt or kill a tune mid-study
-            time.sleep(delay)
+        if self.delay_s:  # lets tests interrupt or kill a tune mid-study
+            time.sleep(self.delay_s)
         cal = self._calibration(workload)
         if cal is None:
             from moepolicy.tuning.bench import TrialFailed

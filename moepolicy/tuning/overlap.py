@@ -24,18 +24,22 @@ whatever the search finds.
 
 from __future__ import annotations
 
+import logging
 import statistics
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
-from moepolicy.cli._output import note
+from moepolicy.deepep.configs import ChunkConfig
+from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
 from moepolicy.measure.gemm_shape import GemmShape
 from moepolicy.tuning.bench import TrialFailed, TunePoint, Workload
+from moepolicy.tuning.overlap_report import OverlapBucketRow, SplitBound, SplitTimes
 
-VLLM_DBO_COMM_SMS = 20
+log = logging.getLogger("moepolicy.tuning")
 CHUNK_CANDIDATES = {"dispatch": (16, 20, 24, 32), "combine": (6, 8, 10, 12, 16)}
 
-Chunks = tuple  # ((dispatch config tail), (combine config tail)) as TunePoint takes them
-Config = tuple  # (c, Chunks)
+Chunks = tuple[ChunkConfig, ChunkConfig]  # (dispatch, combine)
+Config = tuple[int, Chunks]  # (communication SMs, chunks)
 CONFIRM_SPLITS = 3  # splits whose best config is re-measured beside vLLM's
 # which launch order the split is chosen for (all are measured), and the pair of ``measure_overlap``'s
 # row that times it: the GEMM enqueued first; DeepEP's calls enqueued first, with the full dispatch's
@@ -61,7 +65,7 @@ def objective_us(row: dict, order: str) -> float:
     parts = ("gemm-first", "comm-first") if order == "mean" else (order,)
     missing = [part for part in parts if ORDER_ROWS[part] not in row]
     if missing:
-        raise TrialFailed(f"--overlap-order {order} needs the {' and '.join(missing)} launch order measured; "
+        raise TrialFailed(f"launch order {order} needs the {' and '.join(missing)} launch order measured; "
                           f"this bench did not measure it")
     return sum(row[ORDER_ROWS[part]]["median_us"] for part in parts) / len(parts)
 
@@ -74,7 +78,7 @@ def gemm_shape(plan, workload: Workload, tokens: int, kind: str = "persistent", 
 
 
 def with_send_chunks(default: Chunks, dispatch: int, combine: int) -> Chunks:
-    return ((dispatch, *default[0][1:]), (combine, *default[1][1:]))
+    return default[0].with_nvl_send(dispatch), default[1].with_nvl_send(combine)
 
 
 class _Measurer:
@@ -97,7 +101,7 @@ class _Measurer:
                 rows[tokens] = self.bench.measure_overlap(
                     self.workload, TunePoint(c, tokens, *chunks), gemm_shape(self.plan, self.workload, tokens, self.gemm_kind, self.confine))
             except TrialFailed as exc:
-                note(f"  overlap c={c} chunks {chunks[0][0]}/{chunks[1][0]} T={tokens}: FAIL ({exc})")
+                log.info(f"  overlap c={c} chunks {chunks[0][0]}/{chunks[1][0]} T={tokens}: FAIL ({exc})")
                 return None
         return rows
 
@@ -116,7 +120,7 @@ def _say(config: Config, rows: dict[int, dict]) -> None:
         comm_first = (f", comm first {r['overlapped_comm_first']['median_us']:.1f}"
                       if "overlapped_comm_first" in r else "")
         waited = "; DeepEP waited for the GEMM" if r.get("deepep_waited_for_gemm") else ""
-        note(f"  overlap c={c:3} chunks {chunks[0][0]:2}/{chunks[1][0]:2} T={tokens:5}: overlapped "
+        log.info(f"  overlap c={c:3} chunks {chunks[0][0]:2}/{chunks[1][0]:2} T={tokens:5}: overlapped "
              f"{r['overlapped']['median_us']:8.1f} us (comm {r['comm']['median_us']:.1f}, GEMM "
              f"{r['gemm']['median_us']:.1f} on {r['gemm_sms']} SMs, serial {r['serial']['median_us']:.1f}"
              f"{comm_first}){waited}")
@@ -160,7 +164,7 @@ def joint_search(m: _Measurer, splits: list[int], default: Chunks, trials: int, 
             continue
         study.tell(trial, m.weighted(rows))
         if new:
-            note(f"  joint {i + 1}/{trials}: c={config[0]} chunks {config[1][0][0]}/{config[1][1][0]}: "
+            log.info(f"  joint {i + 1}/{trials}: c={config[0]} chunks {config[1][0][0]}/{config[1][1][0]}: "
                  f"weighted overlapped {m.weighted(rows):.1f} us")
 
 
@@ -181,11 +185,11 @@ def confirm(m: _Measurer, candidates: list[Config], rounds: int) -> dict[Config,
     for r in range(rounds):
         got = {cfg: m.fresh(cfg) for cfg in candidates}
         if any(rows is None for rows in got.values()):
-            note(f"  confirmation round {r + 1}/{rounds}: dropped (a measurement failed)")
+            log.info(f"  confirmation round {r + 1}/{rounds}: dropped (a measurement failed)")
             continue
         for cfg, rows in got.items():
             out[cfg].append(rows)
-        note(f"  confirmation round {r + 1}/{rounds}: " + ", ".join(
+        log.info(f"  confirmation round {r + 1}/{rounds}: " + ", ".join(
             f"c={cfg[0]} {cfg[1][0][0]}/{cfg[1][1][0]}: {m.weighted(rows):.1f} us" for cfg, rows in got.items()))
     return {cfg: runs for cfg, runs in out.items() if runs}
 
@@ -194,55 +198,37 @@ def _median(runs: list[dict[int, dict]], tokens: int, key: str) -> float:
     return statistics.median(run[tokens][key]["median_us"] for run in runs)
 
 
-def _bucket_report(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[int, dict]]], tokens: int,
-                   order: str = "gemm-first") -> dict:
+def _split_times(runs: list[dict[int, dict]], tokens: int, order: str) -> SplitTimes:
+    """One split's medians over its rounds, in every launch order the bench measured."""
     mine = [objective_us(run[tokens], order) for run in runs]
-    comm, gemm = _median(runs, tokens, comm_key(order)), _median(runs, tokens, "gemm")
-    floor = max(comm, gemm)
-    row = {"objective": order, "overlapped_us": round(statistics.median(mine), 1),
-           "overlapped_spread_us": [round(min(mine), 1), round(max(mine), 1)], "rounds": len(mine),
-           "serial_us": round(_median(runs, tokens, "serial"), 1), "floor_us": round(floor, 1),
-           "comm_us": round(comm, 1), "comm_region": "no-wait" if comm_key(order) == "comm_no_wait" else "full",
-           "gemm_us": round(gemm, 1),
-           "comm_end_in_overlap_us": round(_median(runs, tokens, "overlapped_comm_end"), 1),
-           "gemm_end_in_overlap_us": round(_median(runs, tokens, "overlapped_gemm_end"), 1),
-           "vs_floor": round(statistics.median(mine) / floor, 3), "gemm": runs[0][tokens].get("gemm_kind"),
-           "vllm_split_overlapped_us": None, "vs_vllm_split": None}
-    row.update(_launch_order_report(runs, tokens, ""))
-    if vllm_runs:
-        theirs = [objective_us(run[tokens], order) for run in vllm_runs]
-        ratios = [a / b for a, b in zip(mine, theirs)]
-        row.update({"vllm_split_gemm": vllm_runs[0][tokens].get("gemm_kind"),
-                    "vllm_split_gemm_us": round(_median(vllm_runs, tokens, "gemm"), 1),
-                    "vllm_split_comm_us": round(_median(vllm_runs, tokens, comm_key(order)), 1),
-                    "vllm_split_overlapped_us": round(statistics.median(theirs), 1),
-                    "vllm_split_spread_us": [round(min(theirs), 1), round(max(theirs), 1)],
-                    "vs_vllm_split": round(statistics.median(mine) / statistics.median(theirs), 3),
-                    "vs_vllm_split_per_round": [round(x, 3) for x in ratios]})
-        row.update(_launch_order_report(vllm_runs, tokens, "vllm_split_"))
-        row.update(gemm_scaling(runs[0][tokens].get("gemm_sms"), vllm_runs[0][tokens].get("gemm_sms"),
-                                row["gemm_us"], row["vllm_split_gemm_us"]))
-        for each in map(_field, ORDER_ROWS):
-            if row.get(f"{each}_overlapped_us") and row.get(f"vllm_split_{each}_overlapped_us"):
-                row[f"vs_vllm_split_{each}"] = round(
-                    row[f"{each}_overlapped_us"] / row[f"vllm_split_{each}_overlapped_us"], 3)
-    return row
+    by_order = {_field(o): round(_median(runs, tokens, key), 1) for o, key in ORDER_ROWS.items()
+                if all(key in run[tokens] for run in runs)}
+    no_wait = _median(runs, tokens, "comm_no_wait") if all("comm_no_wait" in run[tokens] for run in runs) else None
+    waited = (sum(bool(run[tokens]["deepep_waited_for_gemm"]) for run in runs)
+              if all("deepep_waited_for_gemm" in run[tokens] for run in runs) else None)
+    first = runs[0][tokens]
+    return SplitTimes(overlapped_us=statistics.median(mine), spread_us=(min(mine), max(mine)),
+                      comm_us=_median(runs, tokens, comm_key(order)), gemm_us=_median(runs, tokens, "gemm"),
+                      gemm_kind=first.get("gemm_kind"), gemm_sms=first.get("gemm_sms"), by_order=by_order,
+                      comm_no_wait_us=no_wait, deepep_waited_rounds=waited)
 
 
-def gemm_scaling(gemm_sms: Optional[int], vllm_gemm_sms: Optional[int], gemm_us: float,
-                 vllm_gemm_us: float) -> dict:
-    """How the GEMM alone sped up from vLLM's split's SMs to this split's (measured), beside what it
-    would if its time followed its SM count (the SM ratio, arithmetic). Where the GEMM bounds both
-    splits, the first is about all a split can win; a GEMM near its memory roof gains less than the
-    second."""
-    if not gemm_sms or not vllm_gemm_sms or not vllm_gemm_us:
-        return {}
-    return {"gemm_sms": gemm_sms, "vllm_split_gemm_sms": vllm_gemm_sms,
-            "gemm_alone_vs_vllm_split": round(gemm_us / vllm_gemm_us, 3),
-            "gemm_sm_ratio_vs_vllm_split": round(vllm_gemm_sms / gemm_sms, 3)}
+def bucket_row(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[int, dict]]], tokens: int,
+               order: str = "gemm-first", bound: Optional[SplitBound] = None) -> OverlapBucketRow:
+    """The chosen config's row at ``tokens``, beside vLLM's split measured in the same rounds."""
+    mine = [objective_us(run[tokens], order) for run in runs]
+    theirs = [objective_us(run[tokens], order) for run in vllm_runs] if vllm_runs else []
+    return OverlapBucketRow(
+        objective=order, rounds=len(mine), chosen=_split_times(runs, tokens, order),
+        serial_us=_median(runs, tokens, "serial"),
+        comm_region="no-wait" if comm_key(order) == "comm_no_wait" else "full",
+        comm_end_us=_median(runs, tokens, "overlapped_comm_end"),
+        gemm_end_us=_median(runs, tokens, "overlapped_gemm_end"),
+        vllm=_split_times(vllm_runs, tokens, order) if vllm_runs else None,
+        per_round_vs_vllm=tuple(a / b for a, b in zip(mine, theirs)), bound=bound)
 
 
-def split_bound(m: _Measurer, tokens: int) -> dict:
+def split_bound(m: _Measurer, tokens: int) -> SplitBound:
     """The lowest floor, max(communication alone, GEMM alone), among every config measured at ``tokens``.
     A split cannot overlap faster than its floor (beyond the measurement spread), so no split of the
     grid beats this however well it overlaps: set beside vLLM's split it says how much any split could
@@ -253,38 +239,48 @@ def split_bound(m: _Measurer, tokens: int) -> dict:
             comm, gemm = rows[tokens][comm_key(m.order)]["median_us"], rows[tokens]["gemm"]["median_us"]
             floors.append((max(comm, gemm), c, "GEMM" if gemm >= comm else "communication"))
     floor, c, side = min(floors)
-    return {"best_floor_us": round(floor, 1), "best_floor_split": c, "best_floor_bound_by": side}
+    return SplitBound(floor, c, side)
 
 
-def _launch_order_report(runs: list[dict[int, dict]], tokens: int, prefix: str) -> dict:
-    """Each launch order's overlapped time (where the bench measured it), the no-wait communication
-    alone, and in how many rounds DeepEP, enqueued after the GEMM, waited for it instead of running
-    beside it."""
-    out = {}
-    names = {key: f"{_field(order)}_overlapped_us" for order, key in ORDER_ROWS.items()}
-    for key, name in (*names.items(), ("comm_no_wait", "comm_no_wait_us")):  # and the no-wait comm alone
-        if all(key in run[tokens] for run in runs):
-            out[f"{prefix}{name}"] = round(_median(runs, tokens, key), 1)
-    if all("deepep_waited_for_gemm" in run[tokens] for run in runs):
-        out[f"{prefix}deepep_waited_for_gemm_rounds"] = sum(bool(run[tokens]["deepep_waited_for_gemm"]) for run in runs)
-    return out
+@dataclass(frozen=True)
+class OverlapSearch:
+    """What ``search_overlap`` found: the split, its chunks, and one row per bucket."""
+
+    comm_sms: int
+    gemm_sms: int
+    chunks: Chunks
+    rows: dict[int, OverlapBucketRow]  # tokens -> row
+    gemm: str
+    order: str
+    gemm_fallback: Optional[str]
+    splits_us: dict[int, float]  # each split's best weighted time in the search
+    configs_measured: int
+    confirmed_us: dict[str, float]
+    why: str
+
+    def summary(self) -> dict:
+        """The document's ``deepep.overlap`` section."""
+        out = {"comm_sms": self.comm_sms, "gemm_sms": self.gemm_sms, "gemm": self.gemm,
+               "gemm_fallback": self.gemm_fallback, "order": self.order, "splits_us": self.splits_us,
+               "configs_measured": self.configs_measured, "confirmed_us": self.confirmed_us, "why": self.why}
+        return {k: v for k, v in out.items() if v is not None}
 
 
 def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, float]], grid: list[int],
                    default: Chunks, trials: int = 12, rounds: int = 5, seed: int = 0,
-                   gemm_kind: str = "persistent", confine: str = "grid", order: str = "gemm-first") -> dict[str, Any]:
+                   gemm_kind: str = "persistent", confine: str = "grid", order: str = "gemm-first") -> OverlapSearch:
     splits = sorted(set(grid) | {VLLM_DBO_COMM_SMS})
     m = _Measurer(plan, bench, workload, buckets, gemm_kind, confine, order)
-    note(f"overlap phase 1: {len(splits)} splits with DeepEP's default chunks")
+    log.info(f"overlap phase 1: {len(splits)} splits with DeepEP's default chunks")
     scanned = scan_splits(m, splits, default)
     if not scanned:
         raise TrialFailed("no split produced a measurement for every bucket")
-    note(f"overlap phase 2: joint search of split and send chunks, {trials} trials")
+    log.info(f"overlap phase 2: joint search of split and send chunks, {trials} trials")
     joint_search(m, sorted(scanned), default, trials, seed)
     measured = {cfg: m.weighted(rows) for cfg, rows in m.seen.items() if rows is not None}
     vllm = (VLLM_DBO_COMM_SMS, default)
     candidates = best_per_split(measured, exclude=vllm, splits=CONFIRM_SPLITS) + ([vllm] if vllm in measured else [])
-    note(f"overlap phase 3: {len(candidates)} configs re-measured side by side, {rounds} rounds")
+    log.info(f"overlap phase 3: {len(candidates)} configs re-measured side by side, {rounds} rounds")
     complete = confirm(m, candidates, rounds)
     if not complete:
         raise TrialFailed("no configuration could be re-measured in the confirmation rounds")
@@ -297,24 +293,17 @@ def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, flo
     c, chunks = best
     vllm_runs = complete.get(vllm)
     first = complete[best][0][buckets[0][0]]
-    per_bucket = {t: _bucket_report(complete[best], vllm_runs, t, order) for t, _ in buckets}
-    for t, row in per_bucket.items():
-        row.update(split_bound(m, t))
-        if row["vllm_split_overlapped_us"]:
-            row["best_floor_vs_vllm_split"] = round(row["best_floor_us"] / row["vllm_split_overlapped_us"], 3)
-    splits_us = {}
+    rows = {t: bucket_row(complete[best], vllm_runs, t, order, split_bound(m, t)) for t, _ in buckets}
+    splits_us: dict[int, float] = {}
     for (cc, _), value in measured.items():
         splits_us[cc] = round(min(value, splits_us.get(cc, float("inf"))), 1)
-    return {
-        "comm_sms": c, "gemm_sms": first["gemm_sms"], "chunks": {t: chunks for t, _ in buckets},
-        "per_bucket": per_bucket, "gemm": first.get("gemm_kind", "fp8" if first.get("gemm_fp8") else "bf16"),
-        "order": order,
-        "gemm_fallback": first.get("gemm_fallback"),
-        "splits_us": splits_us, "configs_measured": len(measured),
-        "confirmed_us": {f"c={cfg[0]} chunks {cfg[1][0][0]}/{cfg[1][1][0]}": round(confirmed_weighted(cfg), 1)
-                         for cfg in complete},
-        "why": (f"lowest weighted overlapped time ({order} launch order), median of {rounds} interleaved rounds, among the best configs of the "
-                f"{CONFIRM_SPLITS} best splits of "
-                f"{len(measured)} configs (split scan + joint TPE search of split and send chunks) and vLLM's "
-                f"{VLLM_DBO_COMM_SMS}-SM split with default chunks"),
-    }
+    return OverlapSearch(
+        comm_sms=c, gemm_sms=first["gemm_sms"], chunks=chunks, rows=rows,
+        gemm=first.get("gemm_kind", "fp8" if first.get("gemm_fp8") else "bf16"), order=order,
+        gemm_fallback=first.get("gemm_fallback"), splits_us=splits_us, configs_measured=len(measured),
+        confirmed_us={f"c={cfg[0]} chunks {cfg[1][0][0]}/{cfg[1][1][0]}": round(confirmed_weighted(cfg), 1)
+                      for cfg in complete},
+        why=(f"lowest weighted overlapped time ({order} launch order), median of {rounds} interleaved rounds, "
+             f"among the best configs of the {CONFIRM_SPLITS} best splits of {len(measured)} configs (split "
+             f"scan + joint TPE search of split and send chunks) and vLLM's {VLLM_DBO_COMM_SMS}-SM split "
+             "with default chunks"))

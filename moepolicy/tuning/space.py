@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from moepolicy._resources import data_dir
 from moepolicy.errors import TuningError
-from moepolicy.runtime.buffers import effective_rdma_recv, nvl_bytes_hint, rdma_bytes_hint
+from moepolicy.deepep.buffers import effective_rdma_recv, nvl_bytes_hint, rdma_bytes_hint
 from moepolicy.tuning.bench import Chunk
 
 
@@ -30,7 +30,7 @@ class Space:
             if budget > 0 and budget not in grid:
                 grid.append(budget)
         if not grid:
-            raise TuningError(f"no even SM count fits the budget: --max-sms {max_sms}, GPU has {sm_count}")
+            raise TuningError(f"no even SM count fits the budget: max_sms {max_sms}, GPU has {sm_count}")
         return sorted(grid)
 
     def suggest(self, trial, kind: str, internode: bool, max_nvl_recv: int,

@@ -14,15 +14,17 @@ import json
 import math
 import os
 import socket
-import sys
 import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
+
+import logging
 
 from moepolicy.errors import TuningError
 from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload
 from moepolicy.tuning.space import Space
+
+log = logging.getLogger("moepolicy.tuning")
 
 
 @dataclass
@@ -71,7 +73,7 @@ def fingerprint(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def open_parent_study(storage, name: str, print_fn: Callable[[str], None], fp: str):
+def open_parent_study(storage, name: str, fp: str):
     import optuna
 
     study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True)
@@ -81,7 +83,7 @@ def open_parent_study(storage, name: str, print_fn: Callable[[str], None], fp: s
     elif existing != fp:
         raise TuningError(
             f"study '{name}' was made for another model, target, search space or bench "
-            f"(fingerprint {existing[:12]} != {fp[:12]}); use a new --study name or another --storage")
+            f"(fingerprint {existing[:12]} != {fp[:12]}); use a new study name or another storage")
     return study
 
 
@@ -102,7 +104,7 @@ def _effective_key(point: TunePoint) -> str:
 
 def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Space, num_sms: int,
                 bucket: BucketResult, trials: int, default: tuple, internode: bool, max_nvl_recv: int,
-                region: str, seed: int, enqueue_default: bool, progress: Callable[[str], None]) -> None:
+                region: str, seed: int, enqueue_default: bool = True) -> None:
     import optuna
 
     sampler = make_sampler(seed)
@@ -116,7 +118,7 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
             optuna.storages.fail_stale_trials(study)
         except Exception:  # noqa: BLE001 (storages without heartbeats)
             pass
-    _fail_orphans(study)
+    _fail_orphans(storage, study)
     done = [t for t in study.trials if t.state.is_finished()]
     seen = {t.user_attrs["effective"]: t.value for t in done
             if t.state == optuna.trial.TrialState.COMPLETE and "effective" in t.user_attrs}
@@ -167,7 +169,8 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
                 continue
             n = trial.number + 1
             stop = threading.Event()
-            beat = threading.Thread(target=_heartbeat, args=(study._storage, trial._trial_id, stop), daemon=True)
+            beat = threading.Thread(target=_heartbeat, args=(storage, _trial_id(storage, name, trial.number), stop),
+                                    daemon=True)
             beat.start()
             try:
                 m = bench.measure(workload, point)
@@ -176,7 +179,7 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
                 trial.set_user_attr("reason", str(exc))
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 bucket.failed += 1
-                progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {n}/{trials}: FAIL ({exc})")
+                log.info(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {n}/{trials}: FAIL ({exc})")
                 continue
             finally:
                 stop.set()
@@ -184,7 +187,7 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
             trial.set_user_attr("measurement", m.as_dict())
             study.tell(trial, value)
             seen[key] = value
-            progress(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {n}/{trials}: "
+            log.info(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {n}/{trials}: "
                      f"{value:8.1f} us (best {study.best_value:8.1f})")
     finally:
         _collect(study, bucket, num_sms)  # also when interrupted: what was measured counts
@@ -193,7 +196,12 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
 ORPHAN_GRACE_S = 2.0  # a trial with no owner yet is another worker's only this long after its ask
 
 
-def _fail_orphans(study) -> None:
+def _trial_id(storage, study_name: str, number: int) -> int:
+    """The storage's id of trial ``number`` (optuna's public storage API; the trial hides its id)."""
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
+
+
+def _fail_orphans(storage, study) -> None:
     """RUNNING trials left by a worker on this host whose process is gone (kill -9) are failed at
     once, without waiting for the heartbeat's grace period, so the budget counts only live work. A
     trial killed between its ask and its first attribute has no owner: once it is
@@ -218,7 +226,7 @@ def _fail_orphans(study) -> None:
             os.kill(pid, 0)
             continue  # still alive
         except ProcessLookupError:
-            _fail_orphan(study, t, f"worker process {pid} is gone")
+            _fail_orphan(storage, study, t, f"worker process {pid} is gone")
         except PermissionError:
             continue
     if unclaimed:
@@ -226,15 +234,16 @@ def _fail_orphans(study) -> None:
         numbers = {n for n, _ in unclaimed}
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             if t.number in numbers and t.user_attrs.get("pid") is None:
-                _fail_orphan(study, t, f"no worker claimed it within {ORPHAN_GRACE_S:.0f} s of its ask")
+                _fail_orphan(storage, study, t, f"no worker claimed it within {ORPHAN_GRACE_S:.0f} s of its ask")
 
 
-def _fail_orphan(study, t, reason: str) -> None:
+def _fail_orphan(storage, study, t, reason: str) -> None:
     import optuna
 
-    study._storage.set_trial_user_attr(t._trial_id, "reason", reason)
-    study._storage.set_trial_user_attr(t._trial_id, "orphan", True)
-    study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+    trial_id = _trial_id(storage, study.study_name, t.number)
+    storage.set_trial_user_attr(trial_id, "reason", reason)
+    storage.set_trial_user_attr(trial_id, "orphan", True)
+    storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL)
 
 
 def _budget_used(study, below: Optional[int] = None) -> int:
@@ -296,7 +305,7 @@ def choose_sms(results: list[SmsResult], region: str, max_sms: Optional[int], to
         raise TuningError("every trial failed: no usable measurement (see the study's FAIL trials)")
     fastest = min(usable, key=lambda r: r.weighted(region))
     if max_sms:
-        return fastest, (f"fastest measured point within the --max-sms {max_sms} budget "
+        return fastest, (f"fastest measured point within the {max_sms}-SM budget "
                          f"({fastest.weighted(region):.1f} us weighted)")
     front = [r for r in usable if r.weighted(region) <= fastest.weighted(region) * (1 + tolerance)]
     knee = min(front, key=lambda r: r.num_sms)
@@ -313,11 +322,3 @@ def pareto_front(results: list[SmsResult], region: str) -> list[dict]:
             front.append({"num_sms": sms, "weighted_us": round(t, 2)})
             best = t
     return front
-
-
-def stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def now() -> float:
-    return time.monotonic()

@@ -54,3 +54,12 @@ def low_latency_bytes_hint(max_tokens_per_rank: int, hidden: int, num_experts: i
 def effective_rdma_recv(send: int, recv: int) -> int:
     """DeepEP's Config rounds the RDMA receive capacity up to a multiple of the send chunk."""
     return -(-recv // send) * send
+
+
+def ht_buffer_bytes(num_sms: int, configs, hidden: int, num_ranks: int) -> tuple[int, int]:
+    """(num_nvl_bytes, num_rdma_bytes) that hold bf16 rows of ``hidden`` under every config of
+    ``configs`` (``ChunkConfig``s: nvl_send, nvl_recv, rdma_send, rdma_recv), by DeepEP's hints."""
+    hidden_bytes = hidden * 2
+    nvl = max(nvl_bytes_hint(num_sms, c[1], hidden_bytes, num_ranks) for c in configs)
+    rdma = max(rdma_bytes_hint(num_sms, effective_rdma_recv(c[2], c[3]), hidden_bytes, num_ranks) for c in configs)
+    return nvl, rdma

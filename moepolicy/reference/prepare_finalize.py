@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from moepolicy.runtime.transport import Dispatched, Transport
+from moepolicy.reference.transport import Dispatched, Transport
 
 
 @dataclass(frozen=True)

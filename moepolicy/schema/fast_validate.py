@@ -1,0 +1,194 @@
+"""The runtime's validator: the policy schema as a pydantic-core schema, without pydantic's models.
+
+Serving processes load one policy at start-up; pydantic's first use (model classes, plugin discovery)
+costs most of that time, so the runtime validates with :mod:`pydantic_core` directly. Its schema and
+its table of known keys are built from the shipped JSON Schema, which is generated from the Pydantic
+models (``scripts/gen_schema.py``; a test keeps it current), so fields and bounds have one source;
+cross-field rules are shared too (:mod:`moepolicy.schema.policy_rules`).
+``tests/test_fast_validate.py`` checks the two validators accept and refuse the same documents.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Optional
+
+from moepolicy.errors import PolicyError
+from moepolicy.schema import policy_rules as rules
+
+SCHEMA_FILE = "policy.schema.json"  # generated from the Pydantic models (scripts/gen_schema.py)
+FREE_FORM = "x-free-form"  # an object whose keys are not checked (provenance details, facts, ...)
+
+
+@lru_cache(maxsize=1)
+def _json_schema() -> dict[str, Any]:
+    import json
+
+    from moepolicy._resources import data_dir
+
+    return json.loads((data_dir("policies") / SCHEMA_FILE).read_text())
+
+
+def _resolve(node: dict[str, Any]) -> dict[str, Any]:
+    ref = node.get("$ref")
+    if ref is None:
+        return node
+    return _json_schema()["$defs"][ref.rsplit("/", 1)[-1]]
+
+
+def _core(node: dict[str, Any]):
+    """The pydantic-core schema for one JSON Schema node (the subset the generator emits)."""
+    from pydantic_core import core_schema as cs
+
+    node = _resolve(node)
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        inner = _core(options[0]) if len(options) == 1 else cs.union_schema([_core(o) for o in options])
+        return cs.nullable_schema(inner) if len(options) < len(node["anyOf"]) else inner
+    if "enum" in node:
+        return cs.literal_schema(list(node["enum"]))
+    kind = node.get("type")
+    if kind == "string":
+        return cs.str_schema(pattern=node.get("pattern"))
+    if kind == "integer":
+        return cs.int_schema(ge=node.get("minimum"), le=node.get("maximum"), gt=node.get("exclusiveMinimum"))
+    if kind == "number":
+        return cs.float_schema(ge=node.get("minimum"), le=node.get("maximum"))
+    if kind == "boolean":
+        return cs.bool_schema()
+    if kind == "array":
+        return cs.list_schema(_core(node.get("items", {})), min_length=node.get("minItems"))
+    if kind == "object" and "properties" in node:
+        required = set(node.get("required", ()))
+        fields = {}
+        for key, sub in node["properties"].items():
+            schema = _core(sub)
+            if key not in required and "default" in sub:
+                schema = cs.with_default_schema(schema, default=sub["default"])
+            fields[key] = cs.typed_dict_field(schema, required=key in required)
+        return cs.typed_dict_schema(fields, extra_behavior="allow")
+    if kind == "object":
+        values = node.get("additionalProperties")
+        return cs.dict_schema(keys_schema=cs.str_schema(),
+                              values_schema=_core(values) if isinstance(values, dict) else cs.any_schema())
+    return cs.any_schema()
+
+
+@lru_cache(maxsize=1)
+def _validator():
+    from pydantic_core import SchemaValidator
+
+    return SchemaValidator(_core(_json_schema()))
+
+
+def _known(node: dict[str, Any], shape: str, out: dict[str, set[str]]) -> None:
+    node = _resolve(node)
+    for option in node.get("anyOf", ()):
+        _known(option, shape, out)
+    if node.get("type") == "array":
+        _known(node.get("items", {}), shape + "[]", out)
+    if node.get("type") == "object" and "properties" in node and not node.get(FREE_FORM):
+        out[shape] = set(node["properties"])
+        for key, sub in node["properties"].items():
+            _known(sub, f"{shape}.{key}" if shape else key, out)
+
+
+@lru_cache(maxsize=1)
+def known_keys() -> dict[str, set[str]]:
+    """YAML shape (``deepep.buckets[].dispatch``) → the keys the schema defines there."""
+    out: dict[str, set[str]] = {}
+    _known(_json_schema(), "", out)
+    return out
+
+
+def unknown_keys(node: Any, shape: str = "", path: str = "") -> list[str]:
+    """YAML paths of keys the schema does not know; free-form objects (``facts``, ``measured``,
+    ``provenance``, ``generated``, ``low_latency``, ``overlap``) are not checked."""
+    known = known_keys().get(shape)
+    found: list[str] = []
+    if isinstance(node, dict) and known is not None:
+        for key, value in node.items():
+            child = f"{path}.{key}" if path else str(key)
+            if key not in known:
+                found.append(child)
+                continue
+            sub = f"{shape}.{key}" if shape else str(key)
+            if isinstance(value, list):
+                for n, item in enumerate(value):
+                    found += unknown_keys(item, sub + "[]", f"{child}[{n}]")
+            else:
+                found += unknown_keys(value, sub, child)
+    return found
+
+
+def _where(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top)"
+
+
+def _cross_checks(doc: dict[str, Any]) -> Optional[str]:
+    deepep = doc["deepep"]
+    for field, check in (("num_sms", rules.num_sms_problem), ("num_nvl_bytes", rules.buffer_problem),
+                         ("num_rdma_bytes", rules.buffer_problem)):
+        problem = check(deepep[field])
+        if problem:
+            return f"deepep.{field}: {problem}"
+    for n, bucket in enumerate(deepep["buckets"]):
+        for part in ("dispatch", "combine"):
+            c = bucket[part]
+            problem = rules.chunk_problem(c["num_max_nvl_chunked_send_tokens"], c["num_max_nvl_chunked_recv_tokens"],
+                                          c["num_max_rdma_chunked_send_tokens"], c["num_max_rdma_chunked_recv_tokens"])
+            if problem:
+                return f"deepep.buckets[{n}].{part}: {problem}"
+    problem = rules.buckets_problem([b["max_tokens"] for b in deepep["buckets"]])
+    if problem:
+        return f"deepep: {problem}"
+    for n, layer in enumerate(doc["layers"]):
+        problem = rules.layer_problem(layer["kind"], layer["order"], layer["wire"]["dtype"])
+        if problem:
+            return f"layers[{n}]: {problem}"
+    indices = rules.layer_indices_problem([layer["index"] for layer in doc["layers"]])
+    if indices:
+        return f"(top): {indices[1]}"
+    return None
+
+
+def validate(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """The validated (and coerced) document, or :class:`PolicyError` naming the place."""
+    from pydantic_core import ValidationError
+
+    try:
+        doc = _validator().validate_python(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        msg = "missing (a policy needs it)" if err.get("type") == "missing" else err.get("msg", "invalid")
+        raise PolicyError(f"{source}: {_where(tuple(err.get('loc', ())))}: {msg}{more}") from None
+    except RecursionError:
+        raise PolicyError(f"{source}: nested too deeply to be a policy") from None
+    problem = _cross_checks(doc)
+    if problem:
+        raise PolicyError(f"{source}: {problem}")
+    return doc
+
+
+class View:
+    """Attribute access over a validated document (``doc.target.gpu``), for the key checks."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict[str, Any]):
+        self._data = data
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            value = self._data[name]
+        except KeyError:
+            raise AttributeError(name) from None
+        if isinstance(value, dict):
+            return View(value)
+        if isinstance(value, list):
+            return [View(v) if isinstance(v, dict) else v for v in value]
+        return value

@@ -1,0 +1,38 @@
+"""What a tune is asked to do, as frozen values the CLI builds (no argparse below the CLI)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+DEFAULT_STORAGE = "sqlite:///moepolicy-studies.db"
+OVERLAP_GEMMS = ("auto", "persistent", "persistent-clustered", "grouped", "dense")
+OVERLAP_CONFINES = ("grid", "green")
+
+
+@dataclass(frozen=True)
+class OverlapOptions:
+    """Choose DeepEP's SM share against the experts' GEMM on the other SMs (live bench only)."""
+
+    gemm: str = "auto"  # the stand-in expert GEMM (OVERLAP_GEMMS)
+    confine: str = "grid"  # how the GEMM is held to its SMs (OVERLAP_CONFINES)
+    order: str = "gemm-first"  # the launch order the split is chosen for (tuning.overlap.ORDERS)
+    confirm_rounds: int = 5
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    buckets: tuple[tuple[int, float], ...]  # (tokens per rank, weight)
+    trials: int = 24  # per (SM count, bucket) study; joint trials with ``overlap``
+    max_sms: Optional[int] = None  # SM budget for communication; None: the Pareto knee
+    sms: tuple[int, ...] = ()  # explicit SM counts; empty: the search space's grid
+    max_buffer_mb: int = 2048
+    storage: str = DEFAULT_STORAGE
+    study: Optional[str] = None  # default: from model and target
+    seed: int = 0
+    command: str = ""  # the command line, already redacted, recorded in the document
+    overlap: Optional[OverlapOptions] = None
+
+    @property
+    def max_buffer_bytes(self) -> int:
+        return self.max_buffer_mb * 1024 * 1024 // 128 * 128
