@@ -143,3 +143,11 @@ def parse_text(text: str) -> Any:
     if expanded_size(data) > MAX_EXPANDED_NODES:
         raise ValueError(f"more than {MAX_EXPANDED_NODES} nodes once aliases are expanded")
     return data
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parse error as one phrase: ``invalid YAML at line 3 column 5: <problem>``."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"invalid YAML{where}: {problem}"

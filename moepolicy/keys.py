@@ -2,7 +2,9 @@
 
 - decision key: normalised model facts, rule packs, DeepEP capability sheet, GPU arch, expert
   kernel(s), EP layout, backend, engine and opt-ins: anything that can change a layer's order;
-- tuning key: hardware profile, EP size and DeepEP build: anything that can change the tuned configs.
+- tuning key: hardware profile, EP size and DeepEP build, and (schema 2.0) the engine schedule and
+  timing regime the configs were chosen for and the measured order timings the rules saw: anything
+  that can change the tuned configs or a measured decision.
 """
 
 from __future__ import annotations
@@ -35,15 +37,22 @@ def decision_parts(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+TUNING_FIELDS_V2 = ("schedule", "regime", "measured_orders")  # absent from 1.x documents: their keys stay
+
+
 def tuning_parts(doc: dict[str, Any]) -> dict[str, Any]:
     target = doc["target"]
-    return {
+    parts = {
         "gpu": target["gpu"],
         "ep_size": target["ep_size"],
         "gpus_per_node": target["gpus_per_node"],
         "deep_ep": [target["deep_ep"]["api"], target["deep_ep"].get("sheet", ""),
                     target["deep_ep"]["version"]],
     }
+    deepep = doc.get("deepep") or {}
+    if not str(doc.get("schema_version", "")).startswith("1."):
+        parts.update({name: deepep.get(name) for name in TUNING_FIELDS_V2})
+    return parts
 
 
 CONTENT_SECTIONS = ("schema_version", "model", "target", "rules", "deepep", "layers")

@@ -1,6 +1,9 @@
-"""checkpoint facts + target → feasibility → per-layer decisions → policy document (plan).
+"""checkpoint facts + target (+ measured facts) → feasibility → per-layer decisions → policy document.
 
 The document carries DeepEP's default configs (provenance ``default``) until ``tune`` replaces them.
+Measured order timings (``tune`` on the live bench) enter as facts: the rules decide again with
+``measured.faster_order``, per token bucket; a layer whose decision they change keeps the rules'
+decision without them (``unmeasured``) for a runtime whose tuning key does not match.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from moepolicy.feasibility import model_problems, wire_problem
 from moepolicy.keys import compute_keys
 from moepolicy.rules.engine import Decision, decide
 from moepolicy.rules.grammar import RulePack
-from moepolicy.rules.vocabulary import layer_facts
+from moepolicy.rules.vocabulary import UNMEASURED, layer_facts
 from moepolicy.deepep.buffers import ht_buffer_bytes, low_latency_bytes_hint
 from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
 from moepolicy.schema.facts import LayerFacts, ModelFacts
@@ -27,11 +30,36 @@ LL_MAX_TOKENS_DEFAULT = 128
 
 
 @dataclass(frozen=True)
+class OrderTiming:
+    """Both orders timed at one token bucket (per rank), for the payload ``tune`` measured."""
+
+    tokens: int
+    quant_then_dispatch_us: float
+    dispatch_then_quant_us: float
+
+    @property
+    def faster(self) -> str:
+        return "quant_then_dispatch" if self.quant_then_dispatch_us <= self.dispatch_then_quant_us else "dispatch_then_quant"
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "quant_then_dispatch_us": round(self.quant_then_dispatch_us, 2),
+                "dispatch_then_quant_us": round(self.dispatch_then_quant_us, 2)}
+
+
+def overall_faster(timings: Sequence[OrderTiming]) -> str:
+    qtd = sum(t.quant_then_dispatch_us for t in timings)
+    dtq = sum(t.dispatch_then_quant_us for t in timings)
+    return "quant_then_dispatch" if qtd <= dtq else "dispatch_then_quant"
+
+
+@dataclass(frozen=True)
 class LayerPlan:
     layer: LayerFacts
     facts: dict[str, Any]
     execution: Execution
     decision: Decision
+    unmeasured: Optional[Decision] = None  # the rules' decision without measured facts, where it differs
+    bucket_decisions: tuple[tuple[Optional[int], Decision], ...] = ()  # per bucket, where they differ
 
 
 @dataclass(frozen=True)
@@ -40,6 +68,7 @@ class Plan:
     target: Target
     packs: tuple[RulePack, ...]
     layers: tuple[LayerPlan, ...]
+    timings: tuple[OrderTiming, ...] = ()  # measured facts the layers were decided with
 
     @property
     def kernel_label(self) -> str:
@@ -49,13 +78,43 @@ class Plan:
         return kernels[0] if len(kernels) == 1 else ("auto: " + "+".join(kernels) if kernels else "none")
 
 
-def decide_layer(layer: LayerFacts, target: Target, packs: Sequence[RulePack]) -> LayerPlan:
+def decide_layer(layer: LayerFacts, target: Target, packs: Sequence[RulePack],
+                 faster_order: str = UNMEASURED) -> LayerPlan:
     execution = execution_for(layer, target.arch, target.expert_kernel)
-    facts = layer_facts(layer, target, execution)
+    facts = layer_facts(layer, target, execution, faster_order)
     decision = decide(facts, packs, target.deepep,
                       lambda then, f: wire_problem(then, f, target),
                       allow_inferred="inferred-capabilities" in target.options)
     return LayerPlan(layer, facts, execution, decision)
+
+
+def _measured_layer(plain: LayerPlan, target: Target, packs: Sequence[RulePack],
+                    timings: Sequence[OrderTiming]) -> LayerPlan:
+    """Decide again with the measured facts: overall, and per bucket where the faster order changes."""
+    overall = decide_layer(plain.layer, target, packs, overall_faster(timings))
+    per_bucket = [(None if i == len(timings) - 1 else t.tokens,
+                   decide_layer(plain.layer, target, packs, t.faster).decision) for i, t in enumerate(timings)]
+    differ = len({(d.order, str(d.wire)) for _, d in per_bucket}) > 1
+    changed = (overall.decision.order, overall.decision.wire) != (plain.decision.order, plain.decision.wire)
+    return LayerPlan(plain.layer, overall.facts, overall.execution, overall.decision,
+                     unmeasured=plain.decision if changed or differ else None,
+                     bucket_decisions=tuple(per_bucket) if differ else ())
+
+
+def measured_wire(plan: LayerPlan) -> bool:
+    """Whether ``tune``'s both-order timing applies to this layer: block-128 fp8 quantized first."""
+    d = plan.decision
+    scale = d.wire.get("scale") or {}
+    return d.order == "quant_then_dispatch" and scale.get("granularity") == "block" and scale.get("group") == 128
+
+
+def with_measurements(plan: "Plan", timings: Sequence[OrderTiming]) -> "Plan":
+    """``plan`` decided again with measured order timings as facts (layers whose wire was timed)."""
+    if not timings:
+        return plan
+    layers = tuple(_measured_layer(lp, plan.target, plan.packs, timings) if measured_wire(lp) else lp
+                   for lp in plan.layers)
+    return Plan(plan.model, plan.target, plan.packs, layers, tuple(timings))
 
 
 def _kernel_problems(layers: Sequence[LayerPlan], target: Target) -> list[str]:
@@ -112,7 +171,7 @@ def default_deepep_section(plan: Plan) -> dict[str, Any]:
     section: dict[str, Any] = {
         "num_sms": num_sms, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma,
         "buckets": [{"max_tokens": None, "dispatch": dispatch.to_doc(), "combine": combine.to_doc()}],
-        "provenance": provenance,
+        "provenance": provenance, "schedule": "serial", "regime": "host",
     }
     if target.backend == "deepep_ll":
         section["low_latency"] = {"num_max_dispatch_tokens_per_rank": LL_MAX_TOKENS_DEFAULT,
@@ -142,9 +201,19 @@ def _layer_entries(layers: Sequence[LayerPlan]) -> list[dict[str, Any]]:
     out = []
     for lp in layers:
         d = lp.decision
-        out.append({"index": lp.layer.index, "kind": lp.layer.kind, "order": d.order,
-                    "wire": share(d.wire), "numerics": d.numerics, "rule": d.rule,
-                    "reason": d.reason, "facts": share(stored_facts(lp.facts))})
+        entry = {"index": lp.layer.index, "kind": lp.layer.kind, "order": d.order,
+                 "wire": share(d.wire), "numerics": d.numerics, "rule": d.rule,
+                 "reason": d.reason, "facts": share(stored_facts(lp.facts))}
+        if lp.layer.kind == "moe":
+            entry["combine"] = share({"dtype": "bf16"})
+        if lp.bucket_decisions:
+            entry["orders"] = [{"max_tokens": bound, "order": b.order, "wire": share(b.wire), "rule": b.rule}
+                               for bound, b in lp.bucket_decisions]
+        if lp.unmeasured is not None:
+            u = lp.unmeasured
+            entry["unmeasured"] = {"order": u.order, "wire": share(u.wire), "numerics": u.numerics,
+                                   "rule": u.rule, "reason": u.reason}
+        out.append(entry)
     return out
 
 
@@ -166,9 +235,13 @@ def build_document(plan: Plan, deepep: Optional[dict[str, Any]] = None,
             "options": sorted(target.options), "static_scale": target.static_scale,
         },
         "rules": {"packs": [pack.ref() for pack in plan.packs]},
-        "deepep": deepep or default_deepep_section(plan),
+        "deepep": dict(deepep or default_deepep_section(plan)),
         "layers": _layer_entries(plan.layers),
     }
+    doc["deepep"].setdefault("schedule", "serial")
+    doc["deepep"].setdefault("regime", "host")
+    if plan.timings:
+        doc["deepep"]["measured_orders"] = [t.to_doc() for t in plan.timings]
     doc["key"] = compute_keys(doc)
     doc["generated"] = {
         "by": f"moepolicy {__version__}",

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from moepolicy.errors import PolicyError
+from moepolicy.schema.locations import yaml_path
 from moepolicy.keys import compute_keys
-from moepolicy.schema.policy_rules import SCHEMA_VERSION
+from moepolicy.schema.policy_rules import READABLE_MAJORS, SCHEMA_VERSION
 
 READER_MAJOR, READER_MINOR = (int(x) for x in SCHEMA_VERSION.split("."))
 
@@ -24,12 +25,6 @@ class LoadedPolicy:
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _yaml_path(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top)"
-
 
 def check_version(raw: dict[str, Any], source: str) -> None:
     version = raw.get("schema_version")
@@ -38,23 +33,22 @@ def check_version(raw: dict[str, Any], source: str) -> None:
         raise PolicyError(f"{source}: schema_version must be 'MAJOR.MINOR' (this reader: "
                           f"{SCHEMA_VERSION}), got {version!r}")
     major = int(version.split(".")[0])
-    if major != READER_MAJOR:
+    if major not in READABLE_MAJORS:
         raise PolicyError(
             f"{source}: schema_version {version} needs a reader of major version {major}; this "
-            f"moepolicy reads {READER_MAJOR}.x (upgrade moepolicy, or re-plan with this one)")
+            f"moepolicy reads {' and '.join(f'{m}.x' for m in READABLE_MAJORS)} (upgrade moepolicy, or re-plan "
+            "with this one)")
 
 
 def _parse_raw(text: str, source: str) -> dict[str, Any]:
-    from moepolicy.document import parse_text
+    from moepolicy.document import parse_text, yaml_problem
 
     import yaml
 
     try:
         raw = parse_text(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise PolicyError(f"{source}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        raise PolicyError(f"{source}: {yaml_problem(exc)}") from None
     except (ValueError, RecursionError) as exc:  # alias bombs, absurd numbers, deep nesting
         raise PolicyError(f"{source}: unreadable document ({type(exc).__name__}: {exc})") from None
     if not isinstance(raw, dict):
@@ -68,6 +62,7 @@ def _finish(raw: dict[str, Any], doc: Any, extra: list[str], version: str, sourc
     warnings = []
     if extra:
         newer = tuple(int(x) for x in version.split(".")) > (READER_MAJOR, READER_MINOR)
+        # a 1.x document's unknown keys are checked against 2.x's fields, the superset
         why = (f"from schema {version}, newer than this reader's {SCHEMA_VERSION}"
                if newer else "not in schema " + SCHEMA_VERSION)
         message = f"{source}: unknown keys {why}: {', '.join(extra[:5])}" + (
@@ -104,7 +99,7 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
         msg = err.get("msg", "invalid").removeprefix("Value error, ")
         if err.get("type") == "missing":
             msg = "missing (a policy needs it)"
-        raise PolicyError(f"{source}: {_yaml_path(tuple(err.get('loc', ())))}: {msg}{more}") from None
+        raise PolicyError(f"{source}: {yaml_path(tuple(err.get('loc', ())))}: {msg}{more}") from None
     return _finish(raw, doc, unknown_keys(doc), doc.schema_version, source, strict)
 
 

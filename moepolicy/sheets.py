@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from moepolicy._resources import data_dir
 from moepolicy.errors import RulePackError
 from moepolicy.schema.capability import DeepEPSheet, GpuProfile, GpuSheet, KernelSheet
+from moepolicy.schema.locations import yaml_path
 
 T = TypeVar("T", bound=BaseModel)
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -29,24 +30,14 @@ def read_yaml(path: Path) -> Any:
         raise RulePackError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise RulePackError(f"{path}: is not UTF-8 text") from None
-    from moepolicy.document import parse_text
+    from moepolicy.document import parse_text, yaml_problem
 
     try:
         return parse_text(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise RulePackError(f"{path}: invalid YAML{where}: {problem}") from None
+        raise RulePackError(f"{path}: {yaml_problem(exc)}") from None
     except (ValueError, RecursionError) as exc:
         raise RulePackError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
-
-
-def yaml_path(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top)"
 
 
 def describe_validation(path: Path | str, exc: ValidationError, model: type[BaseModel]) -> str:

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def render() -> str:
     schema = PolicyDoc.model_json_schema()
     schema["$id"] = "https://moepolicy/policy.schema.json"
-    schema["title"] = "moepolicy policy document (schema_version 1.x)"
+    schema["title"] = "moepolicy policy document (schema_version 2.x; 1.x documents are valid too)"
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 
 

@@ -156,7 +156,7 @@ def test_comm_first_without_the_host_wait_is_its_own_objective():
 @pytest.mark.parametrize("order, missing", [("comm-first", "comm-first"), ("comm-first-no-wait", "comm-first-no-wait"),
                                             ("mean", "comm-first")])
 def test_an_order_the_bench_did_not_measure_fails_the_trial(order, missing):
-    with pytest.raises(TrialFailed, match=f"--overlap-order {order} needs the {missing} launch order measured"):
+    with pytest.raises(TrialFailed, match=f"launch order {order} needs the {missing} launch order measured"):
         _search(ScriptedBench(best_c=32), trials=2, order=order)
 
 

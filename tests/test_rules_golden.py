@@ -8,7 +8,7 @@ import yaml
 
 from moepolicy.checkpoint import read_model
 from moepolicy.errors import InfeasibleError
-from moepolicy.planner import make_plan
+from moepolicy.planner import OrderTiming, make_plan, with_measurements
 from moepolicy.rules.packs import pack_stack
 from moepolicy.target import resolve_target
 
@@ -44,7 +44,8 @@ def test_golden(case, tmp_path):
             make_plan(facts, target, pack_stack())
         assert case["infeasible"] in str(err.value)
         return
-    plan = make_plan(facts, target, pack_stack())
+    plan = with_measurements(make_plan(facts, target, pack_stack()),
+                             [OrderTiming(*timing) for timing in case.get("measured", ())])
     layer = next(lp for lp in plan.layers if lp.layer.index == case["layer"])
     d = layer.decision
     assert (d.order, d.rule) == (case["order"], case["rule"])

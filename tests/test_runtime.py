@@ -184,11 +184,11 @@ def test_each_key_part_changes_the_key():
 # --- bad input --------------------------------------------------------------------------------
 
 BAD = [
-    ("truncated", lambda text: text[: len(text) // 3], None, "missing (a policy needs it)"),
+    ("truncated", lambda text: text[: text.index("\nlayers:")], None, "missing (a policy needs it)"),
     ("truncated mid-token", lambda text: text[: text.index("layers:") + 30] + "\n  - {index: [", None,
      "invalid YAML"),
     ("not a mapping", lambda text: "- 1\n- 2\n", None, "a policy is a mapping"),
-    ("newer major", None, lambda d: d.update(schema_version="2.0"), "needs a reader of major version 2"),
+    ("newer major", None, lambda d: d.update(schema_version="3.0"), "needs a reader of major version 3"),
     ("odd num_sms", None, lambda d: d["deepep"].update(num_sms=23), "deepep.num_sms: num_sms must be even"),
     ("negative num_sms", None, lambda d: d["deepep"].update(num_sms=-2), "deepep.num_sms"),
     ("wrong type", None, lambda d: d["deepep"].update(num_sms="many"), "deepep.num_sms"),
@@ -232,7 +232,7 @@ def test_hand_edit_without_rekey_is_damage(ds_policy):
 
 
 def test_unknown_keys_from_newer_minor(ds_policy, caplog):
-    rewrite(ds_policy, lambda d: (d.update(schema_version="1.7"), d["deepep"].update(new_knob=3)))
+    rewrite(ds_policy, lambda d: (d.update(schema_version="2.7"), d["deepep"].update(new_knob=3)))
     with caplog.at_level(logging.WARNING, logger="moepolicy"):
         policy = load_policy(ds_policy, ep_size=8)
     assert not policy.is_fallback

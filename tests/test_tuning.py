@@ -238,18 +238,53 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     assert out.read_text().startswith("schema_version")
 
 
-def test_ctrl_c_writes_what_was_found(tmp_path):
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_tune_writes_a_partial_result_marked_so(tmp_path, sig, code):
     env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
     args = [*cli_command(model_bench_delay=0.15), *tune_args(tmp_path, study="c", trials=40)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    time.sleep(3.5)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    import yaml
+
+    from moepolicy import load_policy
+
+    out = tmp_path / "p.yaml"
+    doc = yaml.safe_load(out.read_text())
+    assert doc["deepep"]["partial"]["reason"].startswith("interrupted")
+    validated = run_cli("validate", str(out))
+    assert validated.returncode != 0 and "a partial result" in validated.stderr
+    policy = load_policy(out, ep_size=2)
+    assert policy.is_fallback and "partial result" in policy.fallback_reason and policy.deepep.is_default
+    with pytest.raises(Exception, match="partial result"):
+        load_policy(out, ep_size=2, strict=True)
+    # the storage's trials are all finished: nothing is left RUNNING after the signal
+    assert not [t for t in completed_trials(tmp_path / "studies.db") if t[2] == "RUNNING"]
+
+
+def test_an_interrupted_tune_never_replaces_a_complete_policy(tmp_path):
+    env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
+    complete = run_cli(*tune_args(tmp_path, study="first", trials=2))
+    assert complete.returncode == 0, complete.stderr
+    out = tmp_path / "p.yaml"
+    before = out.read_text()
+    args = [*cli_command(model_bench_delay=0.15), *tune_args(tmp_path, study="second", trials=40)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     time.sleep(3.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    assert out.read_text() == before  # the complete policy is kept
+    assert "partial" in yaml_load(tmp_path / "p.partial.yaml")["deepep"]
+
+
+def yaml_load(path):
     import yaml
 
-    doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
-    assert "interrupted" in doc["deepep"]["provenance"]["note"]
+    return yaml.safe_load(path.read_text())
 
 
 def test_atomic_write_keeps_the_previous_file_on_failure(tmp_path, monkeypatch):

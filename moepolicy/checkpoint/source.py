@@ -78,7 +78,9 @@ def _name_from_config(config_path: Path, config: dict[str, Any]) -> str:
 
 
 def _fetch_from_hub(repo_id: str) -> Optional[RawCheckpoint]:
-    if os.environ.get("MOEPOLICY_OFFLINE") or os.environ.get("HF_HUB_OFFLINE"):
+    from moepolicy.settings import offline
+
+    if offline():
         return None
     files: dict[str, dict[str, Any]] = {}
     for filename in ("config.json", "hf_quant_config.json"):

@@ -32,6 +32,9 @@ def deepep_lines(deepep) -> list[str]:
              f"{_mib(deepep.num_rdma_bytes)}; {prov.source}" + (f" ({where})" if where else "")]
     if prov.note:
         lines.append(f"  {prov.note}")
+    lines.append(f"  chosen for the {deepep.schedule} schedule, timed in the {deepep.regime} regime")
+    if deepep.partial is not None:
+        lines.append(f"  PARTIAL: {deepep.partial.reason}; load_policy uses DeepEP's defaults for it")
     overlap = deepep.overlap or {}
     if overlap:
         lines.append(f"  overlap split: {overlap.get('comm_sms')} communication SMs, expert GEMM on "

@@ -47,9 +47,12 @@ def run(args: argparse.Namespace) -> int:
     loaded = read_policy(args.policy)
     doc = loaded.doc
     groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    measured_choice: set[str] = set()  # rules that sent bf16 because it was measured faster: no fallback
     for layer in doc.layers:
         groups[(layer.order, layer.rule, layer.reason)].append(layer.index)
-    fallback = {k: v for k, v in groups.items() if k[0] in FALLBACK_ORDERS}
+        if layer.unmeasured is not None:
+            measured_choice.add(layer.rule)
+    fallback = {k: v for k, v in groups.items() if k[0] in FALLBACK_ORDERS and k[1] not in measured_choice}
     moe = sum(1 for layer in doc.layers if layer.kind == "moe")
     n_fb = sum(len(v) for v in fallback.values())
     print(f"{doc.model.name} on {doc.target.gpu} EP{doc.target.ep_size} {doc.target.backend} "
@@ -57,9 +60,11 @@ def run(args: argparse.Namespace) -> int:
           f"{n_fb} fell back to bf16 dispatch with quantization after it")
     rows = []
     for (order, rule, _reason), idx in sorted(groups.items(), key=lambda kv: (kv[0][0] not in FALLBACK_ORDERS, kv[0][0], kv[0][1])):
-        mark = "FALLBACK " if order in FALLBACK_ORDERS else ""
+        mark = "FALLBACK " if order in FALLBACK_ORDERS and rule not in measured_choice else ""
         rows.append([f"{mark}{order}", rule, len(idx), index_ranges(idx)])
     table(["order", "rule", "layers", "indices"], rows)
+    for line in _per_bucket_lines(doc):
+        print(line)
     if fallback:
         print("\nwhy the fallbacks happened:")
         for (_order, rule, reason), idx in fallback.items():
@@ -70,6 +75,21 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     print_lint(doc, args)
     return 0
+
+
+def _per_bucket_lines(doc) -> list[str]:
+    """Layers whose order changes with the token count (measured facts, decided by the rules)."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for layer in doc.layers:
+        if layer.orders:
+            previous, parts = None, []
+            for entry in layer.orders:
+                parts.append((f"<= {entry.max_tokens}" if entry.max_tokens is not None else f"> {previous}")
+                             + f": {entry.order}")
+                previous = entry.max_tokens
+            groups[", ".join(parts)].append(layer.index)
+    return [f"per token bucket, {len(idx)} layer(s) [{index_ranges(idx)}]: {what} (measured, see explain)"
+            for what, idx in groups.items()]
 
 
 def print_lint(doc, args) -> None:

@@ -63,6 +63,27 @@ def _pack_for(ref) -> tuple[RulePack, str]:
     return pack, warn
 
 
+def measured_lines(doc, layer) -> list[str]:
+    """What measured facts did to this layer: the timings, the order per token bucket, and the
+    rules' decision without them (what a runtime with another tuning key uses)."""
+    out = []
+    timings = doc.deepep.measured_orders or []
+    if timings and (layer.orders or layer.unmeasured):
+        out.append("measured (tune, both orders timed): " + "; ".join(
+            f"T={t.tokens}: quant_then_dispatch {t.quant_then_dispatch_us} us, dispatch_then_quant "
+            f"{t.dispatch_then_quant_us} us" for t in timings))
+    if layer.orders:
+        previous = None
+        for entry in layer.orders:
+            name = f"<= {entry.max_tokens} tokens" if entry.max_tokens is not None else f"> {previous} tokens"
+            out.append(f"  {name}: {entry.order} ({entry.wire.dtype}) by {entry.rule}")
+            previous = entry.max_tokens
+    if layer.unmeasured is not None:
+        u = layer.unmeasured
+        out.append(f"without measured facts (used when the tuning key does not match): {u.order} by {u.rule}")
+    return out
+
+
 def explain_from_file(path: str, index: int) -> int:
     from moepolicy.policy_file import read_policy
     from moepolicy.target import target_from_doc
@@ -86,6 +107,8 @@ def explain_from_file(path: str, index: int) -> int:
     decision = decide(facts, packs, target.deepep, lambda then, f: wire_problem(then, f, target),
                       allow_inferred="inferred-capabilities" in target.options)
     render(index, facts, decision)
+    for line in measured_lines(doc, layer):
+        print(line)
     if (decision.order, decision.rule) != (layer.order, layer.rule):
         note(f"note: the file records {layer.order} by rule {layer.rule}; replay now gives "
              f"{decision.order} by {decision.rule}")

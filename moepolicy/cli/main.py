@@ -38,6 +38,23 @@ def build_parser() -> argparse.ArgumentParser:
 _FLAGS = {"options": "--opt-in"}
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is: work in progress is ended cleanly (a tune writes what it has)."""
+
+
+def _terminate_as_interrupt() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def flag_words(exc: MoePolicyError) -> str:
     """The error's one line, its leading field name (``ep_size``) said as the flag (``--ep-size``)."""
     message = one_line(str(exc))
@@ -52,6 +69,7 @@ def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
     ``tune`` gets its measurements (tests inject fakes here)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    _terminate_as_interrupt()
     try:
         if args.command == "tune":
             return int(args.run(args, bench_source) or 0)
@@ -59,6 +77,9 @@ def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
     except MoePolicyError as exc:
         print(f"moepolicy: {flag_words(exc)}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print("moepolicy: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("moepolicy: interrupted", file=sys.stderr)
         return 130

@@ -17,7 +17,7 @@ from moepolicy.cli._deepep_summary import overlap_lines
 from moepolicy.cli._output import note, progress_to_stderr, table
 from moepolicy.cli._target import add_target_flags
 from moepolicy.document import write_document
-from moepolicy.errors import TuningError, UsageError
+from moepolicy.errors import MoePolicyError, TuningError, UsageError
 from moepolicy.tuning.bench_source import BenchChoice, BenchSource
 from moepolicy.tuning.overlap_report import OverlapBucketRow
 from moepolicy.tuning.options import (
@@ -204,11 +204,33 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench) 
     with progress_to_stderr():
         result = tune_plan(plan, build_bench(plan, objective), options, space, objective)
     render(result)
-    write_document(result.document, args.output)
-    note(f"wrote {args.output}")
-    if result.interrupted:
-        raise KeyboardInterrupt
+    output = _output_for(result, args.output)
+    write_document(result.document, output)
+    note(f"wrote {output}" + (" (a partial result, marked so in the file)" if result.interrupted else ""))
+    if result.interruption is not None:
+        raise result.interruption
     return 0
+
+
+def _output_for(result, output: str) -> str:
+    """Where the result goes: ``output``, unless the tune was interrupted and ``output`` holds a
+    complete policy, which a partial result never replaces (it goes beside it, ``*.partial.yaml``)."""
+    from pathlib import Path
+
+    if not result.interrupted or not Path(output).exists():
+        return output
+    from moepolicy.policy_file import read_policy
+
+    try:
+        previous = read_policy(output)
+    except MoePolicyError:
+        return output  # not a policy (or a damaged one): nothing complete to keep
+    if previous.doc.deepep.partial is not None:
+        return output
+    p = Path(output)
+    beside = str(p.with_name(p.stem + ".partial" + (p.suffix or ".yaml")))
+    note(f"interrupted: {output} holds a complete policy and is kept; the partial result goes to {beside}")
+    return beside
 
 
 def render(result) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from moepolicy.cli._output import note
+from moepolicy.errors import PolicyError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     for warning in loaded.warnings:
         note(f"warning: {warning}")
     doc = loaded.doc
+    if doc.deepep.partial is not None:
+        raise PolicyError(f"{args.policy}: a partial result ({doc.deepep.partial.reason}); load_policy uses DeepEP's "
+                          "default configs and the decisions without measured facts for it; re-run the tune")
     print(f"ok: {args.policy}: schema {doc.schema_version}, {doc.model.name}, {len(doc.layers)} layers, "
           f"{doc.target.gpu} EP{doc.target.ep_size} {doc.target.backend}, deepep {doc.deepep.provenance.source}, "
           f"keys intact")

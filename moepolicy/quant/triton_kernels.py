@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from moepolicy.quant.reference import EPS, FP8, FP8_MAX, FP8_MAX_INV
+from moepolicy.settings import triton_fast_launch
 
 # Triton's Python launcher (argument binding, specialization, cache key) costs tens of microseconds
 # per call, on the sender's critical path before dispatch. After the first launch of a given call
 # shape the compiled kernel is launched directly with the same arguments' layout, and the host-side
 # arithmetic (grid, constexprs) of each shape is computed once (scripts/diag_launch_cost.py measures
 # the host cost per call). MOEPOLICY_TRITON_FAST_LAUNCH=0 turns the direct launch off.
-FAST_LAUNCH = {"enabled": os.environ.get("MOEPOLICY_TRITON_FAST_LAUNCH", "1") != "0"}
+FAST_LAUNCH = {"enabled": triton_fast_launch()}
 _COMPILED: dict = {}
 
 

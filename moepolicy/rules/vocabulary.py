@@ -58,11 +58,16 @@ VOCABULARY: dict[str, FactType] = {
     "kernel.scale_dtype": FactType("enum", ("float32", "ue8m0", "e4m3", "e8m0", "none", "unknown"), "scale dtype the kernel wants"),
     "kernel.scale_layout": FactType("enum", ("row", "col_tma", "swizzled", "none", "unknown"), "scale layout the kernel wants"),
     "kernel.evidence": FactType("enum", ("measured", "code", "inferred", "none"), "how the kernel's mode is known"),
+    "measured.faster_order": FactType("enum", ("quant_then_dispatch", "dispatch_then_quant", "unmeasured"),
+                                      "the order measured faster for this layer's wire on this target (tune, live)"),
 }
 
+UNMEASURED = "unmeasured"
 
-def layer_facts(layer: LayerFacts, target: Any, execution: Execution) -> dict[str, Any]:
-    """The vocabulary's values for one layer on ``target`` (a :class:`~moepolicy.target.Target`)."""
+
+def layer_facts(layer: LayerFacts, target: Any, execution: Execution, faster_order: str = UNMEASURED) -> dict[str, Any]:
+    """The vocabulary's values for one layer on ``target`` (a :class:`~moepolicy.target.Target`);
+    ``faster_order`` is a measured fact (``tune`` times both orders), else ``unmeasured``."""
     w, a = layer.weights, layer.activations
     mode = execution.mode
     acts = mode.activations if mode else None
@@ -100,4 +105,5 @@ def layer_facts(layer: LayerFacts, target: Any, execution: Execution) -> dict[st
         "kernel.scale_dtype": acts.scale_dtype if acts else "unknown",
         "kernel.scale_layout": acts.scale_layout if acts else "unknown",
         "kernel.evidence": mode.evidence if mode else "none",
+        "measured.faster_order": faster_order,
     }

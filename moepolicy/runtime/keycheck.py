@@ -115,9 +115,19 @@ def _deepep_check(doc: PolicyDoc) -> SubCheck:
     return SubCheck("tuning", "deep_ep", status, f"imported deep_ep is {found}; policy {doc.target.deep_ep.sheet}")
 
 
-def check_keys(doc: PolicyDoc, *, ep_size: Optional[int], model: Optional[str]) -> list[SubCheck]:
+def _schedule_check(doc: PolicyDoc, schedule: Optional[str]) -> SubCheck:
+    tuned = getattr(doc.deepep, "schedule", "serial")
+    if schedule is None:
+        return SubCheck("tuning", "schedule", "unchecked", f"no schedule given; policy tuned for {tuned}")
+    status = "matched" if schedule == tuned else "mismatched"
+    return SubCheck("tuning", "schedule", status, f"engine runs {schedule}; policy tuned for {tuned}")
+
+
+def check_keys(doc: PolicyDoc, *, ep_size: Optional[int], model: Optional[str],
+               schedule: Optional[str] = None) -> list[SubCheck]:
     return [_facts_check(doc, model), _arch_check(doc), _layout_check(doc, ep_size),
-            _packs_check(doc), _ep_check(doc, ep_size), _gpu_check(doc), _deepep_check(doc)]
+            _packs_check(doc), _ep_check(doc, ep_size), _gpu_check(doc), _deepep_check(doc),
+            _schedule_check(doc, schedule)]
 
 
 def summarise(checks: list[SubCheck], part: str, required: str) -> str:

@@ -15,7 +15,7 @@ from typing import Optional
 from moepolicy.errors import PolicyError
 from moepolicy.wire import Scale, Wire
 from moepolicy.deepep.configs import ChunkConfig
-from moepolicy.runtime.policy import Bucket, DeepEPSettings, LayerDecision, Policy, SafePolicy
+from moepolicy.runtime.policy import Bucket, BucketOrder, DeepEPSettings, LayerDecision, Policy, SafePolicy
 
 _WARNED: set[tuple[str, str]] = set()
 _WARN_LOCK = threading.Lock()
@@ -62,12 +62,22 @@ def default_settings(ep_size: Optional[int], hidden: Optional[int] = None,
                           is_default=True)
 
 
-def _layer(entry: dict) -> LayerDecision:
-    scale = entry["wire"]["scale"]
-    wire = Wire(entry["wire"]["dtype"], Scale(scale["granularity"], scale["dtype"], scale["layout"], scale["group"])
+def _wire(doc: dict) -> Wire:
+    scale = doc["scale"]
+    return Wire(doc["dtype"], Scale(scale["granularity"], scale["dtype"], scale["layout"], scale["group"])
                 if scale is not None else None)
-    return LayerDecision(index=entry["index"], kind=entry["kind"], order=entry["order"], wire=wire,
-                         numerics=entry["numerics"], rule=entry["rule"], reason=entry["reason"])
+
+
+def _layer(entry: dict, measured: bool = True) -> LayerDecision:
+    """A layer's decision; without ``measured`` (tuning key mismatch, partial tune), the rules'
+    decision without measured facts and no per-bucket orders."""
+    combine = (entry.get("combine") or {}).get("dtype", "bf16")
+    decided = entry if measured or entry.get("unmeasured") is None else entry["unmeasured"]
+    orders = tuple(BucketOrder(o["max_tokens"], o["order"], _wire(o["wire"]))
+                   for o in (entry.get("orders") or ())) if measured else ()
+    return LayerDecision(index=entry["index"], kind=entry["kind"], order=decided["order"], wire=_wire(decided["wire"]),
+                         numerics=decided["numerics"], rule=decided["rule"], reason=decided["reason"],
+                         combine=combine, orders=orders)
 
 
 def _safe(source: str, reason: str, ep_size: Optional[int], report: dict[str, str],
@@ -78,18 +88,19 @@ def _safe(source: str, reason: str, ep_size: Optional[int], report: dict[str, st
 
 
 def load_policy(path: str | Path, *, ep_size: Optional[int] = None, model: Optional[str] = None,
-                strict: bool = False) -> Policy:
+                strict: bool = False, schedule: Optional[str] = None) -> Policy:
     """Load ``path`` for a serving process (see :func:`_load`); never raises unless ``strict``."""
     if strict:
-        return _load(path, ep_size=ep_size, model=model, strict=True)
+        return _load(path, ep_size=ep_size, model=model, strict=True, schedule=schedule)
     try:
-        return _load(path, ep_size=ep_size, model=model, strict=False)
+        return _load(path, ep_size=ep_size, model=model, strict=False, schedule=schedule)
     except Exception as exc:  # noqa: BLE001 (serving must never be taken down by a policy file)
         return _safe(str(path), f"unexpected error while loading ({type(exc).__name__}: {exc})", ep_size,
                      {"decision": "unchecked", "tuning": "unchecked"})
 
 
-def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], strict: bool) -> Policy:
+def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], strict: bool,
+          schedule: Optional[str] = None) -> Policy:
     """Load ``path`` for a serving process with ``ep_size`` ranks serving ``model``.
 
     Args:
@@ -98,6 +109,8 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
         model: the checkpoint (name, config.json or folder) being served; its normalised facts are
             hashed and compared with the policy's.
         strict: raise :class:`~moepolicy.errors.PolicyError` instead of falling back.
+        schedule: ``serial`` or ``overlapped`` (DBO/TBO), as the engine runs; checked against the
+            schedule the DeepEP configs were tuned for.
     """
     from moepolicy.policy_file import parse_policy_light, read_policy
     from moepolicy.schema.fast_validate import View
@@ -115,7 +128,7 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
         _warn_once(source, warning)
     data = loaded.doc
     doc = View(data)
-    checks = check_keys(doc, ep_size=ep_size, model=model)
+    checks = check_keys(doc, ep_size=ep_size, model=model, schedule=schedule)
     report = {"decision": summarise(checks, "decision", "model_facts"),
               "tuning": summarise(checks, "tuning", "ep_size")}
     details = tuple(c.render() for c in checks)
@@ -126,15 +139,22 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
         reason = "decision key mismatch: " + "; ".join(c.render() for c in checks
                                                         if c.part == "decision" and c.status == "mismatched")
         return _safe(source, reason, ep_size, report, details, loaded.warnings)
-    layers = tuple(_layer(entry) for entry in data["layers"])
-    if report["tuning"] == "mismatched":
-        reason = "tuning key mismatch (decisions kept, DeepEP default configs used): " + "; ".join(
-            c.render() for c in checks if c.part == "tuning" and c.status == "mismatched")
+    partial = data["deepep"].get("partial")
+    if partial is not None and strict:
+        raise PolicyError(f"{source}: a partial result ({partial['reason']}); re-run the tune to completion")
+    if report["tuning"] == "mismatched" or partial is not None:
+        reason = ("tuning key mismatch (decisions kept without measured facts, DeepEP default configs used): "
+                  + "; ".join(c.render() for c in checks if c.part == "tuning" and c.status == "mismatched")
+                  if partial is None else
+                  f"partial result ({partial['reason']}): decisions kept without measured facts, DeepEP "
+                  "default configs used")
+        layers = tuple(_layer(entry, measured=False) for entry in data["layers"])
         _warn_once(source, f"{source}: {reason}")
         settings = default_settings(ep_size, data["model"]["hidden_size"], data["target"]["deep_ep"]["sheet"])
         return Policy(layers, settings, is_fallback=True, fallback_reason=reason, report=report,
                       report_details=details, source=source, model_name=doc.model.name,
                       warnings=loaded.warnings)
+    layers = tuple(_layer(entry) for entry in data["layers"])
     return Policy(layers, _settings_from_doc(data["deepep"]), is_fallback=False, fallback_reason=None,
                   report=report, report_details=details, source=source, model_name=doc.model.name,
                   warnings=loaded.warnings)

@@ -13,6 +13,15 @@ from moepolicy.wire import Wire
 
 
 @dataclass(frozen=True)
+class BucketOrder:
+    """A layer's order for token counts up to ``max_tokens`` (None: every larger count)."""
+
+    max_tokens: Optional[int]
+    order: str
+    wire: Wire
+
+
+@dataclass(frozen=True)
 class LayerDecision:
     index: int
     kind: str
@@ -21,10 +30,31 @@ class LayerDecision:
     numerics: str
     rule: str
     reason: str
+    combine: str = "bf16"  # what combine sends back
+    orders: tuple[BucketOrder, ...] = ()  # per token bucket, where measurement found a crossover
+
+    def __post_init__(self) -> None:
+        bounds = tuple(b.max_tokens if b.max_tokens is not None else sys.maxsize for b in self.orders)
+        object.__setattr__(self, "_bounds", bounds)
 
     @property
     def quantize_before_dispatch(self) -> bool:
         return self.order == "quant_then_dispatch"
+
+    def bucket_order(self, num_tokens: int) -> "BucketOrder":
+        """The order and wire for a batch of ``num_tokens`` tokens per rank.
+
+        ``num_tokens`` must be a count every rank agrees on (the engine passes the maximum across
+        its data-parallel ranks): ranks that disagree on the wire corrupt or hang the dispatch.
+        """
+        if not self.orders:
+            return BucketOrder(None, self.order, self.wire)
+        i = bisect.bisect_left(self._bounds, num_tokens)  # type: ignore[attr-defined]
+        return self.orders[min(i, len(self.orders) - 1)]
+
+    def order_for(self, num_tokens: int) -> str:
+        """``order`` for a batch of ``num_tokens`` per rank (agreed across ranks; see ``bucket_order``)."""
+        return self.bucket_order(num_tokens).order if self.orders else self.order
 
 
 BF16_WIRE = Wire("bf16")

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from moepolicy.errors import PolicyError
 from moepolicy.schema import policy_rules as rules
+from moepolicy.schema.locations import yaml_path
 
 SCHEMA_FILE = "policy.schema.json"  # generated from the Pydantic models (scripts/gen_schema.py)
 FREE_FORM = "x-free-form"  # an object whose keys are not checked (provenance details, facts, ...)
@@ -121,11 +122,17 @@ def unknown_keys(node: Any, shape: str = "", path: str = "") -> list[str]:
     return found
 
 
-def _where(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top)"
+def _layer_checks(n: int, layer: dict[str, Any]) -> Optional[str]:
+    problem = rules.layer_problem(layer["kind"], layer["order"], layer["wire"]["dtype"])
+    orders = layer.get("orders") or ()
+    for entry in orders:
+        problem = problem or rules.layer_problem(layer["kind"], entry["order"], entry["wire"]["dtype"])
+    if orders:
+        problem = problem or rules.buckets_problem([entry["max_tokens"] for entry in orders])
+    alt = layer.get("unmeasured")
+    if alt is not None:
+        problem = problem or rules.layer_problem(layer["kind"], alt["order"], alt["wire"]["dtype"])
+    return f"layers[{n}]: {problem}" if problem else None
 
 
 def _cross_checks(doc: dict[str, Any]) -> Optional[str]:
@@ -146,9 +153,9 @@ def _cross_checks(doc: dict[str, Any]) -> Optional[str]:
     if problem:
         return f"deepep: {problem}"
     for n, layer in enumerate(doc["layers"]):
-        problem = rules.layer_problem(layer["kind"], layer["order"], layer["wire"]["dtype"])
+        problem = _layer_checks(n, layer)
         if problem:
-            return f"layers[{n}]: {problem}"
+            return problem
     indices = rules.layer_indices_problem([layer["index"] for layer in doc["layers"]])
     if indices:
         return f"(top): {indices[1]}"
@@ -165,10 +172,11 @@ def validate(raw: dict[str, Any], source: str) -> dict[str, Any]:
         err = exc.errors()[0]
         more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         msg = "missing (a policy needs it)" if err.get("type") == "missing" else err.get("msg", "invalid")
-        raise PolicyError(f"{source}: {_where(tuple(err.get('loc', ())))}: {msg}{more}") from None
+        raise PolicyError(f"{source}: {yaml_path(tuple(err.get('loc', ())))}: {msg}{more}") from None
     except RecursionError:
         raise PolicyError(f"{source}: nested too deeply to be a policy") from None
-    problem = _cross_checks(doc)
+    problem = rules.v1_problem(raw)  # before defaults: a 1.x document does not have 2.0's fields
+    problem = f"(top): {problem}" if problem else _cross_checks(doc)
     if problem:
         raise PolicyError(f"{source}: {problem}")
     return doc

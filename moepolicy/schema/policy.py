@@ -1,7 +1,10 @@
-"""The policy document (contract: "The policy document"), validated with Pydantic.
+"""The policy document (contract: "The policy document"; ``docs/POLICY.md``), validated with Pydantic.
 
-Models allow unknown keys so that a reader of major version 1 can accept a newer minor version; the
-loader lists them (:func:`unknown_keys`) and warns, or refuses under ``strict``.
+Models allow unknown keys so that a reader can accept a newer minor version; the loader lists them
+(:func:`unknown_keys`) and warns, or refuses under ``strict``. Schema 2.0 adds per-bucket orders, the
+rules' decision without measured facts, combine precision, the ``fused`` order, the engine schedule
+and timing regime the configs were chosen for, measured order timings and a partial-result marker;
+1.x documents still load (each new field's default is what 1.x meant).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from moepolicy.schema import policy_rules as rules
 
 
 SCHEMA_VERSION = rules.SCHEMA_VERSION
-Order = Literal["quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none"]
+Order = Literal["quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none", "fused"]
 
 
 class _Doc(BaseModel):
@@ -33,6 +36,31 @@ class WireDoc(_Doc):
     scale: Optional[ScaleDoc] = None
 
 
+class CombineDoc(_Doc):
+    """What combine sends back: bf16 (every engine today), or a low-precision combine."""
+
+    dtype: Literal["bf16", "fp8_e4m3", "nvfp4", "logfmt"] = "bf16"
+
+
+class DecisionDoc(_Doc):
+    """One decision without the layer's index and facts (an alternative the runtime may take)."""
+
+    order: Order
+    wire: WireDoc
+    numerics: Literal["exact", "approximate"]
+    rule: str
+    reason: str
+
+
+class BucketOrderDoc(_Doc):
+    """The order for token counts up to ``max_tokens`` (the last entry: every larger count)."""
+
+    max_tokens: Optional[int] = Field(default=None, gt=0, le=10_000_000)
+    order: Order
+    wire: WireDoc
+    rule: str
+
+
 class LayerDoc(_Doc):
     index: int = Field(ge=0, le=100_000)
     kind: Literal["moe", "dense"]
@@ -42,10 +70,22 @@ class LayerDoc(_Doc):
     rule: str
     reason: str
     facts: dict[str, Any] = Field(default_factory=dict)
+    # 2.0: combine precision; per token bucket orders where measurement found a crossover (decided
+    # by the rules from each bucket's measured facts); the rules' decision without measured facts,
+    # which the runtime takes when the tuning key does not match
+    combine: CombineDoc = Field(default_factory=CombineDoc)
+    orders: Optional[list[BucketOrderDoc]] = Field(default=None, min_length=2)
+    unmeasured: Optional[DecisionDoc] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "LayerDoc":
         problem = rules.layer_problem(self.kind, self.order, self.wire.dtype)
+        for entry in self.orders or ():
+            problem = problem or rules.layer_problem(self.kind, entry.order, entry.wire.dtype)
+        if self.orders:
+            problem = problem or rules.buckets_problem([entry.max_tokens for entry in self.orders])
+        if self.unmeasured is not None:
+            problem = problem or rules.layer_problem(self.kind, self.unmeasured.order, self.unmeasured.wire.dtype)
         if problem:
             raise ValueError(problem)
         return self
@@ -129,6 +169,20 @@ class ProvenanceDoc(_Doc):
     note: str = ""
 
 
+class PartialDoc(_Doc):
+    """An interrupted tune: what it holds is not a complete answer (``load_policy`` does not use it)."""
+
+    reason: str
+
+
+class OrderTimingDoc(_Doc):
+    """Both orders of one token bucket, timed (a measured fact the rules see as ``measured.faster_order``)."""
+
+    tokens: int = Field(gt=0, le=10_000_000)
+    quant_then_dispatch_us: float = Field(gt=0)
+    dispatch_then_quant_us: float = Field(gt=0)
+
+
 class DeepEPDoc(_Doc):
     num_sms: int = Field(gt=0, le=1024)
     num_nvl_bytes: int = Field(ge=0, le=2**40)
@@ -137,6 +191,14 @@ class DeepEPDoc(_Doc):
     provenance: ProvenanceDoc
     low_latency: Optional[dict[str, int]] = None
     overlap: Optional[dict[str, Any]] = None  # tune --overlap: the communication/GEMM SM split
+    # 2.0: the engine schedule the configs were chosen for (serial: DeepEP then the experts' GEMM on
+    # every SM; overlapped: beside it, as DBO/TBO), the timing regime (host: the host's launch and
+    # waits included, as eager engines run; gpu: GPU time, as CUDA-graph engines run), both orders'
+    # measured times, and the partial-result marker of an interrupted tune
+    schedule: Literal["serial", "overlapped"] = "serial"
+    regime: Literal["host", "gpu"] = "host"
+    measured_orders: Optional[list[OrderTimingDoc]] = None
+    partial: Optional[PartialDoc] = None
 
     @field_validator("num_sms")
     @classmethod
@@ -184,6 +246,14 @@ class PolicyDoc(_Doc):
         if problem:
             raise ValueError(problem[1])
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_fits(cls, data: Any) -> Any:
+        problem = rules.v1_problem(data) if isinstance(data, dict) else None
+        if problem:
+            raise ValueError(problem)
+        return data
 
 
 def unknown_keys(model: BaseModel, path: str = "") -> list[str]:

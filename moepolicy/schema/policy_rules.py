@@ -9,14 +9,23 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "2.0"
+READABLE_MAJORS = (1, 2)  # 1.x documents load as they are: every 2.0 field has a default that 1.x meant
 QUANTIZED_ORDERS = ("quant_then_dispatch", "in_kernel_quant")
 BF16_ORDERS = ("dispatch_then_quant", "no_quant")
+# 2.0: the expert kernel does dispatch, GEMMs and combine in one kernel (DeepGEMM Mega MoE): the
+# communication's format is the kernel's, so the wire records it and no separate order applies
+FUSED = "fused"
+# fields a 1.x reader would ignore and so misread: a document that has them must say 2.0 or newer
+V2_LAYER_FIELDS = ("orders", "unmeasured", "combine")
+V2_DEEPEP_FIELDS = ("partial", "schedule", "regime", "measured_orders")
 
 
 def layer_problem(kind: str, order: str, wire_dtype: str) -> Optional[str]:
     if (kind == "dense") != (order == "none"):
         return f"kind {kind} does not go with order {order}"
+    if order == FUSED:
+        return None
     if order in QUANTIZED_ORDERS and wire_dtype != "fp8_e4m3":
         return f"order {order} needs an fp8 wire, got {wire_dtype}"
     if order in BF16_ORDERS and wire_dtype != "bf16":
@@ -51,6 +60,24 @@ def buckets_problem(bounds: Sequence[Optional[int]]) -> Optional[str]:
     finite = [b for b in bounds if b is not None]
     if finite != sorted(set(finite)):
         return f"bucket max_tokens must strictly increase, got {list(bounds)}"
+    return None
+
+
+def v1_problem(doc: dict) -> Optional[str]:
+    """A 1.x document that carries a 2.0 field (or order) a 1.x reader would misread."""
+    if not str(doc.get("schema_version", "")).startswith("1."):
+        return None
+    deepep = doc.get("deepep") if isinstance(doc.get("deepep"), dict) else {}
+    for name in V2_DEEPEP_FIELDS:
+        if deepep.get(name) is not None:
+            return f"deepep.{name} needs schema_version 2.0 (the document says {doc['schema_version']})"
+    for n, layer in enumerate(doc.get("layers") or ()):
+        if isinstance(layer, dict):
+            for name in V2_LAYER_FIELDS:
+                if layer.get(name) is not None:
+                    return f"layers[{n}].{name} needs schema_version 2.0 (the document says {doc['schema_version']})"
+            if layer.get("order") == FUSED:
+                return f"layers[{n}].order {FUSED} needs schema_version 2.0 (the document says {doc['schema_version']})"
     return None
 
 

@@ -11,7 +11,9 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-Chunk = tuple[int, int, int, int]  # nvl_send, nvl_recv, rdma_send, rdma_recv (effective)
+from moepolicy.deepep.configs import ChunkConfig
+
+Chunk = ChunkConfig  # nvl_send, nvl_recv, rdma_send, rdma_recv (effective)
 
 
 class TrialFailed(Exception):
@@ -33,8 +35,12 @@ class Workload:
 class TunePoint:
     num_sms: int
     tokens: int
-    dispatch: Chunk
-    combine: Chunk
+    dispatch: ChunkConfig
+    combine: ChunkConfig
+
+    def __post_init__(self) -> None:  # plain 4-tuples (a study's JSON, a script) become ChunkConfigs
+        object.__setattr__(self, "dispatch", ChunkConfig(*self.dispatch))
+        object.__setattr__(self, "combine", ChunkConfig(*self.combine))
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from typing import Any, Optional
 
 from moepolicy.deepep.configs import ChunkConfig, default_configs
 from moepolicy.errors import TuningError
-from moepolicy.keys import compute_keys
-from moepolicy.planner import Plan, buffer_bytes, build_document, default_deepep_section
+from moepolicy.planner import (
+    OrderTiming, Plan, buffer_bytes, build_document, default_deepep_section, with_measurements,
+)
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
 from moepolicy.tuning.options import TuneOptions
 from moepolicy.tuning.space import Space
@@ -48,7 +49,11 @@ class TuneResult:
     buckets: tuple[BucketOutcome, ...] = ()
     overlap: Any = None  # tuning.overlap.OverlapSearch with ``tune --overlap``
     overlap_gemm_note: str = ""
-    interrupted: bool = False
+    interruption: Optional[KeyboardInterrupt] = None  # what ended the search early (Ctrl-C, SIGTERM)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.interruption is not None
 
 
 def workload_for(plan: Plan, routing: str) -> Workload:
@@ -60,28 +65,6 @@ def workload_for(plan: Plan, routing: str) -> Workload:
               and lp.decision.order == "quant_then_dispatch")
     payload = "fp8" if fp8 * 2 >= len(moe) else "bf16"
     return Workload(first.hidden_size, first.num_experts, first.top_k, plan.target.ep_size, payload, routing)
-
-
-def _layer_with_orders(doc: dict, orders: dict[int, dict]) -> None:
-    """Where both orders are legal (fp8 on the wire), record both measured times in the reason and
-    keep the faster order by weighted total; say so when the faster order changes with tokens."""
-    if not orders:
-        return
-    qtd = sum(v["quant_then_dispatch"] for v in orders.values())
-    dtq = sum(v["dispatch_then_quant"] for v in orders.values())
-    per_bucket = "; ".join(f"T={t}: quant_then_dispatch {v['quant_then_dispatch']:.0f} us vs "
-                           f"dispatch_then_quant {v['dispatch_then_quant']:.0f} us" for t, v in sorted(orders.items()))
-    winners = {("quant_then_dispatch" if v["quant_then_dispatch"] <= v["dispatch_then_quant"] else "dispatch_then_quant")
-               for v in orders.values()}
-    changes = " The faster order changes with tokens." if len(winners) > 1 else ""
-    for layer in doc["layers"]:
-        if layer["order"] != "quant_then_dispatch" or (layer["wire"].get("scale") or {}).get("granularity") != "block":
-            continue
-        chosen = "quant_then_dispatch" if qtd <= dtq else "dispatch_then_quant"
-        layer["reason"] = f"{layer['reason']} Measured (full call, both orders): {per_bucket}.{changes}"
-        if chosen == "dispatch_then_quant":
-            layer["order"], layer["wire"] = "dispatch_then_quant", {"dtype": "bf16"}
-            layer["reason"] += " Dispatching bf16 was faster overall, so it is used."
 
 
 def _now() -> str:
@@ -102,8 +85,8 @@ def _section(plan: Plan, chosen: SmsResult, results: list[SmsResult], why: str, 
                     "combine_us": round(m.combine_us, 2), "trials": b.trials, "failed": b.failed}
         if d is not None:
             measured["default_total_us"] = round(d.objective(region), 2)
-        buckets.append({"max_tokens": None if last else b.tokens, "dispatch": ChunkConfig(*b.best.dispatch).to_doc(),
-                        "combine": ChunkConfig(*b.best.combine).to_doc(), "measured": measured})
+        buckets.append({"max_tokens": None if last else b.tokens, "dispatch": b.best.dispatch.to_doc(),
+                        "combine": b.best.combine.to_doc(), "measured": measured})
         outcomes.append(BucketOutcome(b.tokens, d.objective(region) if d else None, m.objective(region), b.best))
     if not buckets:
         raise TuningError("no bucket has a usable measurement")
@@ -116,10 +99,13 @@ def _section(plan: Plan, chosen: SmsResult, results: list[SmsResult], why: str, 
         "pareto": pareto_front(results, region), "gpu": target.gpu, "ep_size": target.ep_size,
         "deepep": target.deepep.name, "command": options.command, "date": _now(),
     }
+    section = {"num_sms": chosen.num_sms, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma, "buckets": buckets,
+               "provenance": provenance, "schedule": "serial", "regime": "host"}
     if interrupted:
-        provenance["note"] = "interrupted: the best found before the interrupt"
-    return {"num_sms": chosen.num_sms, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma, "buckets": buckets,
-            "provenance": provenance}, outcomes
+        done = [r.num_sms for r in results if r.complete]
+        section["partial"] = {"reason": (f"interrupted: {len(done)} of {len(results)} SM counts started were "
+                                         f"searched in every bucket ({', '.join(map(str, done)) or 'none'})")}
+    return section, outcomes
 
 
 def sms_grid(space: Space, target, options: TuneOptions) -> list[int]:
@@ -176,7 +162,7 @@ def _tune_overlap(plan: Plan, bench: Bench, workload: Workload, space: Space, op
     section = {"num_sms": c, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma, "buckets": buckets_doc,
                "provenance": {"source": "measured", "bench": "live-overlap", "command": options.command,
                               "date": _now()},
-               "overlap": found.summary()}
+               "overlap": found.summary(), "schedule": "overlapped", "regime": "gpu"}
     doc = build_document(plan, deepep=section, command=options.command)
     return TuneResult(document=doc, label="measured", region="overlapped", num_sms=c, why=found.why,
                       overlap=found, overlap_gemm_note=f"{gemm_kind} ({why_kind})")
@@ -228,7 +214,7 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
              workload.hidden, workload.num_experts, workload.top_k, workload.payload, len(sms_list),
              len(options.buckets), options.trials, region)
     results: list[SmsResult] = []
-    interrupted = False
+    interruption: Optional[KeyboardInterrupt] = None
     try:
         bench.start(workload)
         for num_sms in sms_list:
@@ -243,30 +229,35 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
                 tune_bucket(storage, f"{name}/sms{num_sms}/t{bucket.tokens}", bench, workload, space, num_sms,
                             bucket, options.trials, default, target.layout == "internode", max_recv, region,
                             options.seed)
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as exc:
+        interruption = exc
         log.info("interrupted: keeping the best found so far")
-    chosen, why = choose_sms(results, region, options.max_sms, float(objective.get("pareto_tolerance", 0.05)))
-    orders = {} if interrupted else _both_orders(bench, workload, chosen, label)
+    interrupted = interruption is not None
+    # an SM count whose buckets were not all searched is compared only when nothing else is left
+    candidates = [r for r in results if r.complete] or results
+    chosen, why = choose_sms(candidates, region, options.max_sms, float(objective.get("pareto_tolerance", 0.05)))
+    timings = () if interrupted else _both_orders(bench, workload, chosen, label)
     bench.close()
     section, outcomes = _section(plan, chosen, results, why, label, region, name, options, interrupted)
-    doc = build_document(plan, deepep=section, command=options.command)
-    _layer_with_orders(doc, orders)
-    doc["key"] = compute_keys(doc)
+    doc = build_document(with_measurements(plan, timings), deepep=section, command=options.command)
     return TuneResult(document=doc, label=label, region=region, num_sms=chosen.num_sms, why=why,
-                      buckets=tuple(outcomes), interrupted=interrupted)
+                      buckets=tuple(outcomes), interruption=interruption)
 
 
-def _both_orders(bench: Bench, workload: Workload, chosen: SmsResult, label: str) -> dict[int, dict]:
-    """Both orders timed at each bucket's best config (live, fp8 payload only)."""
+def _both_orders(bench: Bench, workload: Workload, chosen: SmsResult, label: str) -> tuple[OrderTiming, ...]:
+    """Both orders timed at each bucket's best config (live, fp8 payload only); measured facts for
+    the rules. Every bucket or none: a missing bucket would leave its order undecided."""
     if label != "measured" or workload.payload != "fp8":
-        return {}
+        return ()
     both = dataclasses.replace(workload, both_orders=True)
-    orders: dict[int, dict] = {}
+    timings = []
     for b in chosen.buckets:
-        if b.best is not None:
-            try:
-                orders[b.tokens] = bench.measure(both, b.best).orders
-            except Exception as exc:  # noqa: BLE001 (a failed extra measurement leaves the decision as it is)
-                log.info("  both-order measurement at T=%d failed: %s", b.tokens, exc)
-    return orders
+        if b.best is None:
+            return ()
+        try:
+            orders = bench.measure(both, b.best).orders
+            timings.append(OrderTiming(b.tokens, orders["quant_then_dispatch"], orders["dispatch_then_quant"]))
+        except Exception as exc:  # noqa: BLE001 (a failed extra measurement leaves the decisions unmeasured)
+            log.info("  both-order measurement at T=%d failed: %s; decisions stay unmeasured", b.tokens, exc)
+            return ()
+    return tuple(timings)

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from moepolicy._resources import data_dir
 from moepolicy.errors import TuningError
-from moepolicy.deepep.buffers import effective_rdma_recv, nvl_bytes_hint, rdma_bytes_hint
+from moepolicy.deepep.buffers import effective_rdma_recv, nvl_bytes_hint
 from moepolicy.tuning.bench import Chunk
 
 
@@ -44,12 +44,12 @@ class Space:
         nvl_send = trial.suggest_int(f"{kind}.nvl_send", spec["nvl_send"]["low"],
                                      min(spec["nvl_send"]["high"], nvl_recv - 1))
         if not internode:
-            return (nvl_send, nvl_recv, *rdma_default)
+            return Chunk(nvl_send, nvl_recv, *rdma_default)
         r = spec["rdma_send"]
         rdma_send = trial.suggest_int(f"{kind}.rdma_send", r["low"], r["high"], step=r.get("step", 1))
         rdma_recv = trial.suggest_categorical(f"{kind}.rdma_recv", spec["rdma_recv"]["choices"])
         rdma_recv = max(effective_rdma_recv(rdma_send, rdma_recv), 2 * rdma_send)
-        return (nvl_send, nvl_recv, rdma_send, rdma_recv)
+        return Chunk(nvl_send, nvl_recv, rdma_send, rdma_recv)
 
     def max_nvl_recv(self, num_sms: int, hidden: int, ep_size: int, max_buffer_bytes: int) -> int:
         """Largest receive capacity whose NVLink buffer (bf16 rows) fits the budget."""
@@ -59,12 +59,6 @@ class Space:
                 if nvl_bytes_hint(num_sms, recv, hidden * 2, ep_size) <= max_buffer_bytes:
                     best = max(best, recv)
         return best
-
-
-def buffer_need(num_sms: int, configs: list[Chunk], hidden: int, ep_size: int) -> tuple[int, int]:
-    nvl = max(nvl_bytes_hint(num_sms, c[1], hidden * 2, ep_size) for c in configs)
-    rdma = max(rdma_bytes_hint(num_sms, c[3], hidden * 2, ep_size) for c in configs)
-    return nvl, rdma
 
 
 def load_space(path: Optional[str] = None) -> Space:

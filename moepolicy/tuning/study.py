@@ -44,6 +44,11 @@ class SmsResult:
     num_sms: int
     buckets: list[BucketResult] = field(default_factory=list)
 
+    @property
+    def complete(self) -> bool:
+        """Every bucket has a measured best config."""
+        return all(b.best_measurement is not None for b in self.buckets)
+
     def weighted(self, region: str) -> float:
         """Weighted time over the buckets measured (all of them unless a run was interrupted)."""
         done = [b for b in self.buckets if b.best_measurement is not None]
@@ -189,8 +194,24 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
             seen[key] = value
             log.info(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {n}/{trials}: "
                      f"{value:8.1f} us (best {study.best_value:8.1f})")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: no trial of this process is left RUNNING
+        _fail_interrupted(storage, study)
+        raise
     finally:
         _collect(study, bucket, num_sms)  # also when interrupted: what was measured counts
+
+
+def _fail_interrupted(storage, study) -> None:
+    """Fail this process's RUNNING trials through the storage (an interrupt may have landed inside a
+    ``tell``); like a killed worker's, they do not use up the budget."""
+    import optuna
+
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if t.user_attrs.get("pid") == os.getpid() and t.user_attrs.get("host") == socket.gethostname():
+            try:
+                _fail_orphan(storage, study, t, "interrupted before its measurement finished")
+            except Exception:  # noqa: BLE001 (finished meanwhile)
+                pass
 
 
 ORPHAN_GRACE_S = 2.0  # a trial with no owner yet is another worker's only this long after its ask
@@ -292,7 +313,7 @@ def _collect(study, bucket: BucketResult, num_sms: int) -> None:
         return
     best = min(complete, key=lambda t: t.value)
     eff = json.loads(best.user_attrs["effective"])
-    bucket.best = TunePoint(eff[0], eff[1], tuple(eff[2]), tuple(eff[3]))
+    bucket.best = TunePoint(eff[0], eff[1], eff[2], eff[3])
     bucket.best_measurement = Measurement(**best.user_attrs["measurement"])
     defaults = [t for t in complete if t.user_attrs.get("is_default")]
     if defaults:
