@@ -67,11 +67,19 @@ def dumps(doc: dict[str, Any], fmt: str = "yaml") -> str:
 
 
 def atomic_write(path: str | os.PathLike, text: str) -> None:
+    """Replace the regular file ``path`` (a link's target) with ``text`` atomically, or raise
+    :class:`~moepolicy.errors.OutputError` with one line and leave the previous file as it was."""
     import tempfile
 
-    target = Path(path)
+    from moepolicy.errors import OutputError
+    from moepolicy.files import write_target
+
+    target = write_target(path)
     directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot be written ({exc.strerror or exc})") from None
     try:
         os.chmod(tmp, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -80,11 +88,13 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
             os.fsync(handle.fileno())
         os.replace(tmp, target)
         _remove_stale_temps(directory, target.name)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise OutputError(f"{path}: cannot be written ({exc.strerror or exc}); the previous file is kept") from None
         raise
 
 

@@ -57,3 +57,9 @@ class TuningError(MoePolicyError):
 def one_line(message: str) -> str:
     """Fold a message onto one line, as the CLI contract asks."""
     return " ".join(str(message).split())
+
+
+class OutputError(MoePolicyError):
+    """An output path cannot be written (no such folder, not a regular file, read-only, disk full)."""
+
+    exit_code = 8

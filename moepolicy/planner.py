@@ -168,6 +168,9 @@ def default_deepep_section(plan: Plan) -> dict[str, Any]:
     }
     if target.deepep.api == "v2":
         provenance["note"] = "DeepEP v2 sizes itself and computes SM counts analytically; these legacy fields are unused"
+    elif target.backend == "deepep_ll":
+        provenance["note"] = (f"low-latency: RDMA buffer by DeepEP's low-latency size hint for {LL_MAX_TOKENS_DEFAULT} "
+                              f"tokens per rank and {experts} experts, hidden {hidden}; its kernels have no chunk settings")
     section: dict[str, Any] = {
         "num_sms": num_sms, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma,
         "buckets": [{"max_tokens": None, "dispatch": dispatch.to_doc(), "combine": combine.to_doc()}],

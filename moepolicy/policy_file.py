@@ -79,7 +79,43 @@ def _finish(raw: dict[str, Any], doc: Any, extra: list[str], version: str, sourc
             raise PolicyError(
                 f"{source}: key.{part} does not match the document's contents (edited by hand or "
                 f"damaged); re-plan, or run 'moepolicy validate --rekey' after checking the edit")
+    problem = buffer_fit_problem(raw)
+    if problem:
+        raise PolicyError(f"{source}: {problem}")
     return LoadedPolicy(doc=doc, raw=raw, warnings=tuple(warnings))
+
+
+def buffer_fit_problem(raw: dict[str, Any]) -> Optional[str]:
+    """DeepEP's buffers too small for the chunk configs the document gives it (DeepEP's own size
+    formulas; a buffer that does not fit traps or hangs in the first dispatch)."""
+    from moepolicy.deepep.buffers import ht_buffer_bytes, low_latency_bytes_hint
+
+    target, deepep, model = raw["target"], raw["deepep"], raw["model"]
+    if target["deep_ep"]["api"] != "legacy":
+        return None  # DeepEP v2 sizes its buffers itself
+    hidden, ranks = model["hidden_size"], target["ep_size"]
+    if target["backend"] == "deepep_ll":
+        ll = deepep.get("low_latency") or {}
+        tokens = ll.get("num_max_dispatch_tokens_per_rank")
+        need = low_latency_bytes_hint(tokens, hidden, model["num_experts"]) if tokens else 0
+        have, what = deepep["num_rdma_bytes"], "num_rdma_bytes"
+    else:
+        configs = [_chunk_tuple(b[part]) for b in deepep["buckets"] for part in ("dispatch", "combine")]
+        nvl, rdma = ht_buffer_bytes(deepep["num_sms"], configs, hidden, ranks)
+        if deepep["num_nvl_bytes"] < nvl:
+            return (f"deepep.num_nvl_bytes {deepep['num_nvl_bytes']} is smaller than the {nvl} bytes DeepEP needs "
+                    f"for these chunk configs at {deepep['num_sms']} SMs, hidden {hidden}, EP{ranks}")
+        need, have, what = rdma, deepep["num_rdma_bytes"], "num_rdma_bytes"
+    if have < need:
+        return f"deepep.{what} {have} is smaller than the {need} bytes DeepEP needs for this target"
+    return None
+
+
+def _chunk_tuple(chunk: dict[str, Any]) -> tuple[int, int, int, int]:
+    """A bucket's chunk fields, with the schema's defaults for the RDMA ones (a document may omit them)."""
+    from moepolicy.schema.policy_rules import CHUNK_DEFAULTS, CHUNK_FIELDS
+
+    return tuple(chunk.get(name, CHUNK_DEFAULTS.get(name)) for name in CHUNK_FIELDS)
 
 
 def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
@@ -118,14 +154,10 @@ MAX_POLICY_BYTES = 64 * 1024 * 1024
 
 def read_policy(path: str | Path, strict: bool = False,
                 parse: Optional[Callable[..., LoadedPolicy]] = None) -> LoadedPolicy:
+    from moepolicy.files import read_bounded
+
     p = Path(path)
-    try:
-        if p.stat().st_size > MAX_POLICY_BYTES:
-            raise PolicyError(f"{p}: {p.stat().st_size} bytes is larger than any policy "
-                              f"({MAX_POLICY_BYTES} bytes at most)")
-        data = p.read_bytes()
-    except OSError as exc:
-        raise PolicyError(f"{p}: cannot be read ({exc.strerror or exc})") from None
+    data = read_bounded(p, MAX_POLICY_BYTES, PolicyError)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

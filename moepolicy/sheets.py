@@ -22,12 +22,15 @@ T = TypeVar("T", bound=BaseModel)
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+MAX_DATA_FILE_BYTES = 16 * 1024 * 1024  # a rule pack, sheet, search space or calibration file
+
+
 def read_yaml(path: Path) -> Any:
     """Safe-load a YAML file; any problem becomes one line naming the file."""
+    from moepolicy.files import read_bounded
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RulePackError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        text = read_bounded(path, MAX_DATA_FILE_BYTES, RulePackError).decode("utf-8")
     except UnicodeDecodeError:
         raise RulePackError(f"{path}: is not UTF-8 text") from None
     from moepolicy.document import parse_text, yaml_problem

@@ -108,7 +108,7 @@ def test_ep_layout_mismatch_is_a_decision_mismatch(ds_policy):
 
 
 def test_ep_size_mismatch_keeps_decisions_uses_defaults(ds_policy):
-    rewrite(ds_policy, lambda d: d["deepep"].update(num_sms=24))
+    rewrite(ds_policy, lambda d: d["deepep"].update(num_sms=24, num_nvl_bytes=2**30))  # buffers fit 24 SMs
     policy = load_policy(ds_policy, ep_size=4)
     assert policy.is_fallback and policy.report["tuning"] == "mismatched"
     assert policy.report["decision"] != "mismatched"
@@ -344,7 +344,7 @@ def test_vllm_export_buffer_and_limits(ds_policy):
     result = export(doc)
     assert int(result["env"]["VLLM_DEEPEP_BUFFER_SIZE_MB"]) * 1024 * 1024 >= doc.deepep.num_nvl_bytes
     assert result["args"][-1] == "deepep_high_throughput"
-    rewrite(ds_policy, lambda d: (d["deepep"].update(num_sms=32),
+    rewrite(ds_policy, lambda d: (d["deepep"].update(num_sms=32, num_nvl_bytes=2**30),
                                   d["deepep"]["provenance"].update(source="measured")))
     result = export(read_policy(ds_policy).doc)
     assert "VLLM_DBO_COMM_SMS" not in result["env"]  # never above vLLM's 20

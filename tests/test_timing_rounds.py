@@ -1,4 +1,4 @@
-"""``timing.rotated_rounds``, under ``interleaved_rounds`` (the expert GEMM's launch-config pick and
+"""``rounds.rotated_rounds``, under ``interleaved_rounds`` (the expert GEMM's launch-config pick and
 ``scripts/bench_dispatch.py``): every name timed once per round, each round starting one name further
 along. A scripted timer plays the GPU."""
 
@@ -6,9 +6,7 @@ import statistics
 
 import pytest
 
-pytest.importorskip("torch", reason="moepolicy.measure needs torch (the CPU build is enough)")
-
-from moepolicy.measure.timing import rotated_rounds  # noqa: E402
+from moepolicy.measure.rounds import rotated_rounds
 
 
 class ScriptedTimer:

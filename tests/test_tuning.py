@@ -186,7 +186,7 @@ SECRET_URLS = [  # (url, what must be hidden, what must stay)
 
 @pytest.mark.parametrize("url, secret, kept", SECRET_URLS)
 def test_storage_secrets_are_hidden_in_every_url_shape(url, secret, kept):
-    from moepolicy.tuning.storage import redact_command, redact_url
+    from moepolicy.redact import redact_command, redact_url
 
     assert secret not in redact_url(url) and kept in redact_url(url)
     for argv in (["tune", "--storage", url], ["tune", f"--storage={url}"]):
@@ -217,7 +217,7 @@ def completed_trials(db):
 
 def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
-    args = [*cli_command(model_bench_delay=0.15), *tune_args(tmp_path, study="k")]
+    args = [*cli_command(model_bench_delay=0.4), *tune_args(tmp_path, study="k")]  # 12 trials: ~5 s
     out = tmp_path / "p.yaml"
     out.write_text("previous complete policy\n")
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
@@ -289,6 +289,7 @@ def yaml_load(path):
 
 def test_atomic_write_keeps_the_previous_file_on_failure(tmp_path, monkeypatch):
     from moepolicy import document
+    from moepolicy.errors import OutputError
 
     target = tmp_path / "p.yaml"
     target.write_text("old\n")
@@ -297,7 +298,7 @@ def test_atomic_write_keeps_the_previous_file_on_failure(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(document.os, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(OutputError, match="previous file is kept"):
         document.atomic_write(target, "new\n")
     assert target.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["p.yaml"]

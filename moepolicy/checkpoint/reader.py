@@ -83,6 +83,7 @@ def facts_from_raw(raw: RawCheckpoint, engine: str = "vllm") -> ModelFacts:
     )
 
 
-def read_model(spec: str, engine: str = "vllm") -> ModelFacts:
-    """Resolve ``spec`` (catalog name, config.json, folder) and normalise it."""
-    return facts_from_raw(resolve(spec), engine=engine)
+def read_model(spec: str, engine: str = "vllm", hub: bool = True) -> ModelFacts:
+    """Resolve ``spec`` (catalog name, config.json, folder; with ``hub``, a Hugging Face name whose
+    two config files are fetched) and normalise it."""
+    return facts_from_raw(resolve(spec, hub=hub), engine=engine)

@@ -37,11 +37,14 @@ class RawCheckpoint:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # config.json files are kilobytes; a quant config with long ignore lists, megabytes
+
+
 def _read_json(path: Path) -> dict[str, Any]:
+    from moepolicy.files import read_bounded
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        text = read_bounded(path, MAX_CONFIG_BYTES, CheckpointError).decode("utf-8")
     except UnicodeDecodeError:
         raise CheckpointError(f"{path}: is not UTF-8 text; expected a JSON config") from None
     try:
@@ -69,10 +72,9 @@ def _from_folder(folder: Path, name: str, source: str) -> RawCheckpoint:
     )
 
 
-def _name_from_config(config_path: Path, config: dict[str, Any]) -> str:
-    name = config.get("_name_or_path")
-    if isinstance(name, str) and name:
-        return name
+def _name_from_path(config_path: Path) -> str:
+    """A local checkpoint's name: its folder's, as the user named it (``org__name`` → ``org/name``);
+    never the config's ``_name_or_path``, which is often the uploader's own path."""
     parent = config_path.resolve().parent.name
     return parent.replace("__", "/", 1) if "__" in parent else parent
 
@@ -98,19 +100,19 @@ def _fetch_from_hub(repo_id: str) -> Optional[RawCheckpoint]:
     )
 
 
-def resolve(spec: str) -> RawCheckpoint:
+def resolve(spec: str, hub: bool = True) -> RawCheckpoint:
     """Turn a model argument into a :class:`RawCheckpoint`, or raise :class:`CheckpointError`."""
     if not spec or not str(spec).strip():
         raise CheckpointError("no model given: pass a catalog name, a config.json or a model folder")
     path = Path(spec).expanduser()
     if path.is_dir():
-        return _from_folder(path, _name_from_config(path / "config.json", {}), str(path))
+        return _from_folder(path, _name_from_path(path / "config.json"), str(path))
     if path.is_file():
         config = _read_json(path)
         sibling = path.parent / "hf_quant_config.json"
         quant = _read_json(sibling) if sibling.is_file() else None
         return RawCheckpoint(
-            name=_name_from_config(path, config), source=str(path), config=config,
+            name=_name_from_path(path), source=str(path), config=config,
             hf_quant_config=quant, config_path=str(path), hf_quant_path=str(sibling),
         )
     entry = catalog.lookup(spec)
@@ -118,13 +120,14 @@ def resolve(spec: str) -> RawCheckpoint:
         return _from_folder(entry.folder, entry.repo_id, f"catalog:{entry.repo_id}")
     if spec.endswith(".json") or os.sep in spec and not _REPO_ID.match(spec):
         raise CheckpointError(f"{spec}: no such file or folder")
-    if _REPO_ID.match(spec):
+    if hub and _REPO_ID.match(spec):
         fetched = _fetch_from_hub(spec)
         if fetched is not None:
             return fetched
     close = catalog.close_names(spec)
     hint = f"; close catalog names: {', '.join(close)}" if close else ""
     raise CheckpointError(
-        f"unknown model '{spec}': not a file, a folder or a catalog name, and the Hugging Face "
-        f"hub could not be reached{hint} (see 'moepolicy models')"
+        f"unknown model '{spec}': not a file, a folder or a catalog name"
+        + (", and the Hugging Face hub could not be reached" if hub else " (the hub is not asked here)")
+        + f"{hint} (see 'moepolicy models')"
     )

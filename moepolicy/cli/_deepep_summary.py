@@ -40,6 +40,11 @@ def deepep_lines(deepep) -> list[str]:
         lines.append(f"  overlap split: {overlap.get('comm_sms')} communication SMs, expert GEMM on "
                      f"{overlap.get('gemm_sms')}, chosen for the {overlap.get('order', 'gemm-first')} launch order")
         lines.append(f"  GEMM stand-in: {overlap.get('gemm')}")
+    if deepep.low_latency:  # low-latency mode: no chunk settings, sized by tokens per rank
+        ll = deepep.low_latency
+        lines.append("  low-latency: " + ", ".join(f"{k} {v}" for k, v in ll.items())
+                     + " (its kernels have no chunk settings)")
+        return lines
     previous = None
     for bucket in deepep.buckets:
         name = _bucket_name(bucket.max_tokens, previous)

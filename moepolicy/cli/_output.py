@@ -41,3 +41,19 @@ class progress_to_stderr:
         self._logger.removeHandler(self._handler)
         self._logger.setLevel(self._level)
         self._logger.propagate = self._propagate
+
+
+class SafeStream:
+    """A text stream that writes control characters escaped (``\\x1b``): file-sourced text (a rule's
+    ``why``, a model name, a reason) cannot move the cursor, recolour or rewrite the terminal."""
+
+    def __init__(self, raw):
+        self._raw = raw
+
+    def write(self, text: str) -> int:
+        from moepolicy.text import printable
+
+        return self._raw.write(printable(text))
+
+    def __getattr__(self, name: str):
+        return getattr(self._raw, name)

@@ -70,10 +70,21 @@ def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _terminate_as_interrupt()
+    from moepolicy.cli._output import SafeStream
+
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
     try:
-        if args.command == "tune":
-            return int(args.run(args, bench_source) or 0)
-        return int(args.run(args) or 0)
+        return _run(args, bench_source)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _run(args: argparse.Namespace, bench_source) -> int:
+    try:
+        code = int(args.run(args, bench_source) if args.command == "tune" else args.run(args) or 0)
+        sys.stdout.flush()
+        return code
     except MoePolicyError as exc:
         print(f"moepolicy: {flag_words(exc)}", file=sys.stderr)
         return exc.exit_code
@@ -84,7 +95,22 @@ def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
         print("moepolicy: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        _silence_stdout()
         return 0
+    except OSError as exc:  # standard output on a full disk or a closed descriptor
+        _silence_stdout()
+        print(f"moepolicy: cannot write to standard output ({exc.strerror or exc})", file=sys.stderr)
+        return 1
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null so that the interpreter's last flush cannot fail again."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+    except (OSError, AttributeError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

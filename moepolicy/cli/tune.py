@@ -16,14 +16,16 @@ from typing import Optional
 from moepolicy.cli._deepep_summary import overlap_lines
 from moepolicy.cli._output import note, progress_to_stderr, table
 from moepolicy.cli._target import add_target_flags
-from moepolicy.document import write_document
+from moepolicy.document import dumps, write_document
+from moepolicy.files import write_target
 from moepolicy.errors import MoePolicyError, TuningError, UsageError
 from moepolicy.tuning.bench_source import BenchChoice, BenchSource
 from moepolicy.tuning.overlap_report import OverlapBucketRow
 from moepolicy.tuning.options import (
     DEFAULT_STORAGE, OVERLAP_CONFINES, OVERLAP_GEMMS, OverlapOptions, TuneOptions,
 )
-from moepolicy.tuning.storage import redact_command
+from moepolicy.redact import redact_command
+from moepolicy.tuning.storage import check_storage
 
 DEFAULT_NODE_GPUS = 8
 
@@ -70,7 +72,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--launcher", choices=["local", "torchrun"], default="local",
                    help="torchrun: one process per rank from torchrun's environment; rank 0 alone "
                         "talks to the study (coordination over gloo; with --bench model)")
-    p.add_argument("-o", "--output", default="policy.yaml", help="policy file to write (default policy.yaml)")
+    p.add_argument("-o", "--output", default="policy.yaml",
+                   help="policy file to write (default policy.yaml; '-' for standard output); a symbolic "
+                        "link is written through")
     p.set_defaults(run=run)
 
 
@@ -101,6 +105,12 @@ def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
         raise UsageError(f"--trials must be at least 1, got {args.trials}")
     if args.max_sms is not None and args.max_sms < 2:
         raise UsageError(f"--max-sms must be at least 2, got {args.max_sms}")
+    if not 0 <= args.seed < 2**32:
+        raise UsageError(f"--seed must be between 0 and 2**32 - 1, got {args.seed}")
+    if args.max_buffer_mb < 1:
+        raise UsageError(f"--max-buffer-mb must be at least 1, got {args.max_buffer_mb}")
+    if args.trial_timeout <= 0:
+        raise UsageError(f"--trial-timeout must be positive, got {args.trial_timeout}")
     overlap = None
     if args.overlap:
         if args.confirm_rounds < 1:
@@ -182,12 +192,19 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
 
 
 def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench) -> int:
+    if args.backend == "deepep_ll":
+        raise UsageError("--backend deepep_ll: low-latency mode has no SM count or chunk sizes to tune (its kernels "
+                         "size themselves by num_max_dispatch_tokens_per_rank); 'moepolicy plan --backend deepep_ll' "
+                         "writes its decisions and buffer size")
     from moepolicy.cli.plan import build_plan
     from moepolicy.tuning.space import load_objective, load_space
 
     note(f"bench: {choice.kind} ({choice.why})")
     objective, space = load_objective(), load_space()
     options = tune_options(args, objective)
+    if args.output != "-":
+        write_target(args.output)  # before any work: a path that cannot be written is said now
+    check_storage(options.storage)
     default_ep = choice.ranks if choice.kind == "live" else None
     if choice.kind == "model" and args.ep_size is None:
         default_ep = args.gpus_per_node or DEFAULT_NODE_GPUS
@@ -204,9 +221,16 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench) 
     with progress_to_stderr():
         result = tune_plan(plan, build_bench(plan, objective), options, space, objective)
     render(result)
+    if args.output == "-":
+        sys.stdout.write(dumps(result.document))
+        return _after_interrupt(result)
     output = _output_for(result, args.output)
     write_document(result.document, output)
     note(f"wrote {output}" + (" (a partial result, marked so in the file)" if result.interrupted else ""))
+    return _after_interrupt(result)
+
+
+def _after_interrupt(result) -> int:
     if result.interruption is not None:
         raise result.interruption
     return 0

@@ -17,29 +17,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _rekey(path: str) -> None:
-    from pathlib import Path
-
-    from moepolicy.document import parse_text, write_document
+def _rekey(path: str, strict: bool) -> None:
+    """Recompute the keys and rewrite the file, only if the rekeyed document then validates:
+    a document that would be refused anyway is left as it is."""
+    from moepolicy.document import atomic_write, dumps
     from moepolicy.keys import compute_keys
+    from moepolicy.policy_file import MAX_POLICY_BYTES, _parse_raw, parse_policy
+    from moepolicy.files import read_bounded
 
-    raw = parse_text(Path(path).read_text(encoding="utf-8"))
-    if isinstance(raw, dict) and "layers" in raw and "target" in raw:
-        try:
-            raw["key"] = compute_keys(raw)
-        except (KeyError, TypeError) as exc:
-            from moepolicy.errors import PolicyError
-
-            raise PolicyError(f"{path}: cannot rekey, a key part is missing or malformed ({exc})") from None
-        write_document(raw, path)
-        note(f"rekeyed {path}")
+    raw = _parse_raw(read_bounded(path, MAX_POLICY_BYTES, PolicyError).decode("utf-8", "replace"), path)
+    if "layers" not in raw or "target" not in raw:
+        raise PolicyError(f"{path}: cannot rekey: not a policy (no layers or target)")
+    try:
+        raw["key"] = compute_keys(raw)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise PolicyError(f"{path}: cannot rekey, a key part is missing or malformed ({exc})") from None
+    fmt = "json" if path.endswith(".json") else "yaml"
+    text = dumps(raw, fmt)
+    parse_policy(text, f"{path} (rekeyed, not written)", strict=strict)  # refuses before anything is written
+    atomic_write(path, text)
+    note(f"rekeyed {path}")
 
 
 def run(args: argparse.Namespace) -> int:
     from moepolicy.policy_file import read_policy
 
     if args.rekey:
-        _rekey(args.policy)
+        _rekey(args.policy, args.strict)
     loaded = read_policy(args.policy, strict=args.strict)
     for warning in loaded.warnings:
         note(f"warning: {warning}")

@@ -9,12 +9,13 @@ a setting vLLM would reject is refused.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
 from moepolicy.errors import PolicyError
 from moepolicy.schema.policy import PolicyDoc
-from moepolicy.text import index_ranges
+from moepolicy.text import index_ranges, printable
 
 VLLM_DEFAULT_BUFFER_MB = 1024
 VLLM_LL_HIDDEN_SIZES = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
@@ -89,9 +90,15 @@ def export(doc: PolicyDoc) -> dict[str, Any]:
 
 
 def render_shell(result: dict[str, Any], model: str) -> str:
-    lines = [f"export {k}={v}" for k, v in result["env"].items()]
-    lines.append(f"vllm serve {model} " + " ".join(result["args"]))
+    """A shell script: every value quoted (a model name may hold spaces or shell syntax), notes as
+    comments with their line breaks and control characters removed."""
+    lines = [f"export {k}={shlex.quote(str(v))}" for k, v in result["env"].items()]
+    lines.append(" ".join(["vllm", "serve", shlex.quote(model), *(shlex.quote(a) for a in result["args"])]))
     if result["cannot_express"]:
         lines.append("# vLLM cannot express:")
-        lines += [f"#  - {item}" for item in result["cannot_express"]]
+        lines += [f"#  - {_comment(item)}" for item in result["cannot_express"]]
     return "\n".join(lines) + "\n"
+
+
+def _comment(text: str) -> str:
+    return " ".join(printable(text).split())

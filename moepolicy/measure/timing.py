@@ -18,6 +18,8 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
+from moepolicy.measure.rounds import rotated_rounds  # noqa: F401 (re-exported: its home is torch-free)
+
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 HEAD_START_US = 500.0
 LAUNCH_MODES = ("synced", "queued")
@@ -122,21 +124,6 @@ def slowest_per_rep(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, lis
         if sorted(xs) != keys or any(len(xs[k]) != len(per_rank[0][k]) for k in keys):
             raise ValueError("every rank must time the same repetitions of the same things")
     return {k: [max(xs[k][i] for xs in per_rank) for i in range(len(per_rank[0][k]))] for k in keys}
-
-
-def rotated_rounds(names: Sequence[Hashable], time_once: Callable[[Hashable], float],
-                   rounds: int) -> dict[Hashable, list[float]]:
-    """``rounds`` rounds, each timing every name once, in turn; each round starts one name further
-    along, so none is timed first after a pause in more than one round in ``len(names)`` (with one
-    fixed order the first in line pays any warm-up every round). Returns each name's timings."""
-    if not names or rounds < 1:
-        raise ValueError(f"need names and rounds >= 1 (got {len(names)} names, {rounds} rounds)")
-    out: dict[Hashable, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for i in range(len(names)):
-            name = names[(r + i) % len(names)]
-            out[name].append(time_once(name))
-    return out
 
 
 def interleaved_rounds(timer: Timer, fns: dict[Hashable, Callable[[], object]], rounds: int, reps: int,

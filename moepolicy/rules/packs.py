@@ -35,7 +35,11 @@ def builtin_pack(name: str) -> RulePack:
 def load_user_pack(spec: str) -> RulePack:
     path = Path(spec).expanduser()
     if path.is_file():
-        return load_pack(path, known_capabilities())
+        pack = load_pack(path, known_capabilities())
+        if pack.name in builtin_names():
+            raise RulePackError(f"rules {spec!r}: the pack is named '{pack.name}', as a built-in pack is; a user "
+                                f"pack cannot replace a built-in one: give it another name", field="rules")
+        return pack
     if spec in builtin_names():
         return builtin_pack(spec)
     raise RulePackError(

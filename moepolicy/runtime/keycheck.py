@@ -31,10 +31,10 @@ def _facts_check(doc: PolicyDoc, model: Optional[str]) -> SubCheck:
     from moepolicy.checkpoint import read_model
     from moepolicy.errors import CheckpointError
 
-    try:
-        facts = read_model(model, engine=doc.target.engine)
-    except CheckpointError as exc:
-        return SubCheck("decision", "model_facts", "unchecked", f"model could not be read: {exc}")
+    try:  # a serving process never reaches the network for this: a local folder or a catalog name
+        facts = read_model(model, engine=doc.target.engine, hub=False)
+    except CheckpointError as exc:  # a model that cannot be resolved cannot be shown to match
+        return SubCheck("decision", "model_facts", "mismatched", f"model could not be read: {exc}")
     sha = facts.sha256()
     if sha == doc.model.facts_sha256:
         return SubCheck("decision", "model_facts", "matched", f"{facts.name} facts {sha[:12]}")

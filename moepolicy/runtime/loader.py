@@ -54,7 +54,7 @@ def default_settings(ep_size: Optional[int], hidden: Optional[int] = None,
     ranks = ep_size or 8
     disp, comb = default_configs(sheet, ranks)
     num_sms = default_num_sms(sheet)
-    nvl = rdma = 0
+    nvl = rdma = None  # no hidden size known: the engine decides (never 0, which no buffer can run with)
     if hidden:
         nvl, rdma = ht_buffer_bytes(num_sms, (disp, comb), hidden, ranks)
     return DeepEPSettings(num_sms=num_sms, num_nvl_bytes=nvl, num_rdma_bytes=rdma,
@@ -81,10 +81,32 @@ def _layer(entry: dict, measured: bool = True) -> LayerDecision:
 
 
 def _safe(source: str, reason: str, ep_size: Optional[int], report: dict[str, str],
-          details: tuple[str, ...] = (), warnings: tuple[str, ...] = ()) -> SafePolicy:
+          details: tuple[str, ...] = (), warnings: tuple[str, ...] = (), hidden: Optional[int] = None) -> SafePolicy:
     _warn_once(source, f"{source}: falling back to the safe policy (bf16 on the wire): {reason}")
-    return SafePolicy((), default_settings(ep_size), is_fallback=True, fallback_reason=reason,
+    return SafePolicy((), default_settings(ep_size, hidden), is_fallback=True, fallback_reason=reason,
                       report=report, report_details=details, source=source, warnings=warnings)
+
+
+def _hidden_hint(path: str | Path, model: Optional[str]) -> Optional[int]:
+    """The hidden size for sizing DeepEP's default buffers on the safe path: the served model's,
+    else what the (damaged) file says; None when neither can be read."""
+    if model is not None:
+        try:
+            from moepolicy.checkpoint import read_model
+
+            return read_model(model, hub=False).hidden_size
+        except Exception:  # noqa: BLE001 (the safe path must not fail)
+            pass
+    try:
+        from moepolicy.document import parse_text
+        from moepolicy.files import read_bounded
+        from moepolicy.policy_file import MAX_POLICY_BYTES
+
+        raw = parse_text(read_bounded(path, MAX_POLICY_BYTES, PolicyError).decode("utf-8", "replace"))
+        hidden = raw["model"]["hidden_size"]
+        return hidden if isinstance(hidden, int) and 0 < hidden <= 1 << 20 else None
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def load_policy(path: str | Path, *, ep_size: Optional[int] = None, model: Optional[str] = None,
@@ -96,7 +118,7 @@ def load_policy(path: str | Path, *, ep_size: Optional[int] = None, model: Optio
         return _load(path, ep_size=ep_size, model=model, strict=False, schedule=schedule)
     except Exception as exc:  # noqa: BLE001 (serving must never be taken down by a policy file)
         return _safe(str(path), f"unexpected error while loading ({type(exc).__name__}: {exc})", ep_size,
-                     {"decision": "unchecked", "tuning": "unchecked"})
+                     {"decision": "unchecked", "tuning": "unchecked"}, hidden=_hidden_hint(path, model))
 
 
 def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], strict: bool,
@@ -123,7 +145,7 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
         if strict:
             raise
         return _safe(source, f"damaged policy: {exc}", ep_size,
-                     {"decision": "unchecked", "tuning": "unchecked"})
+                     {"decision": "unchecked", "tuning": "unchecked"}, hidden=_hidden_hint(path, model))
     for warning in loaded.warnings:
         _warn_once(source, warning)
     data = loaded.doc
@@ -138,7 +160,8 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
     if report["decision"] == "mismatched":
         reason = "decision key mismatch: " + "; ".join(c.render() for c in checks
                                                         if c.part == "decision" and c.status == "mismatched")
-        return _safe(source, reason, ep_size, report, details, loaded.warnings)
+        return _safe(source, reason, ep_size, report, details, loaded.warnings,
+                     hidden=data["model"]["hidden_size"])
     partial = data["deepep"].get("partial")
     if partial is not None and strict:
         raise PolicyError(f"{source}: a partial result ({partial['reason']}); re-run the tune to completion")

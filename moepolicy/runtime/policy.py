@@ -78,8 +78,8 @@ class DeepEPSettings:
     """One validated ``num_sms``, per-bucket dispatch/combine configs, buffer sizes."""
 
     num_sms: int
-    num_nvl_bytes: int
-    num_rdma_bytes: int
+    num_nvl_bytes: Optional[int]  # None: unknown here (no hidden size): the engine sizes DeepEP's buffer itself
+    num_rdma_bytes: Optional[int]
     buckets: tuple[Bucket, ...]
     source: str
     is_default: bool = False

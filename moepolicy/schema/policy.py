@@ -138,8 +138,10 @@ class ChunkDoc(_Doc):
 
     num_max_nvl_chunked_send_tokens: int = Field(gt=0, le=65536)
     num_max_nvl_chunked_recv_tokens: int = Field(gt=0, le=65536)
-    num_max_rdma_chunked_send_tokens: int = Field(default=6, gt=0, le=65536)
-    num_max_rdma_chunked_recv_tokens: int = Field(default=256, gt=0, le=65536)
+    num_max_rdma_chunked_send_tokens: int = Field(
+        default=rules.CHUNK_DEFAULTS["num_max_rdma_chunked_send_tokens"], gt=0, le=65536)
+    num_max_rdma_chunked_recv_tokens: int = Field(
+        default=rules.CHUNK_DEFAULTS["num_max_rdma_chunked_recv_tokens"], gt=0, le=65536)
 
     @model_validator(mode="after")
     def _deepep_asserts(self) -> "ChunkDoc":

@@ -21,6 +21,12 @@ V2_LAYER_FIELDS = ("orders", "unmeasured", "combine")
 V2_DEEPEP_FIELDS = ("partial", "schedule", "regime", "measured_orders")
 
 
+# a DeepEP Config's chunk fields, in its argument order; the RDMA ones may be omitted (intranode)
+CHUNK_FIELDS = ("num_max_nvl_chunked_send_tokens", "num_max_nvl_chunked_recv_tokens",
+                "num_max_rdma_chunked_send_tokens", "num_max_rdma_chunked_recv_tokens")
+CHUNK_DEFAULTS = {"num_max_rdma_chunked_send_tokens": 6, "num_max_rdma_chunked_recv_tokens": 256}
+
+
 def layer_problem(kind: str, order: str, wire_dtype: str) -> Optional[str]:
     if (kind == "dense") != (order == "none"):
         return f"kind {kind} does not go with order {order}"
@@ -57,6 +63,9 @@ def buffer_problem(value: int) -> Optional[str]:
 def buckets_problem(bounds: Sequence[Optional[int]]) -> Optional[str]:
     if any(b is None for b in bounds[:-1]):
         return "only the last bucket may have no max_tokens (it takes every larger batch)"
+    if bounds and bounds[-1] is not None:
+        return (f"the last bucket must have no max_tokens, so that every batch size has a config "
+                f"(it ends at max_tokens {bounds[-1]})")
     finite = [b for b in bounds if b is not None]
     if finite != sorted(set(finite)):
         return f"bucket max_tokens must strictly increase, got {list(bounds)}"

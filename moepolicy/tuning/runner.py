@@ -21,7 +21,8 @@ from moepolicy.planner import (
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
 from moepolicy.tuning.options import TuneOptions
 from moepolicy.tuning.space import Space
-from moepolicy.tuning.storage import make_storage, redact_url
+from moepolicy.redact import redact_url
+from moepolicy.tuning.storage import make_storage
 from moepolicy.tuning.study import BucketResult, SmsResult, choose_sms, fingerprint, open_parent_study, pareto_front, tune_bucket
 
 log = logging.getLogger("moepolicy.tuning")
@@ -75,10 +76,9 @@ def _section(plan: Plan, chosen: SmsResult, results: list[SmsResult], why: str, 
              study: str, options: TuneOptions, interrupted: bool) -> tuple[dict[str, Any], list[BucketOutcome]]:
     target = plan.target
     buckets, configs, outcomes = [], [], []
-    for i, b in enumerate(chosen.buckets):
-        if b.best is None:
-            continue
-        last = i == len(chosen.buckets) - 1
+    searched = [b for b in chosen.buckets if b.best is not None]
+    for i, b in enumerate(searched):
+        last = i == len(searched) - 1  # open-ended, also when an interrupt left later buckets unsearched
         configs += [b.best.dispatch, b.best.combine]
         m, d = b.best_measurement, b.default_measurement
         measured = {"dispatch_us": round(m.dispatch_us, 2), "dispatch_cached_us": round(m.dispatch_cached_us, 2),

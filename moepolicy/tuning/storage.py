@@ -1,54 +1,49 @@
-"""optuna storages from a URL, and URLs made safe to print, log or write (passwords hidden)."""
+"""optuna storages from a URL (``redact`` hides their secrets wherever they are shown)."""
 
 from __future__ import annotations
 
-import re
-import shlex
-from typing import Sequence
+from typing import Optional
 
 from moepolicy.errors import TuningError
+from moepolicy.redact import redact_text, redact_url
 
-HIDDEN = "***"
-# query parameters that carry a secret in database URLs (libpq, MySQL drivers, cloud tokens)
-_SECRET_PARAMS = re.compile(r"(?i)^(password|passwd|pwd|pass|secret|token|access_token|api_key|apikey|sslpassword)$")
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+def check_storage(url: str) -> None:
+    """Refuse, before any work, a file storage whose folder does not exist, and a database URL
+    that the driver would read otherwise than it is shown (see :func:`ambiguous_password`)."""
+    from pathlib import Path
+
+    problem = ambiguous_password(url)
+    if problem:
+        raise TuningError(f"storage {redact_url(url)}: {problem}", field="storage")
+    if url.endswith(".log") or url.startswith("journal:"):
+        path = url.removeprefix("journal:")
+    elif url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///").split("?", 1)[0]
+    else:
+        return
+    folder = Path(path).parent
+    if path and not folder.is_dir():
+        raise TuningError(f"storage {redact_url(url)}: the folder {folder} does not exist", field="storage")
 
 
-def redact_url(url: str) -> str:
-    """``url`` with its password and password-like query parameters replaced by ``***``.
+def ambiguous_password(url: str) -> Optional[str]:
+    """Why a database URL's password would reach the driver wrong, or None.
 
-    The user information ends at the *last* ``@`` before the query (RFC 3986), so a password that
-    holds ``@`` or ``:`` is hidden whole (SQLAlchemy's parser would split it at the first ``@``).
-    A file path or other word without a scheme is returned as it is.
+    An ``@`` in a password must be written ``%40``: SQLAlchemy's own parser (``make_url``, which
+    optuna's RDB storage uses) splits the URL at the first ``@``, so the rest of the password would
+    be taken for the host, sent to a name server and echoed in the driver's error message.
     """
-    if not _URL.match(url):
-        return url
-    scheme, rest = url.split("://", 1)
-    head, q, query = rest.partition("?")
-    at = head.rfind("@")
-    if at > 0 and not head.startswith("/"):
-        user, colon, _ = head[:at].partition(":")
-        if colon:
-            head = f"{user}:{HIDDEN}{head[at:]}"
-    if q:
-        parts = []
-        for item in query.split("&"):
-            key, eq, _ = item.partition("=")
-            parts.append(f"{key}={HIDDEN}" if eq and _SECRET_PARAMS.match(key) else item)
-        query = "&".join(parts)
-    return f"{scheme}://{head}{q}{query}"
+    if not url.startswith(("sqlite", "postgresql", "mysql")):
+        return None
+    try:
+        from sqlalchemy.engine import make_url
 
-
-def redact_command(argv: Sequence[str]) -> str:
-    """A command line, shell-quoted, with every URL-looking word (or ``--flag=URL``) redacted."""
-    words = []
-    for word in argv:
-        flag, eq, value = word.partition("=")
-        if eq and flag.startswith("--") and _URL.match(value):
-            words.append(f"{flag}={redact_url(value)}")
-        else:
-            words.append(redact_url(word))
-    return " ".join(shlex.quote(w) for w in words)
+        host = make_url(url).host or ""
+    except Exception:  # noqa: BLE001 (not a URL SQLAlchemy reads: the storage says so when opened)
+        return None
+    if "@" in host:
+        return "the password holds an '@', which the database driver reads as the start of the host; write it as %40"
+    return None
 
 
 def make_storage(url: str):
@@ -65,40 +60,19 @@ def make_storage(url: str):
         path = url.removeprefix("journal:")
         return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(path))
     if url.startswith(("sqlite", "postgresql", "mysql")):
+        problem = ambiguous_password(url)
+        if problem:
+            raise TuningError(f"storage {redact_url(url)}: {problem}", field="storage")
         try:
             return _rdb_with_retry(url)
         except ImportError:
             raise TuningError(f"storage {redact_url(url)}: the database driver is not installed "
                               "(PostgreSQL: pip install 'psycopg[binary]'; MySQL: pip install pymysql)") from None
         except Exception as exc:  # noqa: BLE001 (sqlalchemy's errors: connection refused, bad URL)
-            reason = _redact_text(str(exc).splitlines()[0], url) if str(exc) else type(exc).__name__
+            reason = redact_text(str(exc).splitlines()[0], url) if str(exc) else type(exc).__name__
             raise TuningError(f"storage {redact_url(url)}: cannot open the study database ({reason})") from None
     raise TuningError(f"storage {redact_url(url)!r}: expected an optuna RDB URL (sqlite, postgresql, "
                       "mysql) or a journal file (*.log)")
-
-
-def _redact_text(text: str, url: str) -> str:
-    """An error message with any secret of ``url`` removed (drivers may echo the URL or its parts)."""
-    text = text.replace(url, redact_url(url))
-    for secret in _secrets(url):
-        text = text.replace(secret, HIDDEN)
-    return text
-
-
-def _secrets(url: str) -> list[str]:
-    """The secret strings in ``url`` (its password, password-like query values)."""
-    if not _URL.match(url):
-        return []
-    head, _, query = url.split("://", 1)[1].partition("?")
-    found = []
-    at = head.rfind("@")
-    if at > 0 and not head.startswith("/"):
-        found.append(head[:at].partition(":")[2])
-    for item in query.split("&"):
-        key, _, value = item.partition("=")
-        if _SECRET_PARAMS.match(key):
-            found.append(value)
-    return [s for s in found if s]
 
 
 def _rdb_with_retry(url: str, attempts: int = 6):

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import logging
 
 from moepolicy.errors import TuningError
+from moepolicy.tuning.interrupts import deferred
 from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload
 from moepolicy.tuning.space import Space
 
@@ -135,79 +136,122 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
             params.update({"dispatch.rdma_send": d[2], "dispatch.rdma_recv": d[3],
                            "combine.rdma_send": c[2], "combine.rdma_recv": c[3]})
         study.enqueue_trial(params, user_attrs={"is_default": True}, skip_if_exists=True)
-    host = socket.gethostname()
+    ctx = _StudyStep(study, storage, name, bench, bucket, num_sms, trials, seen)
     try:
         while True:
-            if _budget_used(study) >= trials:
+            with deferred():  # the study's bookkeeping is never split by an interrupt
+                proposal = ctx.propose(space, internode, max_nvl_recv, default)
+            if proposal is None:
                 break
-            trial = study.ask()
-            trial.set_user_attr("host", host)
-            trial.set_user_attr("pid", os.getpid())
-            trial.set_user_attr("hardware", bench.identity())
-            if _budget_used(study, below=trial.number) >= trials:  # earlier trials of other workers filled it
-                trial.set_user_attr("reason", "budget reached by other workers")
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                break
-            try:
-                point = TunePoint(num_sms, bucket.tokens,
-                                  space.suggest(trial, "dispatch", internode, max_nvl_recv, default[0][2:]),
-                                  space.suggest(trial, "combine", internode, max_nvl_recv, default[1][2:]))
-            except TuningError:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                raise
-            key = _effective_key(point)
-            trial.set_user_attr("effective", key)
-            state, value, other = _same_config(study, key, trial.number, seen)
-            if state is None:  # claim it, then look again: of two racing claims at least one yields
-                trial.set_user_attr("measuring", True)
-                state, value, other = _same_config(study, key, trial.number, seen)
-            if state == "complete":
-                trial.set_user_attr("dedup", True)
-                trial.set_user_attr("dedup_of", other)
-                study.tell(trial, value)
-                bucket.deduplicated += 1
+            if proposal is _SKIP:
                 continue
-            if state == "running":
-                trial.set_user_attr("reason", f"the same effective config is being measured by trial {other}")
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                bucket.deduplicated += 1
-                continue
-            n = trial.number + 1
-            stop = threading.Event()
-            beat = threading.Thread(target=_heartbeat, args=(storage, _trial_id(storage, name, trial.number), stop),
-                                    daemon=True)
-            beat.start()
-            try:
-                m = bench.measure(workload, point)
-            except TrialFailed as exc:
-                stop.set()
-                trial.set_user_attr("reason", str(exc))
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                bucket.failed += 1
-                log.info(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {n}/{trials}: FAIL ({exc})")
-                continue
-            finally:
-                stop.set()
-            value = m.objective(region)
-            trial.set_user_attr("measurement", m.as_dict())
-            study.tell(trial, value)
-            seen[key] = value
-            log.info(f"  [sms {num_sms:3} | T {bucket.tokens:5}] trial {n}/{trials}: "
-                     f"{value:8.1f} us (best {study.best_value:8.1f})")
+            trial, point, key = proposal
+            outcome = ctx.measure(workload, trial, point)  # an interrupt lands here, or waits
+            with deferred():
+                ctx.record(trial, key, outcome, region)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: no trial of this process is left RUNNING
-        _fail_interrupted(storage, study)
+        _fail_interrupted(storage, study, ctx.asked)
         raise
     finally:
         _collect(study, bucket, num_sms)  # also when interrupted: what was measured counts
 
 
-def _fail_interrupted(storage, study) -> None:
+_SKIP = object()
+
+
+class _StudyStep:
+    """One sub-study's trials, a step at a time: propose (ask, claim, deduplicate), measure, record."""
+
+    def __init__(self, study, storage, name: str, bench: Bench, bucket: BucketResult, num_sms: int, trials: int,
+                 seen: dict):
+        self.study, self.storage, self.name, self.bench, self.bucket = study, storage, name, bench, bucket
+        self.num_sms, self.trials, self.seen = num_sms, trials, seen
+        self.host = socket.gethostname()
+        self.asked: list[int] = []  # this process's trials: an interrupt never leaves one RUNNING
+
+    def propose(self, space: Space, internode: bool, max_nvl_recv: int, default: tuple):
+        """The next trial and its point; None when the budget is used; ``_SKIP`` when the trial was
+        told at once (a config already measured, or being measured by another worker)."""
+        import optuna
+
+        study = self.study
+        if _budget_used(study) >= self.trials:
+            return None
+        trial = study.ask()
+        self.asked.append(trial.number)
+        trial.set_user_attr("host", self.host)
+        trial.set_user_attr("pid", os.getpid())
+        trial.set_user_attr("hardware", self.bench.identity())
+        if _budget_used(study, below=trial.number) >= self.trials:  # earlier trials of other workers filled it
+            trial.set_user_attr("reason", "budget reached by other workers")
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            return None
+        try:
+            point = TunePoint(self.num_sms, self.bucket.tokens,
+                              space.suggest(trial, "dispatch", internode, max_nvl_recv, default[0][2:]),
+                              space.suggest(trial, "combine", internode, max_nvl_recv, default[1][2:]))
+        except TuningError:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        key = _effective_key(point)
+        trial.set_user_attr("effective", key)
+        state, value, other = _same_config(study, key, trial.number, self.seen)
+        if state is None:  # claim it, then look again: of two racing claims at least one yields
+            trial.set_user_attr("measuring", True)
+            state, value, other = _same_config(study, key, trial.number, self.seen)
+        if state == "complete":
+            trial.set_user_attr("dedup", True)
+            trial.set_user_attr("dedup_of", other)
+            study.tell(trial, value)
+            self.bucket.deduplicated += 1
+            return _SKIP
+        if state == "running":
+            trial.set_user_attr("reason", f"the same effective config is being measured by trial {other}")
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            self.bucket.deduplicated += 1
+            return _SKIP
+        return trial, point, key
+
+    def measure(self, workload: Workload, trial, point: TunePoint):
+        """The bench's measurement (with a heartbeat meanwhile), or the :class:`TrialFailed` it raised."""
+        stop = threading.Event()
+        beat = threading.Thread(target=_heartbeat, args=(self.storage, _trial_id(self.storage, self.name, trial.number),
+                                                         stop), daemon=True)
+        beat.start()
+        try:
+            return self.bench.measure(workload, point)
+        except TrialFailed as exc:
+            return exc
+        finally:
+            stop.set()
+
+    def record(self, trial, key: str, outcome, region: str) -> None:
+        import optuna
+
+        where = f"  [sms {self.num_sms:3} | T {self.bucket.tokens:5}] trial {trial.number + 1}/{self.trials}"
+        if isinstance(outcome, TrialFailed):
+            trial.set_user_attr("reason", str(outcome))
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self.bucket.failed += 1
+            log.debug(f"{where}: FAIL ({outcome})")
+            return
+        value = outcome.objective(region)
+        trial.set_user_attr("measurement", outcome.as_dict())
+        self.study.tell(trial, value)
+        self.seen[key] = value
+        log.debug(f"{where}: {value:8.1f} us (best {self.study.best_value:8.1f})")
+
+
+def _fail_interrupted(storage, study, asked: list[int]) -> None:
     """Fail this process's RUNNING trials through the storage (an interrupt may have landed inside a
-    ``tell``); like a killed worker's, they do not use up the budget."""
+    ``tell``, or between an ``ask`` and the trial's first attribute); like a killed worker's, they do
+    not use up the budget."""
     import optuna
 
+    mine = set(asked)
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if t.user_attrs.get("pid") == os.getpid() and t.user_attrs.get("host") == socket.gethostname():
+        owned = t.user_attrs.get("pid") == os.getpid() and t.user_attrs.get("host") == socket.gethostname()
+        if owned or t.number in mine:
             try:
                 _fail_orphan(storage, study, t, "interrupted before its measurement finished")
             except Exception:  # noqa: BLE001 (finished meanwhile)
