@@ -63,3 +63,9 @@ class OutputError(MoePolicyError):
     """An output path cannot be written (no such folder, not a regular file, read-only, disk full)."""
 
     exit_code = 8
+
+
+class MeasurementError(MoePolicyError):
+    """A benchmark could not measure (a rank failed or died)."""
+
+    exit_code = 9

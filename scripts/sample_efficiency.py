@@ -59,4 +59,10 @@ def main(path: str, seeds: int = 10, budget: int = 64) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/raw/2026-11-30-run4-tune_compare.json"))
+    import argparse
+
+    cli = argparse.ArgumentParser()
+    cli.add_argument("grid", nargs="?", default="benchmarks/raw/2026-11-30-run4-tune_compare.json")
+    cli.add_argument("--seeds", type=int, default=10)
+    a = cli.parse_args()
+    sys.exit(main(a.grid, seeds=a.seeds))

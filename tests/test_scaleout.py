@@ -57,9 +57,11 @@ def check_shared_study(storage_url: str, tmp_path):
     best = json.loads(study.best_trial.user_attrs["effective"])
     doc = yaml.safe_load((tmp_path / "final.yaml").read_text())
     bucket = doc["deepep"]["buckets"][0]
-    assert bucket["dispatch"]["num_max_nvl_chunked_send_tokens"] == best[2][0]
-    assert bucket["dispatch"]["num_max_nvl_chunked_recv_tokens"] == best[2][1]
-    assert bucket["combine"]["num_max_nvl_chunked_send_tokens"] == best[3][0]
+    # the search's best is recorded; the model bench's chunk effects are not fitted, so the policy
+    # keeps DeepEP's default chunks (a live bench keeps what the re-measurement confirms)
+    assert bucket["measured"]["search_best_us"] == round(study.best_value, 2) and best[2] is not None
+    assert bucket["measured"]["confirm"]["kept"] == "default"
+    assert bucket["dispatch"]["num_max_nvl_chunked_send_tokens"] == 24  # DeepEP's EP2 table
     assert "***" in doc["deepep"]["provenance"]["storage"] or "@" not in storage_url
 
 

@@ -59,8 +59,23 @@ def _bucket_lines(name: str, bucket) -> list[str]:
     m = bucket.measured or {}
     if "overlapped_us" not in m:
         timed = ", ".join(f"{k[:-3]} {m[k]} us" for k in ("dispatch_us", "combine_us") if k in m)
-        return [f"  {name}: {chunks}" + (f"; {timed}" if timed else "")]
+        lines = [f"  {name}: {chunks}" + (f"; search samples: {timed}" if timed else "")]
+        return lines + confirm_lines(m.get("confirm"))
     return [f"  {name}: {chunks}", *overlap_lines(OverlapBucketRow.from_doc(m))]
+
+
+def confirm_lines(confirm) -> list[str]:
+    """A bucket's re-measurement (``tuning.confirm.Confirmed.to_doc``): what was kept and each claim."""
+    if not confirm:
+        return []
+    out = [f"    kept {confirm['kept']}: {confirm['selection']}"]
+    for key in ("vs_engine", "vs_default"):
+        r = confirm[key]
+        low, high = r["ci95"]
+        spread = f"95% CI {low}-{high}, {r['rounds']} rounds" if r["rounds"] > 1 else "one noise-free round"
+        verdict = f"x{r['speedup']}" if r["beyond_noise"] else f"no gain beyond noise (x{r['speedup']})"
+        out.append(f"    vs {r['baseline']}: {verdict} ({spread})")
+    return out
 
 
 def _us(x: float) -> str:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out=None) -> None:
@@ -23,24 +24,91 @@ def note(message: str) -> None:
 
 
 class progress_to_stderr:
-    """Show the ``moepolicy.tuning`` logger's progress lines on stderr while the block runs."""
+    """While the block runs, show the ``moepolicy.tuning`` logger's lines on stderr and draw one
+    progress bar per phase (with ETA) from ``moepolicy.tuning.progress`` events; with ``verbose``,
+    per-trial lines (DEBUG) instead of bars."""
+
+    def __init__(self, verbose: bool = False):
+        self.verbose = verbose
 
     def __enter__(self):
-        import logging
-
-        self._logger = logging.getLogger("moepolicy.tuning")
-        self._handler = logging.StreamHandler(sys.stderr)
-        self._handler.setFormatter(logging.Formatter("%(message)s"))
-        self._level, self._propagate = self._logger.level, self._logger.propagate
-        self._logger.addHandler(self._handler)
-        self._logger.setLevel(logging.INFO)
-        self._logger.propagate = False
+        self._loggers = []
+        bars = _Bars() if not self.verbose and sys.stderr.isatty() else None
+        self._attach("moepolicy.tuning", _Lines(bars), logging.DEBUG if self.verbose else logging.INFO)
+        if bars is not None:
+            self._attach("moepolicy.tuning.progress", bars, logging.INFO)
         return self
 
+    def _attach(self, name: str, handler, level: int) -> None:
+        import logging
+
+        logger = logging.getLogger(name)
+        self._loggers.append((logger, handler, logger.level, logger.propagate))
+        logger.addHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = False
+
     def __exit__(self, *exc) -> None:
-        self._logger.removeHandler(self._handler)
-        self._logger.setLevel(self._level)
-        self._logger.propagate = self._propagate
+        for logger, handler, level, propagate in self._loggers:
+            logger.removeHandler(handler)
+            handler.close()
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+
+def _terminal():
+    """The terminal behind stderr: bars are drawn with carriage returns, which ``SafeStream`` would
+    escape (the bars' text is ours, never file-sourced)."""
+    return getattr(sys.stderr, "_raw", sys.stderr)
+
+
+class _Lines(logging.Handler):
+    """The tuning log's lines on stderr, above the progress bar while one is drawn."""
+
+    def __init__(self, bars: "Optional[_Bars]"):
+        super().__init__()
+        self.bars = bars
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record) -> None:
+        line = self.format(record)
+        if self.bars is not None and self.bars.active:
+            from tqdm import tqdm
+
+            from moepolicy.text import printable
+
+            tqdm.write(printable(line), file=_terminal())
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+class _Bars(logging.Handler):
+    """A logging handler that turns progress events into tqdm bars, one per phase."""
+
+    def __init__(self):
+        super().__init__()
+        self._bar = None
+
+    def emit(self, record) -> None:
+        from tqdm import tqdm
+
+        if hasattr(record, "phase"):
+            if self._bar is not None:
+                self._bar.close()
+            self._bar = tqdm(total=record.total, desc=record.phase, unit="step", file=_terminal(), leave=False,
+                             dynamic_ncols=True)
+        elif hasattr(record, "advance") and self._bar is not None:
+            self._bar.update(record.advance)
+
+    @property
+    def active(self) -> bool:
+        return self._bar is not None
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        super().close()
 
 
 class SafeStream:

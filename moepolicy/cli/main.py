@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from moepolicy.errors import MoePolicyError, one_line
 
-_COMMANDS = ("models", "plan", "explain", "audit", "validate", "export", "tune")
+_COMMANDS = ("models", "plan", "explain", "audit", "validate", "export", "tune", "bench")
 
 
 class _Parser(argparse.ArgumentParser):

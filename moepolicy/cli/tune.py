@@ -25,6 +25,8 @@ from moepolicy.tuning.options import (
     DEFAULT_STORAGE, OVERLAP_CONFINES, OVERLAP_GEMMS, OverlapOptions, TuneOptions,
 )
 from moepolicy.redact import redact_command
+from moepolicy.tuning.bench import REGIMES
+from moepolicy.tuning.confirm import MIN_ROUNDS
 from moepolicy.tuning.storage import check_storage
 
 DEFAULT_NODE_GPUS = 8
@@ -35,7 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True)
     add_target_flags(p, ep_required_hint="default: the visible GPU count when tuning live, else one full node")
     p.add_argument("--bench", choices=["live", "model"], help="default: live when deep_ep and GPUs are present")
-    p.add_argument("--trials", type=int, default=24, help="trials per (SM count, token bucket) study (default 24)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="trials per (SM count, token bucket) study (default 24; 1 on the model bench, whose chunk "
+                        "effects are not fitted from measurements, so only DeepEP's default chunks are timed)")
     p.add_argument("--max-sms", type=int, help="SM budget for communication; without it, the Pareto front")
     p.add_argument("--sms", help="explicit SM counts to try, e.g. 20,24 (default: the space's grid)")
     p.add_argument("--max-buffer-mb", type=int, default=2048, help="NVLink buffer budget (default 2048)")
@@ -67,8 +71,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "same order with the dispatch given num_worst_tokens, so the host does not wait: what "
                         "a CUDA-graph or run-ahead engine can do), or the mean of gemm-first and comm-first; "
                         "all are always measured and recorded")
-    p.add_argument("--confirm-rounds", type=int, default=5,
-                   help="--overlap: rounds in which the best configs and vLLM's split are re-measured (default 5)")
+    p.add_argument("--confirm-rounds", type=int, default=7,
+                   help="interleaved rounds in which the search's best configs are re-measured beside DeepEP's "
+                        "default and the engine's (fresh workers, a new Buffer); a gain is claimed only where the "
+                        "95%% interval of the paired speed-up is above 1 (default 7, the least for an interval)")
+    p.add_argument("--regime", choices=list(REGIMES), default=None,
+                   help="what the timings include: host (each call as an eager engine runs it, the host's "
+                        "launches and waits on the critical path: vLLM's DeepEP high-throughput path, CUDA "
+                        "graphs off with DP > 1) or gpu (the GPU's own time, the host enqueued ahead: a CUDA-graph "
+                        "or run-ahead engine); default: the engine's (host for vllm and sglang with deepep_ht)")
+    p.add_argument("-v", "--verbose", action="store_true", help="a line per trial instead of progress bars")
     p.add_argument("--launcher", choices=["local", "torchrun"], default="local",
                    help="torchrun: one process per rank from torchrun's environment; rank 0 alone "
                         "talks to the study (coordination over gloo; with --bench model)")
@@ -101,7 +113,7 @@ def _sms(text: Optional[str]) -> tuple[int, ...]:
 
 def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
     """The frozen options a tune runs with, checked; flags are named here, not below the CLI."""
-    if args.trials < 1:
+    if args.trials is not None and args.trials < 1:
         raise UsageError(f"--trials must be at least 1, got {args.trials}")
     if args.max_sms is not None and args.max_sms < 2:
         raise UsageError(f"--max-sms must be at least 2, got {args.max_sms}")
@@ -112,6 +124,9 @@ def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
     if args.trial_timeout <= 0:
         raise UsageError(f"--trial-timeout must be positive, got {args.trial_timeout}")
     overlap = None
+    if not args.overlap and args.confirm_rounds < MIN_ROUNDS:
+        raise UsageError(f"--confirm-rounds must be at least {MIN_ROUNDS} (pairs for a 95% interval), "
+                         f"got {args.confirm_rounds}")
     if args.overlap:
         if args.confirm_rounds < 1:
             raise UsageError(f"--overlap needs --confirm-rounds >= 1 (got {args.confirm_rounds})")
@@ -120,7 +135,15 @@ def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
     return TuneOptions(buckets=_buckets(args, objective), trials=args.trials, max_sms=args.max_sms,
                        sms=_sms(args.sms), max_buffer_mb=args.max_buffer_mb, storage=args.storage or DEFAULT_STORAGE,
                        study=args.study, seed=args.seed, command="moepolicy " + redact_command(sys.argv[1:]),
-                       overlap=overlap)
+                       overlap=overlap, regime=args.regime or engine_regime(args.engine, args.backend),
+                       confirm_rounds=args.confirm_rounds)
+
+
+def engine_regime(engine: str, backend: str) -> str:
+    """The timing regime the engine runs DeepEP high-throughput in: vLLM runs it eager (CUDA graphs
+    are off for DeepEP HT with DP > 1) with a dispatch that blocks the host on its receive counts;
+    SGLang's normal (high-throughput) mode likewise runs its prefill eager."""
+    return "host"
 
 
 def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
@@ -218,7 +241,7 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench) 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from moepolicy.tuning.runner import tune_plan
 
-    with progress_to_stderr():
+    with progress_to_stderr(verbose=args.verbose):
         result = tune_plan(plan, build_bench(plan, objective), options, space, objective)
     render(result)
     if args.output == "-":
@@ -258,7 +281,8 @@ def _output_for(result, output: str) -> str:
 
 
 def render(result) -> None:
-    """The tune's summary on stderr: the overlap split per bucket, or default vs tuned per bucket."""
+    """The tune's summary on stderr: the overlap split per bucket, or per bucket the config kept with
+    its re-measured speed-ups over DeepEP's default chunks and the engine's default."""
     if result.overlap is not None:
         found = result.overlap
         note(f"overlap: {found.comm_sms} communication SMs, GEMM on {found.gemm_sms}: {found.why}")
@@ -271,11 +295,24 @@ def render(result) -> None:
     if not result.buckets:
         note(f"DeepEP: {result.num_sms} SMs, DeepEP's default configs ({result.label}): {result.why}")
         return
+    note(f"num_sms {result.num_sms} ({result.label}): {result.why}")
+    if result.interrupted or not any(b.confirmed for b in result.buckets):
+        note("  not re-measured (interrupted): no gain is claimed")
+        return
     rows = []
     for b in result.buckets:
-        gain = f"{(b.default_us / b.tuned_us - 1) * 100:+.1f}%" if b.default_us else "-"
-        rows.append([b.tokens, f"{b.default_us:.1f}" if b.default_us else "-", f"{b.tuned_us:.1f}", gain,
-                     f"d{b.point.dispatch[:2]} c{b.point.combine[:2]}"])
-    note(f"num_sms {result.num_sms}: {result.why}")
-    table(["tokens", f"default us ({result.label}, {result.region})", "tuned us", "gain", "config (nvl send, recv)"],
-          rows, out=sys.stderr)
+        c = b.confirmed
+        rows.append([b.tokens, f"{c.times_us['engine']:.1f}", f"{c.times_us['default']:.1f}",
+                     f"{c.times_us['kept']:.1f}", _ratio(c.vs_engine), _ratio(c.vs_default),
+                     f"{c.kept.name} d{tuple(b.point.dispatch[:2])} c{tuple(b.point.combine[:2])}"])
+    table(["tokens", "engine default us", f"default chunks @{result.num_sms}", "kept us", "vs engine",
+           "vs default chunks", "kept (nvl send, recv)"], rows, out=sys.stderr)
+    note(f"  {result.label}, {result.region} region: DeepEP's dispatch + combine; the serial MoE step adds the experts' "
+         "GEMM, the same in every column. Ratios: paired per-round speed-ups with their 95% interval; '=': no gain "
+         "beyond noise")
+
+
+def _ratio(speedup) -> str:
+    if speedup.low == speedup.high:
+        return f"x{speedup.median:.3f}" + ("" if speedup.beyond_noise else " =")
+    return f"x{speedup.median:.3f} [{speedup.low:.3f}, {speedup.high:.3f}]" + ("" if speedup.beyond_noise else " =")

@@ -29,6 +29,38 @@ class Workload:
     payload: str = "bf16"  # what goes on the wire: bf16 | fp8 (block-128 float32 scales)
     routing: str = "uniform"
     both_orders: bool = False  # also time quant_then_dispatch and dispatch_then_quant
+    # host: each call timed as an eager engine runs it, the host's launches and waits on the critical
+    # path (vLLM's DeepEP high-throughput path: eager, CUDA graphs off with DP > 1); gpu: the GPU's own
+    # time, the host enqueued ahead (a CUDA-graph or run-ahead engine)
+    regime: str = "host"
+    internode: bool = False  # EP above the NVLink domain: RDMA chunks are searched too
+
+
+REGIMES = ("host", "gpu")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """Where a modelled bench's answers are trusted: the ranges its fit saw. Outside them a tune keeps
+    DeepEP's defaults, labelled ``extrapolated``."""
+
+    sms: tuple[int, int]
+    tokens: tuple[int, int]
+    hidden: tuple[int, int]
+    regime: str
+    chunks_fitted: bool  # False: chunk effects are not fitted from measurements, so chunks are not chosen
+
+    def problem(self, workload: Workload, tokens: list[int]) -> Optional[str]:
+        lo, hi = self.hidden
+        if not lo <= workload.hidden <= hi:
+            return f"hidden {workload.hidden} is outside the calibrated range {lo}-{hi}"
+        if workload.regime != self.regime:
+            return f"the calibration was timed in the {self.regime} regime, not {workload.regime}"
+        lo, hi = self.tokens
+        outside = [t for t in tokens if not lo <= t <= hi]
+        if outside:
+            return f"token bucket {outside[0]} is outside the calibrated {lo}-{hi} tokens per rank"
+        return None
 
 
 @dataclass(frozen=True)
@@ -74,6 +106,8 @@ class Bench(ABC):
 
     name = "bench"
     source = "measured"
+    noise_free = False  # a model answers the same every time: one re-measurement round says all
+    restarts_fresh = True  # ``restart`` gives new processes (not so where torchrun owns the ranks)
 
     def start(self, workload: Workload) -> None:  # noqa: B027 (optional hook)
         """Called once before the first measurement."""
@@ -85,10 +119,19 @@ class Bench(ABC):
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release workers or GPUs."""
 
+    def restart(self) -> None:
+        """Start afresh before a re-measurement (new worker processes, a new ``deep_ep.Buffer``): the
+        next measurement starts the bench again (see ``restarts_fresh``)."""
+        self.close()
+
     def identity(self) -> str:
         """The hardware this bench measures on (recorded on every trial)."""
         return self.name
 
     def in_envelope(self, workload: Workload, gpu: str) -> Optional[str]:
         """None when this bench's answers are trusted for the workload; else why not."""
+        return None
+
+    def envelope(self, workload: Workload) -> Optional[Envelope]:
+        """The fitted ranges of a modelled bench; None for a bench that measures (no limits)."""
         return None

@@ -50,6 +50,18 @@ class CoordinatedBench(Bench):
     def in_envelope(self, workload: Workload, gpu: str) -> Optional[str]:
         return self.inner.in_envelope(workload, gpu)
 
+    def envelope(self, workload: Workload):
+        return self.inner.envelope(workload)
+
+    @property
+    def noise_free(self) -> bool:
+        return self.inner.noise_free
+
+    restarts_fresh = False  # torchrun's ranks serve until told to stop: re-measurements reuse them
+
+    def restart(self) -> None:
+        pass
+
     def measure(self, workload: Workload, point: TunePoint) -> Measurement:
         self.dist.broadcast_object_list([("measure", workload, point)], src=0, group=self.group)
         gathered: list = [None] * self.world

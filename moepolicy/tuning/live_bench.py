@@ -19,6 +19,8 @@ from typing import Optional
 
 from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload, check_measurement
 
+# the timing regime (Workload.regime) as measure.timing's launch mode: host = synced, gpu = queued
+LAUNCH_MODE = {"host": "synced", "gpu": "queued"}
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -75,17 +77,19 @@ def measure_point(buffer, works: dict, workload: Workload, point: TunePoint, ran
                                    workload.top_k, rank, device, routing=workload.routing)
     ops = DeepEPOps(buffer, works[key], deep_ep.Config(point.num_sms, *point.dispatch),
                     deep_ep.Config(point.num_sms, *point.combine))
-    payload = workload.payload
-    full = timer.median_max_over_ranks(lambda: ops.dispatch_only(payload, "full"), reps)
-    cached = timer.median_max_over_ranks(lambda: ops.dispatch_only(payload, "cached"), reps)
-    combine = timer.median_max_over_ranks(ops.combine, reps)
+    payload, mode = workload.payload, LAUNCH_MODE[workload.regime]
+
+    def timed(fn) -> float:
+        return timer.median_max_over_ranks(fn, reps, mode=mode)["median_us"]
+
+    full = timed(lambda: ops.dispatch_only(payload, "full"))
+    cached = timed(lambda: ops.dispatch_only(payload, "cached"))
+    combine = timed(ops.combine)
     orders = {}
     if workload.both_orders:
-        orders = {"quant_then_dispatch": timer.median_max_over_ranks(
-                      lambda: ops.quant_then_dispatch("full"), reps)["median_us"],
-                  "dispatch_then_quant": timer.median_max_over_ranks(
-                      lambda: ops.dispatch_then_quant("full"), reps)["median_us"]}
-    return Measurement(full["median_us"], cached["median_us"], combine["median_us"], "measured", orders)
+        orders = {"quant_then_dispatch": timed(lambda: ops.quant_then_dispatch("full")),
+                  "dispatch_then_quant": timed(lambda: ops.dispatch_then_quant("full"))}
+    return Measurement(full, cached, combine, "measured", orders)
 
 
 class RankBench(Bench):

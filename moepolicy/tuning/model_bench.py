@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from moepolicy._resources import data_dir
-from moepolicy.tuning.bench import Bench, Measurement, TunePoint, Workload, check_measurement
+from moepolicy.tuning.bench import Bench, Envelope, Measurement, TunePoint, Workload, check_measurement
 
 
 def destination_ranks(num_experts: int, top_k: int, ep_size: int) -> float:
@@ -68,6 +68,8 @@ class Calibration:
     combine: Fit
     full_overhead_us: float
     files: tuple[str, ...]
+    sms_range: tuple[int, int] = (8, 48)
+    tokens_range: tuple[int, int] = (128, 4096)
 
 
 def _row_bytes(hidden: int, dtype: str) -> float:
@@ -103,10 +105,13 @@ def load_calibrations(folder: Optional[str] = None) -> tuple[Calibration, ...]:
         dfit = _fit(disp)
         cfit = _fit(comb, alpha=dfit.alpha)
         overheads = [full[k] - cached[k] for k in full if k in cached]
-        hiddens = sorted({p["hidden"] for _, pts in files for p in pts})
+        every = [p for _, pts in files for p in pts]
+        hiddens = sorted({p["hidden"] for p in every})
+        sms = sorted({s for p in every for s in p["num_sms"]})
+        tokens = sorted({p["tokens"] for p in every})
         out.append(Calibration(gpu, ep, (hiddens[0], hiddens[-1]), dfit, cfit,
                                sum(overheads) / len(overheads) if overheads else 50.0,
-                               tuple(name for name, _ in files)))
+                               tuple(name for name, _ in files), (sms[0], sms[-1]), (tokens[0], tokens[-1])))
     return tuple(out)
 
 
@@ -124,6 +129,7 @@ def _combine_penalty(send: int, recv: int, hidden: int) -> float:
 class ModelBench(Bench):
     name = "model"
     source = "modelled"
+    noise_free = True
 
     def __init__(self, gpu: str, calibration_folder: Optional[str] = None, delay_s: float = 0.0):
         self.gpu = gpu
@@ -144,10 +150,16 @@ class ModelBench(Bench):
         if cal is None:
             have = ", ".join(f"{c.gpu} EP{c.ep_size}" for c in self.calibrations) or "none"
             return f"no calibration for {gpu} EP{workload.ep_size} (calibrated: {have})"
-        lo, hi = cal.hidden_range
-        if not lo <= workload.hidden <= hi:
-            return f"hidden {workload.hidden} is outside the calibrated range {lo}-{hi}"
-        return None
+        return self.envelope(workload).problem(workload, [])
+
+    def envelope(self, workload: Workload) -> Optional[Envelope]:
+        """The calibration's ranges. Its timings are CUDA events around each call right after a
+        barrier (the host's launch cost counts: the host regime). Chunk effects are hand-set from two
+        sweeps, not fitted, so a modelled tune does not choose chunks."""
+        cal = self._calibration(workload)
+        if cal is None:
+            return None
+        return Envelope(cal.sms_range, cal.tokens_range, cal.hidden_range, regime="host", chunks_fitted=False)
 
     def measure(self, workload: Workload, point: TunePoint) -> Measurement:
         if self.delay_s:  # lets tests interrupt or kill a tune mid-study

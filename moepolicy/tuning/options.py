@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 DEFAULT_STORAGE = "sqlite:///moepolicy-studies.db"
+DEFAULT_TRIALS = 24
 OVERLAP_GEMMS = ("auto", "persistent", "persistent-clustered", "grouped", "dense")
 OVERLAP_CONFINES = ("grid", "green")
 
@@ -17,13 +18,20 @@ class OverlapOptions:
     gemm: str = "auto"  # the stand-in expert GEMM (OVERLAP_GEMMS)
     confine: str = "grid"  # how the GEMM is held to its SMs (OVERLAP_CONFINES)
     order: str = "gemm-first"  # the launch order the split is chosen for (tuning.overlap.ORDERS)
-    confirm_rounds: int = 5
+    confirm_rounds: int = 7
 
 
 @dataclass(frozen=True)
 class TuneOptions:
     buckets: tuple[tuple[int, float], ...]  # (tokens per rank, weight)
-    trials: int = 24  # per (SM count, bucket) study; joint trials with ``overlap``
+    trials: Optional[int] = None  # per (SM count, bucket) study; joint trials with ``overlap``; None: trials_for
+
+    def trials_for(self, chunks_fitted: bool) -> int:
+        """The trials asked for, else 24, or 1 (DeepEP's default alone) on a bench whose chunk effects
+        are not fitted: searching chunks there would choose among hand-set constants."""
+        if self.trials is not None:
+            return self.trials
+        return DEFAULT_TRIALS if chunks_fitted else 1
     max_sms: Optional[int] = None  # SM budget for communication; None: the Pareto knee
     sms: tuple[int, ...] = ()  # explicit SM counts; empty: the search space's grid
     max_buffer_mb: int = 2048
@@ -32,6 +40,8 @@ class TuneOptions:
     seed: int = 0
     command: str = ""  # the command line, already redacted, recorded in the document
     overlap: Optional[OverlapOptions] = None
+    regime: str = "host"  # Workload.regime: what the timings include (tuning.bench.REGIMES)
+    confirm_rounds: int = 7  # interleaved rounds of the re-measurement protocol (tuning.confirm)
 
     @property
     def max_buffer_bytes(self) -> int:

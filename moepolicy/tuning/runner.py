@@ -13,12 +13,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from moepolicy.deepep.configs import ChunkConfig, default_configs
+from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
 from moepolicy.errors import TuningError
 from moepolicy.planner import (
     OrderTiming, Plan, buffer_bytes, build_document, default_deepep_section, with_measurements,
 )
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
+from moepolicy.tuning.confirm import Confirmed, confirm_bucket
+from moepolicy.tuning import progress
 from moepolicy.tuning.options import TuneOptions
 from moepolicy.tuning.space import Space
 from moepolicy.redact import redact_url
@@ -30,12 +32,12 @@ log = logging.getLogger("moepolicy.tuning")
 
 @dataclass(frozen=True)
 class BucketOutcome:
-    """One token bucket of the chosen SM count: DeepEP's default beside the tuned config."""
+    """One token bucket of the chosen SM count: the config kept and, after the re-measurement
+    protocol, its speed-ups over DeepEP's default chunks and the engine's default, with spreads."""
 
     tokens: int
-    default_us: Optional[float]
-    tuned_us: float
-    point: TunePoint
+    point: TunePoint  # the config written to the policy
+    confirmed: Optional[Confirmed] = None  # None: interrupted before the re-measurement
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class TuneResult:
         return self.interruption is not None
 
 
-def workload_for(plan: Plan, routing: str) -> Workload:
+def workload_for(plan: Plan, routing: str, regime: str = "host") -> Workload:
     moe = plan.model.moe_layers
     if not moe:
         raise TuningError(f"{plan.model.name} has no MoE layers: nothing to dispatch, nothing to tune")
@@ -65,47 +67,107 @@ def workload_for(plan: Plan, routing: str) -> Workload:
     fp8 = sum(1 for lp in plan.layers if lp.decision.wire.get("dtype") == "fp8_e4m3"
               and lp.decision.order == "quant_then_dispatch")
     payload = "fp8" if fp8 * 2 >= len(moe) else "bf16"
-    return Workload(first.hidden_size, first.num_experts, first.top_k, plan.target.ep_size, payload, routing)
+    return Workload(first.hidden_size, first.num_experts, first.top_k, plan.target.ep_size, payload, routing,
+                    regime=regime, internode=plan.target.layout == "internode")
 
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def _section(plan: Plan, chosen: SmsResult, results: list[SmsResult], why: str, label: str, region: str,
-             study: str, options: TuneOptions, interrupted: bool) -> tuple[dict[str, Any], list[BucketOutcome]]:
+def _section(plan: Plan, chosen: SmsResult, results: list[SmsResult], kept: "KeptConfigs", label: str,
+             region: str, study: str, options: TuneOptions, interrupted: bool) -> dict[str, Any]:
+    """The policy's DeepEP section: the kept SM count and chunks per bucket, what the search measured
+    and, per bucket, the re-measurement that backs (or refuses) each claim."""
     target = plan.target
-    buckets, configs, outcomes = [], [], []
+    buckets, configs = [], []
     searched = [b for b in chosen.buckets if b.best is not None]
     for i, b in enumerate(searched):
         last = i == len(searched) - 1  # open-ended, also when an interrupt left later buckets unsearched
-        configs += [b.best.dispatch, b.best.combine]
+        point = kept.points.get(b.tokens, b.best)
+        configs += [point.dispatch, point.combine]
         m, d = b.best_measurement, b.default_measurement
-        measured = {"dispatch_us": round(m.dispatch_us, 2), "dispatch_cached_us": round(m.dispatch_cached_us, 2),
-                    "combine_us": round(m.combine_us, 2), "trials": b.trials, "failed": b.failed}
+        measured = {"search_best_us": round(m.objective(region), 2), "dispatch_us": round(m.dispatch_us, 2),
+                    "dispatch_cached_us": round(m.dispatch_cached_us, 2), "combine_us": round(m.combine_us, 2),
+                    "trials": b.trials, "failed": b.failed}
         if d is not None:
             measured["default_total_us"] = round(d.objective(region), 2)
-        buckets.append({"max_tokens": None if last else b.tokens, "dispatch": b.best.dispatch.to_doc(),
-                        "combine": b.best.combine.to_doc(), "measured": measured})
-        outcomes.append(BucketOutcome(b.tokens, d.objective(region) if d else None, m.objective(region), b.best))
+        if b.tokens in kept.confirmed:
+            measured["confirm"] = kept.confirmed[b.tokens].to_doc()
+        buckets.append({"max_tokens": None if last else b.tokens, "dispatch": point.dispatch.to_doc(),
+                        "combine": point.combine.to_doc(), "measured": measured})
     if not buckets:
         raise TuningError("no bucket has a usable measurement")
     moe = plan.model.moe_layers
     nvl, rdma = buffer_bytes(target, max(layer.hidden_size for layer in moe),
-                             max(layer.num_experts for layer in moe), chosen.num_sms, configs)
+                             max(layer.num_experts for layer in moe), kept.num_sms, configs)
     provenance = {
         "source": label, "bench": "live" if label == "measured" else "model", "timed_region": region,
-        "study": study, "storage": redact_url(options.storage), "chosen_num_sms": chosen.num_sms, "why": why,
+        "study": study, "storage": redact_url(options.storage), "chosen_num_sms": kept.num_sms, "why": kept.why,
         "pareto": pareto_front(results, region), "gpu": target.gpu, "ep_size": target.ep_size,
         "deepep": target.deepep.name, "command": options.command, "date": _now(),
+        "protocol": kept.protocol,
     }
-    section = {"num_sms": chosen.num_sms, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma, "buckets": buckets,
-               "provenance": provenance, "schedule": "serial", "regime": "host"}
+    section = {"num_sms": kept.num_sms, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma, "buckets": buckets,
+               "provenance": provenance, "schedule": "serial", "regime": options.regime}
     if interrupted:
         done = [r.num_sms for r in results if r.complete]
         section["partial"] = {"reason": (f"interrupted: {len(done)} of {len(results)} SM counts started were "
                                          f"searched in every bucket ({', '.join(map(str, done)) or 'none'})")}
-    return section, outcomes
+    return section
+
+
+@dataclass(frozen=True)
+class KeptConfigs:
+    """What the policy keeps after the protocol: the SM count, a config per bucket, and why."""
+
+    num_sms: int
+    points: dict[int, TunePoint]  # tokens -> kept point
+    confirmed: dict[int, Confirmed]
+    why: str
+    protocol: dict[str, Any]
+
+
+def _keep(bench: Bench, workload: Workload, chosen: SmsResult, why: str, default: tuple[ChunkConfig, ChunkConfig],
+          engine_sms: int, options: TuneOptions, region: str, chunks_fitted: bool) -> KeptConfigs:
+    """The re-measurement protocol at the chosen SM count, per bucket (``tuning.confirm``): the search's
+    top configs against DeepEP's default chunks, then the pick against the default and the engine's
+    default (``engine_sms`` SMs, DeepEP's built-in table), in fresh benches. Where no bucket beats
+    the engine's default beyond noise, the engine's default is kept."""
+    from moepolicy.tuning.confirm import MIN_ROUNDS
+
+    rounds = 1 if bench.noise_free else options.confirm_rounds
+    protocol = {"rounds": rounds, "top_k": len(chosen.buckets[0].top) if chosen.buckets else 0,
+                "engine_default": {"num_sms": engine_sms, "configs": "DeepEP's built-in table"},
+                "fresh_bench": bench.restarts_fresh,
+                "claim": "95% bootstrap lower bound of the paired per-round speed-up above 1"}
+    if bench.noise_free:
+        protocol["note"] = "modelled: the bench has no noise, so one round; the model's own error is not in the interval"
+    elif rounds < MIN_ROUNDS:
+        raise TuningError(f"confirm_rounds must be at least {MIN_ROUNDS} for a 95% interval, got {rounds}",
+                          field="confirm_rounds")
+    points, confirmed = {}, {}
+    per_bucket = [((len(b.top) + 1) if chunks_fitted else 0) + 3 for b in chosen.buckets if b.best]  # select, report
+    progress.phase("re-measure", sum(per_bucket) * rounds)
+    for i, b in enumerate(chosen.buckets):
+        if b.best is None:
+            continue
+        log.info("re-measuring T=%d: the top %d configs and DeepEP's default at %d SMs, then the pick beside the "
+                 "engine's default (%d SMs), %d interleaved round(s) each", b.tokens, len(b.top), chosen.num_sms,
+                 engine_sms, rounds)
+        d = TunePoint(chosen.num_sms, b.tokens, *default)
+        e = TunePoint(engine_sms, b.tokens, *default)
+        c = confirm_bucket(bench, workload, b.top, d, e, rounds, region, options.seed + 101 * i,
+                           choose_chunks=chunks_fitted)
+        points[b.tokens], confirmed[b.tokens] = c.kept.point, c
+        log.info("  T=%d: kept %s (%s); %s; %s", b.tokens, c.kept.name, c.selection, c.vs_default.words(),
+                 c.vs_engine.words())
+    if confirmed and not any(c.vs_engine.beyond_noise for c in confirmed.values()):
+        why = (f"no gain beyond noise over the engine's default ({engine_sms} SMs, DeepEP's table) in any bucket: "
+               "the engine's default kept")
+        points = {t: TunePoint(engine_sms, t, *default) for t in points}
+        return KeptConfigs(engine_sms, points, confirmed, why, protocol)
+    return KeptConfigs(chosen.num_sms, points, confirmed, why, protocol)
 
 
 def sms_grid(space: Space, target, options: TuneOptions) -> list[int]:
@@ -140,13 +202,14 @@ def _tune_overlap(plan: Plan, bench: Bench, workload: Workload, space: Space, op
     if not hasattr(bench, "measure_overlap"):
         raise TuningError("overlap tuning needs the live bench: it times DeepEP beside a confined GEMM on GPUs")
     grid = sms_grid(space, plan.target, options)
-    if ov.confirm_rounds < 1 or options.trials < 0:
+    trials = options.trials_for(chunks_fitted=True)
+    if ov.confirm_rounds < 1 or trials < 0:
         raise TuningError(f"overlap tuning needs confirm_rounds >= 1 and trials >= 0 "
-                          f"(got {ov.confirm_rounds} and {options.trials})")
+                          f"(got {ov.confirm_rounds} and {trials})")
     gemm_kind, why_kind = overlap_gemm_kind(ov.gemm, plan)
     log.info("overlap: expert GEMM stand-in %s (%s)", gemm_kind, why_kind)
     try:
-        found = search_overlap(plan, bench, workload, list(options.buckets), grid, default, trials=options.trials,
+        found = search_overlap(plan, bench, workload, list(options.buckets), grid, default, trials=trials,
                                rounds=ov.confirm_rounds, seed=options.seed, gemm_kind=gemm_kind,
                                confine=ov.confine, order=ov.order)
     finally:
@@ -168,10 +231,11 @@ def _tune_overlap(plan: Plan, bench: Bench, workload: Workload, space: Space, op
                       overlap=found, overlap_gemm_note=f"{gemm_kind} ({why_kind})")
 
 
-def _extrapolated(plan: Plan, why: str, command: str) -> dict[str, Any]:
+def _extrapolated(plan: Plan, why: str, options: TuneOptions) -> dict[str, Any]:
     section = default_deepep_section(plan)
     section["provenance"] = {"source": "extrapolated", "note": f"outside the model bench's measured "
-                             f"envelope ({why}): DeepEP's default configs", "command": command}
+                             f"envelope ({why}): DeepEP's default configs", "command": options.command}
+    section["regime"] = options.regime
     return section
 
 
@@ -184,41 +248,94 @@ def study_name(plan: Plan, label: str) -> str:
 def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, objective: dict) -> TuneResult:
     """Tune DeepEP for ``plan`` on ``bench``; the result carries the policy document to write.
 
-    A ``KeyboardInterrupt`` during the search ends it early: the result is marked ``interrupted``
-    and holds the best found so far.
+    The search (SM counts x token buckets, optuna) proposes; the re-measurement protocol
+    (``tuning.confirm``) decides what is kept and what may be claimed. A ``KeyboardInterrupt`` ends
+    the work early: the result is marked ``interrupted`` (a partial result) and holds what was found.
     """
     target = plan.target
     region = objective["timed_region"]
     label = "measured" if bench.source == "measured" else "modelled"
-    workload = workload_for(plan, objective.get("routing", "uniform"))
-    outside = bench.in_envelope(workload, target.gpu)
+    workload = workload_for(plan, objective.get("routing", "uniform"), options.regime)
+    envelope = bench.envelope(workload)
+    sms_list = sms_grid(space, target, options) if options.overlap is None else []
+    outside = bench.in_envelope(workload, target.gpu) or (
+        envelope.problem(workload, [t for t, _ in options.buckets]) if envelope else None)
+    if envelope and not outside:
+        sms_list, outside = _inside_sms(sms_list, envelope)
     if outside:
         log.info("model bench: %s; the policy keeps DeepEP's defaults, labelled extrapolated", outside)
-        doc = build_document(plan, deepep=_extrapolated(plan, outside, options.command), command=options.command)
+        doc = build_document(plan, deepep=_extrapolated(plan, outside, options), command=options.command)
         section = doc["deepep"]
         return TuneResult(document=doc, label="extrapolated", region=region, num_sms=section["num_sms"],
                           why=section["provenance"]["note"])
     storage = make_storage(options.storage)
     name = options.study or study_name(plan, label)
-    fp = fingerprint({"facts": plan.model.sha256(), "gpu": target.gpu, "ep": target.ep_size,
-                      "layout": target.layout, "deepep": target.deepep.name, "space": space.sha256,
-                      "objective": objective, "bench": "live" if label == "measured" else "model",
-                      "payload": workload.payload, "buckets": [list(b) for b in options.buckets],
-                      "max_buffer_mb": options.max_buffer_mb})
-    open_parent_study(storage, name, fp)
+    open_parent_study(storage, name, _fingerprint(plan, space, objective, label, workload, options))
     default = default_configs(target.deepep, target.ep_size)
     if options.overlap is not None:
         return _tune_overlap(plan, bench, workload, space, options, default)
-    sms_list = sms_grid(space, target, options)
-    log.info("tuning hidden=%d experts=%d top_k=%d payload=%s on %d SM counts x %d buckets x %d trials (%s region)",
-             workload.hidden, workload.num_experts, workload.top_k, workload.payload, len(sms_list),
-             len(options.buckets), options.trials, region)
+    chunks_fitted = envelope.chunks_fitted if envelope else True
+    trials = options.trials_for(chunks_fitted)
+    log.info("tuning hidden=%d experts=%d top_k=%d payload=%s on %d SM counts x %d buckets x %d trials (%s region, "
+             "%s regime)%s", workload.hidden, workload.num_experts, workload.top_k, workload.payload, len(sms_list),
+             len(options.buckets), trials, region, options.regime,
+             "" if chunks_fitted or options.trials else "; the model's chunk effects are not fitted: default chunks only")
+    options = dataclasses.replace(options, trials=trials)
+    results, interruption = _search(storage, name, bench, workload, space, sms_list, options, default, region)
+    # an SM count whose buckets were not all searched is compared only when nothing else is left
+    candidates = [r for r in results if r.complete] or results
+    chosen, why = choose_sms(candidates, region, options.max_sms, float(objective.get("pareto_tolerance", 0.05)))
+    kept = KeptConfigs(chosen.num_sms, {}, {}, why, {})
+    if interruption is None:
+        try:
+            kept = _keep(bench, workload, chosen, why, default, default_num_sms(target.deepep), options, region,
+                         chunks_fitted)
+        except KeyboardInterrupt as exc:
+            interruption = exc
+            log.info("interrupted during the re-measurement: no gain is claimed")
+            kept = KeptConfigs(chosen.num_sms, {b.tokens: TunePoint(chosen.num_sms, b.tokens, *default)
+                                                for b in chosen.buckets}, {}, why, {})
+    timings = () if interruption else _both_orders(bench, workload, chosen, kept, label)
+    bench.close()
+    section = _section(plan, chosen, results, kept, label, region, name, options, interruption is not None)
+    doc = build_document(with_measurements(plan, timings), deepep=section, command=options.command)
+    outcomes = tuple(BucketOutcome(t, p, kept.confirmed.get(t)) for t, p in kept.points.items())
+    return TuneResult(document=doc, label=label, region=region, num_sms=kept.num_sms, why=kept.why,
+                      buckets=outcomes, interruption=interruption)
+
+
+def _inside_sms(sms_list: list[int], envelope) -> tuple[list[int], Optional[str]]:
+    """The SM counts inside the bench's calibrated range (said when some are dropped), or why none is."""
+    lo, hi = envelope.sms
+    inside = [s for s in sms_list if lo <= s <= hi]
+    dropped = [s for s in sms_list if s not in inside]
+    if dropped:
+        log.info("model bench: SM counts %s are outside the calibrated %d-%d and are not tried",
+                 ",".join(map(str, dropped)), lo, hi)
+    if not inside:
+        return [], f"no SM count asked for is inside the calibrated {lo}-{hi}"
+    return inside, None
+
+
+def _fingerprint(plan: Plan, space: Space, objective: dict, label: str, workload: Workload,
+                 options: TuneOptions) -> str:
+    target = plan.target
+    return fingerprint({"facts": plan.model.sha256(), "gpu": target.gpu, "ep": target.ep_size,
+                        "layout": target.layout, "deepep": target.deepep.name, "space": space.sha256,
+                        "objective": objective, "bench": "live" if label == "measured" else "model",
+                        "payload": workload.payload, "buckets": [list(b) for b in options.buckets],
+                        "max_buffer_mb": options.max_buffer_mb, "regime": options.regime})
+
+
+def _search(storage, name: str, bench: Bench, workload: Workload, space: Space, sms_list: list[int],
+            options: TuneOptions, default, region: str) -> tuple[list[SmsResult], Optional[KeyboardInterrupt]]:
+    """One optuna sub-study per (SM count, bucket); an interrupt ends it with what was measured."""
     results: list[SmsResult] = []
-    interruption: Optional[KeyboardInterrupt] = None
+    progress.phase("search", len(sms_list) * len(options.buckets) * options.trials)
     try:
         bench.start(workload)
         for num_sms in sms_list:
-            max_recv = space.max_nvl_recv(num_sms, workload.hidden, target.ep_size, options.max_buffer_bytes)
+            max_recv = space.max_nvl_recv(num_sms, workload.hidden, workload.ep_size, options.max_buffer_bytes)
             if max_recv == 0:
                 log.info("  sms %d: no receive capacity fits the %d MB buffer budget; skipped",
                          num_sms, options.max_buffer_mb)
@@ -227,25 +344,16 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
             results.append(result)
             for bucket in result.buckets:
                 tune_bucket(storage, f"{name}/sms{num_sms}/t{bucket.tokens}", bench, workload, space, num_sms,
-                            bucket, options.trials, default, target.layout == "internode", max_recv, region,
-                            options.seed)
+                            bucket, options.trials, default, workload.internode, max_recv, region, options.seed)
     except KeyboardInterrupt as exc:
-        interruption = exc
         log.info("interrupted: keeping the best found so far")
-    interrupted = interruption is not None
-    # an SM count whose buckets were not all searched is compared only when nothing else is left
-    candidates = [r for r in results if r.complete] or results
-    chosen, why = choose_sms(candidates, region, options.max_sms, float(objective.get("pareto_tolerance", 0.05)))
-    timings = () if interrupted else _both_orders(bench, workload, chosen, label)
-    bench.close()
-    section, outcomes = _section(plan, chosen, results, why, label, region, name, options, interrupted)
-    doc = build_document(with_measurements(plan, timings), deepep=section, command=options.command)
-    return TuneResult(document=doc, label=label, region=region, num_sms=chosen.num_sms, why=why,
-                      buckets=tuple(outcomes), interruption=interruption)
+        return results, exc
+    return results, None
 
 
-def _both_orders(bench: Bench, workload: Workload, chosen: SmsResult, label: str) -> tuple[OrderTiming, ...]:
-    """Both orders timed at each bucket's best config (live, fp8 payload only); measured facts for
+def _both_orders(bench: Bench, workload: Workload, chosen: SmsResult, kept: KeptConfigs,
+                 label: str) -> tuple[OrderTiming, ...]:
+    """Both orders timed at each bucket's kept config (live, fp8 payload only); measured facts for
     the rules. Every bucket or none: a missing bucket would leave its order undecided."""
     if label != "measured" or workload.payload != "fp8":
         return ()
@@ -255,7 +363,7 @@ def _both_orders(bench: Bench, workload: Workload, chosen: SmsResult, label: str
         if b.best is None:
             return ()
         try:
-            orders = bench.measure(both, b.best).orders
+            orders = bench.measure(both, kept.points.get(b.tokens, b.best)).orders
             timings.append(OrderTiming(b.tokens, orders["quant_then_dispatch"], orders["dispatch_then_quant"]))
         except Exception as exc:  # noqa: BLE001 (a failed extra measurement leaves the decisions unmeasured)
             log.info("  both-order measurement at T=%d failed: %s; decisions stay unmeasured", b.tokens, exc)

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import logging
 
 from moepolicy.errors import TuningError
+from moepolicy.tuning import progress
 from moepolicy.tuning.interrupts import deferred
 from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload
 from moepolicy.tuning.space import Space
@@ -34,6 +35,7 @@ class BucketResult:
     weight: float
     best: Optional[TunePoint] = None
     best_measurement: Optional[Measurement] = None
+    top: tuple[TunePoint, ...] = ()  # the best few distinct configs of the search, best first
     default_measurement: Optional[Measurement] = None
     trials: int = 0
     failed: int = 0
@@ -145,10 +147,14 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
                 break
             if proposal is _SKIP:
                 continue
+            if proposal is _TOLD:  # counted against the budget without a measurement
+                progress.advance()
+                continue
             trial, point, key = proposal
             outcome = ctx.measure(workload, trial, point)  # an interrupt lands here, or waits
             with deferred():
                 ctx.record(trial, key, outcome, region)
+            progress.advance()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: no trial of this process is left RUNNING
         _fail_interrupted(storage, study, ctx.asked)
         raise
@@ -156,7 +162,7 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
         _collect(study, bucket, num_sms)  # also when interrupted: what was measured counts
 
 
-_SKIP = object()
+_SKIP, _TOLD = object(), object()  # yielded to another worker (not counted) / told a known value (counted)
 
 
 class _StudyStep:
@@ -170,8 +176,8 @@ class _StudyStep:
         self.asked: list[int] = []  # this process's trials: an interrupt never leaves one RUNNING
 
     def propose(self, space: Space, internode: bool, max_nvl_recv: int, default: tuple):
-        """The next trial and its point; None when the budget is used; ``_SKIP`` when the trial was
-        told at once (a config already measured, or being measured by another worker)."""
+        """The next trial and its point; None when the budget is used; ``_TOLD`` when the trial was told
+        a config's known value at once; ``_SKIP`` when another worker is measuring that config."""
         import optuna
 
         study = self.study
@@ -204,7 +210,7 @@ class _StudyStep:
             trial.set_user_attr("dedup_of", other)
             study.tell(trial, value)
             self.bucket.deduplicated += 1
-            return _SKIP
+            return _TOLD
         if state == "running":
             trial.set_user_attr("reason", f"the same effective config is being measured by trial {other}")
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -355,20 +361,37 @@ def _collect(study, bucket: BucketResult, num_sms: int) -> None:
     bucket.failed = len([t for t in study.trials if t.state == optuna.trial.TrialState.FAIL])
     if not complete:
         return
-    best = min(complete, key=lambda t: t.value)
-    eff = json.loads(best.user_attrs["effective"])
-    bucket.best = TunePoint(eff[0], eff[1], eff[2], eff[3])
+    ranked, top = sorted(complete, key=lambda t: t.value), {}
+    for t in ranked:
+        top.setdefault(t.user_attrs["effective"], t)
+    bucket.top = tuple(TunePoint(*json.loads(key)) for key in list(top)[:TOP_K])
+    best = ranked[0]
+    bucket.best = bucket.top[0]
     bucket.best_measurement = Measurement(**best.user_attrs["measurement"])
     defaults = [t for t in complete if t.user_attrs.get("is_default")]
     if defaults:
         bucket.default_measurement = Measurement(**defaults[0].user_attrs["measurement"])
 
 
-def choose_sms(results: list[SmsResult], region: str, max_sms: Optional[int], tolerance: float) -> tuple[SmsResult, str]:
+TOP_K = 3  # configs of each bucket re-measured against the default after the search
+
+
+def choose_sms(results: list[SmsResult], region: str, max_sms: Optional[int], tolerance: float,
+               schedule: str = "serial") -> tuple[SmsResult, str]:
+    """The SM count for DeepEP. Serial schedule (DeepEP, then the experts' GEMM on every SM): the MoE
+    step is comm(SMs) + GEMM(all SMs), so more SMs for DeepEP cost the GEMM nothing and the fastest
+    communication wins, within the SM counts tried (the bench's calibrated range, the buffer budget,
+    ``max_sms``). Otherwise the fewest SMs within ``tolerance`` of the fastest (SMs DeepEP holds are
+    SMs a GEMM beside it loses)."""
     usable = [r for r in results if math.isfinite(r.weighted(region))]
     if not usable:
         raise TuningError("every trial failed: no usable measurement (see the study's FAIL trials)")
     fastest = min(usable, key=lambda r: r.weighted(region))
+    if schedule == "serial":
+        budget = f" within the {max_sms}-SM budget" if max_sms else ""
+        return fastest, (f"serial schedule: the MoE step is DeepEP's time plus the experts' GEMM on every SM, so "
+                         f"the fastest communication{budget} wins: {fastest.num_sms} SMs "
+                         f"({fastest.weighted(region):.1f} us weighted, search samples)")
     if max_sms:
         return fastest, (f"fastest measured point within the {max_sms}-SM budget "
                          f"({fastest.weighted(region):.1f} us weighted)")

@@ -1,0 +1,142 @@
+"""``moepolicy bench POLICY``: the MoE step with this policy against vLLM's choices and DeepEP's defaults.
+
+Per routing (uniform, Zipf) and token bucket: dispatch → the project's expert GEMM stand-in → combine,
+for every kind of MoE layer the model has, weighted by its layer count; interleaved rounds, each
+repetition counting its slowest rank; the policy's paired per-round speed-up over each baseline with
+its 95 % interval (``measure.rounds``). On GPUs with DeepEP it runs DeepEP in the policy's regime;
+elsewhere the emulated all-to-all on CPU checks the plumbing only, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from moepolicy.cli._output import note, table
+from moepolicy.errors import UsageError
+
+WHAT_IT_IS = ("DeepEP with the project's expert GEMM stand-in, following each arm's choices: the 'vllm' arm "
+              "runs vLLM's choices, not vLLM itself")
+EMULATED = "emulated all-to-all on CPU (gloo): plumbing only, not a performance number"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="time the MoE step with the policy vs vLLM's choices vs DeepEP's defaults")
+    p.add_argument("policy", help="policy file")
+    p.add_argument("--tokens", help="tokens per rank, e.g. 128,1024,4096 (default: that on GPUs, 32,128 emulated)")
+    p.add_argument("--routing", default="uniform,zipf", help="uniform, zipf or both (default uniform,zipf)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7, the least for an interval)")
+    p.add_argument("--reps", type=int, default=None, help="repetitions per timing (default 10 on GPUs, 3 emulated)")
+    p.add_argument("--transport", choices=["auto", "deepep", "emulated"], default="auto",
+                   help="deepep (GPUs), emulated (CPU, plumbing only) or auto (deepep when it can run)")
+    p.add_argument("--ranks", type=int, default=2, help="ranks of the emulated transport (default 2)")
+    p.add_argument("-o", "--output", help="write the raw per-round times and the comparison as JSON")
+    p.set_defaults(run=run)
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(t) for t in text.split(",") if t.strip()}))
+    except ValueError:
+        raise UsageError(f"{flag} takes integers like 128,1024, got {text!r}") from None
+    if not values or values[0] <= 0:
+        raise UsageError(f"{flag} needs positive counts, got {text!r}")
+    return values
+
+
+def _transport(asked: str, ep_size: int) -> tuple[str, int, str]:
+    from moepolicy.tuning.live_bench import deep_ep_importable, visible_gpus
+
+    if asked == "emulated":
+        return "emulated", 0, "asked for the emulated transport"
+    gpus, missing = visible_gpus(), deep_ep_importable()
+    if gpus >= 2 and not missing:
+        if gpus < ep_size:
+            raise UsageError(f"the policy is for EP{ep_size}; {gpus} GPUs are visible (use --transport emulated)")
+        return "deepep", ep_size, f"deep_ep imports and {gpus} GPUs are visible"
+    why = missing or f"{gpus} CUDA GPU(s) visible"
+    if asked == "deepep":
+        raise UsageError(f"--transport deepep: {why}")
+    return "emulated", 0, f"{why}: the emulated transport"
+
+
+def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from moepolicy.moe_step.arms import build_arms
+    from moepolicy.policy_file import read_policy
+
+    doc = read_policy(args.policy).doc
+    if doc.target.backend != "deepep_ht":
+        raise UsageError(f"{args.policy}: bench times DeepEP high-throughput; this policy is for {doc.target.backend}")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
+    routings = tuple(r.strip() for r in args.routing.split(",") if r.strip())
+    bad = [r for r in routings if r not in ("uniform", "zipf")]
+    if bad or not routings:
+        raise UsageError(f"--routing takes uniform, zipf or both, got {args.routing!r}")
+    kind, world, why = _transport(args.transport, doc.target.ep_size)
+    world = world or args.ranks
+    emulated = kind == "emulated"
+    tokens = _ints(args.tokens, "--tokens") if args.tokens else ((32, 128) if emulated else (128, 1024, 4096))
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UsageError("bench needs torch (the CPU build is enough for the emulated transport)") from None
+    from moepolicy.moe_step.measure import StepSpec, run as run_step, spec_doc
+
+    if doc.model.num_experts % world:
+        raise UsageError(f"{doc.model.num_experts} experts do not divide over --ranks {world}")
+    spec = StepSpec(doc.model.hidden_size, doc.model.num_experts, doc.model.top_k,
+                    intermediate=32 if emulated else max(doc.model.hidden_size // 3, 128), tokens=tokens,
+                    routings=routings, rounds=args.rounds, reps=args.reps or (3 if emulated else 10), transport=kind,
+                    regime=doc.deepep.regime)
+    arms = build_arms(doc)
+    note(f"bench: {kind} ({why}), {world} ranks; {EMULATED if emulated else WHAT_IT_IS}")
+    for arm in arms:
+        note(f"  {arm.name}: {arm.label}; " + ", ".join(f"{k.count} layers {k.order}" for k in arm.kinds))
+    with tempfile.TemporaryDirectory(prefix="moepolicy-bench-") as tmp:
+        times = run_step(arms, spec, world, tmp)
+    rows = comparison(times)
+    render(rows, emulated)
+    if args.output:
+        from moepolicy.document import atomic_write
+
+        atomic_write(args.output, json.dumps({"what": EMULATED if emulated else WHAT_IT_IS, "transport": kind,
+                                              "ranks": world, "policy": args.policy, "spec": spec_doc(spec),
+                                              "arms": {a.name: a.label for a in arms}, "times_us": times,
+                                              "comparison": rows}, indent=1) + "\n")
+        note(f"wrote {args.output}")
+    return 0
+
+
+def comparison(times: dict) -> list[dict]:
+    """Per routing and bucket: each arm's median over rounds, and the policy's paired speed-ups."""
+    import statistics
+
+    from moepolicy.measure.rounds import paired_speedup
+
+    rows = []
+    for routing, by_tokens in times.items():
+        for tokens, arms in by_tokens.items():
+            row = {"routing": routing, "tokens": int(tokens),
+                   "median_us": {name: round(statistics.median(xs), 2) for name, xs in arms.items()}}
+            for base in ("vllm", "deepep-default"):
+                row[f"vs_{base}"] = paired_speedup(arms[base], arms["policy"], names=("policy", base)).to_doc()
+            rows.append(row)
+    return rows
+
+
+def _ratio(r: dict) -> str:
+    low, high = r["ci95"]
+    return f"x{r['speedup']:.3f} [{low:.3f}, {high:.3f}]" + ("" if r["beyond_noise"] else " =")
+
+
+def render(rows: list[dict], emulated: bool) -> None:
+    table(["routing", "tokens", "policy us", "vllm us", "deepep-default us", "policy vs vllm", "vs deepep-default"],
+          [[r["routing"], r["tokens"], r["median_us"]["policy"], r["median_us"]["vllm"],
+            r["median_us"]["deepep-default"], _ratio(r["vs_vllm"]), _ratio(r["vs_deepep-default"])] for r in rows],
+          out=sys.stdout)
+    print("medians over rounds; ratios: paired per-round speed-ups with their 95% interval; '=': no gain beyond "
+          "noise" + (f"; {EMULATED}" if emulated else ""))

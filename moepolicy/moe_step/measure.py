@@ -1,0 +1,233 @@
+"""The MoE step ``moepolicy bench`` times, per arm (``moe_step.arms``) and token bucket.
+
+For each kind of MoE layer an arm runs: prepare (quantize then dispatch, or dispatch then quantize,
+as the arm decides) → an expert GEMM stand-in on the received rows (two grouped matmuls per local
+expert, the same for every arm that feeds the experts the same format) → finalize (combine). The
+arm's step is the sum over its layer kinds of (layers of that kind) × (the kind's median time). Each
+repetition counts its slowest rank (an EP step ends when its last rank does). Rounds rotate over the
+arms (``rounds.rotated_rounds``), so a drifting machine falls on every arm alike.
+
+Transports: DeepEP on GPUs (NCCL; the arm's SM count and chunk configs per bucket), or the emulated
+all-to-all over gloo on CPUs, which checks the plumbing only and is labelled so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from moepolicy.errors import MeasurementError
+from moepolicy.moe_step.arms import Arm, LayerKind
+
+
+STAND_IN_STATIC_SCALE = 0.05
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    hidden: int
+    num_experts: int
+    top_k: int
+    intermediate: int  # the stand-in experts' intermediate size
+    tokens: tuple[int, ...]
+    routings: tuple[str, ...]  # uniform | zipf
+    rounds: int
+    reps: int
+    transport: str  # emulated | deepep
+    regime: str = "host"  # deepep: host = synced launches, gpu = queued (measure.timing)
+    zipf_s: float = 1.2
+    seed: int = 0
+
+
+def routing(tokens: int, num_experts: int, top_k: int, kind: str, seed: int, s: float = 1.2):
+    """Top-k expert ids and weights: ``uniform`` (each token picks k distinct experts at random) or
+    ``zipf`` (expert e is picked with weight 1/(e+1)^s, as skewed real traffic is)."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "uniform":
+        weights = torch.ones(num_experts)
+    elif kind == "zipf":
+        weights = 1.0 / torch.arange(1, num_experts + 1, dtype=torch.float64) ** s
+        weights = weights[torch.randperm(num_experts, generator=g)]  # popular experts spread over ranks
+    else:
+        raise ValueError(f"routing must be uniform or zipf, got {kind!r}")
+    idx = torch.multinomial(weights.float().expand(tokens, -1), top_k, replacement=False, generator=g)
+    return idx.to(torch.int64), torch.rand(tokens, top_k, generator=g)
+
+
+def _wire(flat: tuple) -> "object":
+    """A wire (as the policy writes it) from its flattened form, for ``QuantSpec.from_wire``."""
+    from types import SimpleNamespace
+
+    fields = dict(flat)
+    scale = {k.split(".", 1)[1]: v for k, v in fields.items() if k.startswith("scale.")}
+    return SimpleNamespace(dtype=fields["dtype"], scale=SimpleNamespace(
+        granularity=scale.get("granularity"), group=scale.get("group"), dtype=scale.get("dtype")) if scale else None)
+
+
+class StandInExperts:
+    """Two matmuls per local expert on the rows routed to it, weighted and summed per received row."""
+
+    def __init__(self, local: int, hidden: int, intermediate: int, device, dtype):
+        g = torch.Generator().manual_seed(7)
+        self.w1 = (torch.randn(local, hidden, intermediate, generator=g) / hidden ** 0.5).to(device, dtype)
+        self.w2 = (torch.randn(local, intermediate, hidden, generator=g) / intermediate ** 0.5).to(device, dtype)
+        self.dtype = dtype
+
+    def __call__(self, x: torch.Tensor, scales: Optional[torch.Tensor], topk_idx: torch.Tensor,
+                 topk_weights: torch.Tensor) -> torch.Tensor:
+        rows = _dequant(x, scales).to(self.dtype)
+        out = torch.zeros(rows.shape[0], rows.shape[1], dtype=torch.float32, device=rows.device)
+        for e in range(self.w1.shape[0]):
+            hit = topk_idx == e
+            which = hit.any(dim=1).nonzero().flatten()
+            if which.numel() == 0:
+                continue
+            h = torch.relu(rows[which] @ self.w1[e]) @ self.w2[e]
+            weight = (topk_weights[which] * hit[which]).sum(dim=1, keepdim=True)
+            out.index_add_(0, which, h.float() * weight)
+        return out
+
+
+def _dequant(x: torch.Tensor, scales: Optional[torch.Tensor]) -> torch.Tensor:
+    if x.dtype == torch.bfloat16 or scales is None or scales.dtype != torch.float32:
+        return x.float()  # bf16, or packed UE8M0 (the stand-in only needs the shapes and the work)
+    groups = scales.shape[1]
+    if groups == 1:
+        return x.float() * scales
+    return (x.float().view(x.shape[0], groups, -1) * scales[:, :, None]).view(x.shape)
+
+
+class _Clock:
+    """Per-repetition times of ``fn`` on this rank, then the slowest rank's, then the median."""
+
+    def __init__(self, device, regime: str):
+        self.device, self.regime = device, regime
+        self.timer = None
+        if device.type == "cuda":
+            from moepolicy.measure.timing import Timer
+
+            self.timer = Timer(device)
+
+    def median_us(self, fn, reps: int) -> float:
+        import torch.distributed as dist
+
+        if self.timer is not None:
+            mode = "synced" if self.regime == "host" else "queued"
+            xs = self.timer.slowest_rank_per_rep({"t": self.timer.samples(fn, reps, warmup=2, mode=mode)})["t"]
+            return statistics.median(xs)
+        fn()  # warm-up
+        xs = []
+        for _ in range(reps):
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            xs.append((time.perf_counter() - start) * 1e6)
+        times = torch.tensor(xs, dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        return statistics.median(times.tolist())
+
+
+def _transport(arm: Arm, tokens: int, spec: StepSpec, buffer):
+    if spec.transport == "emulated":
+        from moepolicy.reference.transport import GatherTransport
+
+        return GatherTransport(None, spec.num_experts)
+    import deep_ep
+
+    from moepolicy.reference.transport import DeepEPTransport
+
+    bucket = arm.configs_for(tokens)
+    return DeepEPTransport(buffer, spec.num_experts, deep_ep.Config(arm.num_sms, *bucket.dispatch),
+                           deep_ep.Config(arm.num_sms, *bucket.combine))
+
+
+def _kind_step(kind: LayerKind, transport, experts: StandInExperts, inputs, backend: str):
+    from moepolicy.reference.prepare_finalize import PrepareFinalize, QuantSpec
+
+    order = kind.order if kind.order in ("quant_then_dispatch", "dispatch_then_quant") else "no_quant"
+    # a static per-tensor scale is the checkpoint's; the stand-in times the work with a fixed one
+    spec = QuantSpec.from_wire(_wire(kind.consumes), static_scale=STAND_IN_STATIC_SCALE)
+    pf = PrepareFinalize(order, spec, transport, backend=backend)
+    x, idx, w = inputs
+
+    def step():
+        got = pf.prepare(x, idx, w)
+        pf.finalize(experts(got.x, got.scales, got.topk_idx, got.topk_weights), got.handle)
+
+    return step
+
+
+def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir: str) -> None:
+    """One rank: every (routing, bucket), rounds rotating over the arms; rank 0 writes the times."""
+    import torch.distributed as dist
+
+    from moepolicy.measure.rounds import rotated_rounds
+
+    gpu = spec.transport == "deepep"
+    if gpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
+                            init_method=f"file://{outdir}/rendezvous")
+    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
+    buffer = _buffer(arms, spec, world) if gpu else None
+    experts = StandInExperts(spec.num_experts // world, spec.hidden, spec.intermediate, device,
+                             torch.bfloat16 if gpu else torch.float32)
+    clock = _Clock(device, spec.regime)
+    results: dict = {}
+    for r_kind in spec.routings:
+        for tokens in spec.tokens:
+            idx, w = routing(tokens, spec.num_experts, spec.top_k, r_kind, spec.seed + 31 * rank, spec.zipf_s)
+            x = torch.randn(tokens, spec.hidden, generator=torch.Generator().manual_seed(rank)).to(torch.bfloat16)
+            inputs = (x.to(device), idx.to(device), w.to(device))
+            steps = {arm.name: [(k.count, _kind_step(k, _transport(arm, tokens, spec, buffer), experts, inputs,
+                                                     "auto")) for k in arm.kinds] for arm in arms}
+
+            def time_once(name: str) -> float:
+                return sum(count * clock.median_us(fn, spec.reps) for count, fn in steps[name])
+
+            results.setdefault(r_kind, {})[str(tokens)] = rotated_rounds([a.name for a in arms], time_once,
+                                                                          spec.rounds)
+    if rank == 0:
+        (Path(outdir) / "times.json").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _buffer(arms: tuple[Arm, ...], spec: StepSpec, world: int):
+    import deep_ep
+    import torch.distributed as dist
+
+    from moepolicy.deepep.buffers import ht_buffer_bytes
+
+    nvl = max(ht_buffer_bytes(arm.num_sms, [c for b in arm.buckets for c in (b.dispatch, b.combine)], spec.hidden,
+                              world)[0] for arm in arms)
+    return deep_ep.Buffer(dist.group.WORLD, nvl, 0)
+
+
+def _entry(rank: int, world: int, arms, spec, outdir) -> None:
+    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+    worker(rank, world, arms, spec, outdir)
+
+
+def run(arms: tuple[Arm, ...], spec: StepSpec, world: int, outdir: str) -> dict:
+    """Spawn ``world`` ranks, run the benchmark, return {routing: {tokens: {arm: [us per round]}}}."""
+    import torch.multiprocessing as mp
+
+    os.makedirs(outdir, exist_ok=True)
+    try:
+        mp.start_processes(_entry, args=(world, arms, spec, outdir), nprocs=world, start_method="spawn", join=True)
+    except mp.ProcessException as exc:  # a rank raised or died: its last line says why
+        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+        raise MeasurementError(f"a benchmark rank failed: {lines[-1] if lines else type(exc).__name__}") from None
+    return json.loads((Path(outdir) / "times.json").read_text())
+
+
+def spec_doc(spec: StepSpec) -> dict:
+    return asdict(spec)
