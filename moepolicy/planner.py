@@ -191,6 +191,18 @@ def replay_facts(index: int, stored: dict[str, Any]) -> dict[str, Any]:
     return {"layer.index": index, **stored}
 
 
+def replayed_decisions(layers, target: Target, packs: Sequence[RulePack]) -> dict[int, Decision]:
+    """Each MoE layer's decision by ``packs``, replayed from the facts a document stored (what the
+    ``vllm`` pack says vLLM does, for ``bench`` and the vLLM export: one copy of that knowledge)."""
+    out = {}
+    for layer in layers:
+        if layer.kind != "moe":
+            continue
+        out[layer.index] = decide(replay_facts(layer.index, layer.facts), packs, target.deepep,
+                                  lambda then, f: wire_problem(then, f, target), allow_inferred=False)
+    return out
+
+
 def _layer_entries(layers: Sequence[LayerPlan]) -> list[dict[str, Any]]:
     """Layer entries; identical facts and wires are shared objects, so YAML writes them once
     (an anchor and aliases) and readers parse them once."""

@@ -336,30 +336,32 @@ def test_sglang_export_refuses_low_latency(tmp_path):
         export(read_policy(path).doc)
 
 
-def test_vllm_export_buffer_and_limits(ds_policy):
+def test_vllm_export_buffer_and_plugin_settings(ds_policy):
     from moepolicy.export.vllm import export
     from moepolicy.policy_file import read_policy
 
     doc = read_policy(ds_policy).doc
-    result = export(doc)
+    result = export(doc, str(ds_policy))
     assert int(result["env"]["VLLM_DEEPEP_BUFFER_SIZE_MB"]) * 1024 * 1024 >= doc.deepep.num_nvl_bytes
-    assert result["args"][-1] == "deepep_high_throughput"
+    assert result["env"]["MOEPOLICY_POLICY"] == str(ds_policy.resolve())
+    assert result["args"][result["args"].index("--data-parallel-size") + 1] == str(doc.target.ep_size)
     rewrite(ds_policy, lambda d: (d["deepep"].update(num_sms=32, num_nvl_bytes=2**30),
                                   d["deepep"]["provenance"].update(source="measured")))
-    result = export(read_policy(ds_policy).doc)
-    assert "VLLM_DBO_COMM_SMS" not in result["env"]  # never above vLLM's 20
-    assert any("num_sms 32" in item for item in result["cannot_express"])
-    assert any("chunk configs" in item for item in result["cannot_express"])
+    result = export(read_policy(ds_policy).doc, str(ds_policy))
+    assert "VLLM_DBO_COMM_SMS" not in result["env"]  # no overlap split in a serial policy
+    assert any("num_sms 32 (vLLM alone fixes 20)" in item for item in result["applied"])
+    assert any("dispatch/combine configs" in item for item in result["applied"])
 
 
-def test_vllm_export_lists_per_layer_orders_vllm_cannot_follow(tmp_path):
+def test_vllm_export_names_orders_the_plugin_leaves_to_vllm(tmp_path):
     from moepolicy.export.vllm import export
     from moepolicy.policy_file import read_policy
 
     path = tmp_path / "mix.yaml"
     write_document(plan_doc(model="amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV"), path)
-    result = export(read_policy(path).doc)
-    assert any("layers 0-31: quant_then_dispatch" in item for item in result["cannot_express"])
+    result = export(read_policy(path).doc, str(path))
+    assert any("layers 0-31: quant_then_dispatch" in item and "left to vLLM" in item
+               for item in result["cannot_express"])
 
 
 def test_vllm_export_refuses_low_latency_hidden(tmp_path):

@@ -14,7 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("policy")
     p.add_argument("--to", required=True, choices=["sglang", "vllm"])
     p.add_argument("--tokens", type=int, help="SGLang takes one config: the bucket for this many tokens per rank (default: the largest)")
-    p.add_argument("--format", choices=["shell", "json"], default="shell", help="vllm output format")
+    p.add_argument("--format", choices=["shell", "json", "launch"], default=None,
+                   help="vllm: shell (default) or json; sglang: json (the --deepep-config, default) or launch "
+                        "(a launch_server command with every flag SGLang can take)")
     p.add_argument("-o", "--output", help="write here instead of stdout")
     p.set_defaults(run=run)
 
@@ -24,13 +26,24 @@ def run(args: argparse.Namespace) -> int:
 
     doc = read_policy(args.policy).doc
     if args.to == "sglang":
-        from moepolicy.export.sglang import export
+        from moepolicy.export.sglang import SGLANG_CHECKED, export, launch
 
-        text = json.dumps(export(doc, args.tokens), indent=2) + "\n"
+        if args.format == "launch":
+            import shlex
+
+            from moepolicy.text import printable
+
+            result = launch(doc, doc.model.name, args.tokens)
+            lines = [f"# SGLang {SGLANG_CHECKED}; moepolicy's policy as far as SGLang's flags carry it"]
+            lines.append(" ".join(["python", "-m", "sglang.launch_server", *(shlex.quote(a) for a in result["args"])]))
+            lines += [f"# not carried: {' '.join(printable(n).split())}" for n in result["notes"]]
+            text = "\n".join(lines) + "\n"
+        else:
+            text = json.dumps(export(doc, args.tokens), indent=2) + "\n"
     else:
         from moepolicy.export.vllm import export, render_shell
 
-        result = export(doc)
+        result = export(doc, args.policy)
         text = json.dumps(result, indent=2) + "\n" if args.format == "json" else render_shell(result, doc.model.name)
     if args.output:
         atomic_write(args.output, text)

@@ -43,3 +43,62 @@ def export(doc: PolicyDoc, tokens: Optional[int] = None) -> dict[str, Any]:
         "normal_dispatch": {"num_sms": num_sms, **bucket.dispatch.model_dump(include=set(CONFIG_KWARGS))},
         "normal_combine": {"num_sms": num_sms, **bucket.combine.model_dump(include=set(CONFIG_KWARGS))},
     }
+
+
+# SGLang 0.5.23's server flags for DeepEP (its server_args and tests), and its one dispatcher dtype
+SGLANG_CHECKED = "0.5.23"
+
+
+def launch(doc: PolicyDoc, model: str, tokens: Optional[int] = None) -> dict[str, Any]:
+    """``python -m sglang.launch_server`` arguments that carry what SGLang can take of the policy:
+    ``--moe-a2a-backend``, ``--deepep-mode normal``, one bucket's ``--deepep-config``, and
+    ``--deepep-dispatcher-output-dtype`` where every MoE layer agrees; notes name the rest."""
+    import json
+
+    target, ep = doc.target, doc.target.ep_size
+    args = ["--model-path", model, "--tp", str(ep), "--dp", str(ep), "--enable-dp-attention", "--ep-size", str(ep)]
+    notes: list[str] = []
+    env: dict[str, str] = {}
+    if target.deep_ep.api == "v2":
+        args += ["--moe-a2a-backend", "deepep_v2", "--deepep-v2-mode", "direct"]
+        notes.append("DeepEP v2: SGLang picks its SM count analytically (SGLANG_DEEPEP_V2_NUM_SMS=0); the policy's "
+                     "DeepEP section is not carried")
+    elif target.backend == "deepep_ll":
+        args += ["--moe-a2a-backend", "deepep", "--deepep-mode", "low_latency"]
+        notes.append("low-latency mode has no --deepep-config section in SGLang; buffers are SGLang's")
+    else:
+        config = export(doc, tokens)
+        args += ["--moe-a2a-backend", "deepep", "--deepep-mode", "normal", "--deepep-config", json.dumps(config)]
+        chosen = _bucket(doc, tokens)
+        others = [b.max_tokens for b in doc.deepep.buckets if b is not chosen]
+        if others:
+            bounds = ", ".join("the rest" if b is None else f"<= {b} tokens" for b in others)
+            notes.append(f"SGLang takes one DeepEP config for every token count: the bucket "
+                         f"{'for ' + str(tokens) + ' tokens' if tokens else 'for the largest batches'} is carried, "
+                         f"not {bounds} (choose with --tokens)")
+    dtype, why = _dispatcher_dtype(doc)
+    if dtype:
+        args += ["--deepep-v2-dispatcher-output-dtype" if target.deep_ep.api == "v2"
+                 else "--deepep-dispatcher-output-dtype", dtype]
+    if why:
+        notes.append(why)
+    return {"args": args, "env": env, "notes": notes}
+
+
+def _dispatcher_dtype(doc: PolicyDoc) -> tuple[Optional[str], str]:
+    """SGLang's one global dispatcher dtype, where every MoE layer's decision maps onto it."""
+    moe = [layer for layer in doc.layers if layer.kind == "moe"]
+    wires = {(layer.order, layer.wire.dtype, layer.wire.scale.granularity if layer.wire.scale else None,
+              layer.wire.scale.group if layer.wire.scale else None) for layer in moe}
+    if any(layer.orders for layer in moe):
+        return None, "per-token-bucket orders: SGLang has one dispatcher dtype for every batch, so they are not carried"
+    if len(wires) != 1:
+        return None, ("the MoE layers differ in what they send; SGLang has one global dispatcher dtype, so it is left "
+                      "to SGLang (auto)")
+    order, dtype, granularity, group = next(iter(wires))
+    if dtype == "bf16":
+        return "bf16", ""
+    if order == "quant_then_dispatch" and dtype == "fp8_e4m3" and granularity == "block" and group == 128:
+        return "fp8", ""
+    return None, (f"{order} with a {granularity or 'static per-tensor'} fp8 wire: SGLang's fp8 normal dispatch "
+                  "quantizes per 128-group, so the dtype is left to SGLang (auto)")

@@ -1,15 +1,17 @@
-"""vLLM launch arguments and environment matching a policy, where vLLM has a knob.
+"""The vLLM launch for a policy: the moepolicy plugin, its environment, and ``vllm serve`` with the
+EP layout the policy was made for; what still cannot be applied is listed with the reason.
 
-vLLM's DeepEP high-throughput path (research/serving-engines.md §2, vllm all2all.py @00143004):
-``--all2all-backend``, ``VLLM_DEEPEP_BUFFER_SIZE_MB`` (default 1024; NVLink and, internode, RDMA
-buffer), ``num_sms`` hard-coded to 20 (``set_num_sms`` can only lower it), DeepEP's built-in Config
-table, ``VLLM_DBO_COMM_SMS`` (at most the manager's 20). Everything else is listed as not expressible;
-a setting vLLM would reject is refused.
+With ``MOEPOLICY_POLICY`` set, the plugin (``moepolicy.integrations.vllm``, vLLM 0.33.x) applies on
+DeepEP high-throughput: each MoE layer's order and wire (per token bucket), DeepEP's ``num_sms``
+(also above vLLM's fixed 20), the tuned dispatch/combine configs per bucket, and the buffer sizes.
+What vLLM alone would do is the ``vllm`` rule pack replayed on the layers' facts (one copy of that
+knowledge: ``plan --rules vllm`` and this export agree).
 """
 
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any
 
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
@@ -20,25 +22,24 @@ from moepolicy.text import index_ranges, printable
 VLLM_DEFAULT_BUFFER_MB = 1024
 VLLM_LL_HIDDEN_SIZES = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
 INT_MAX = 2**31 - 1
+PLUGIN_PACKAGE = "moepolicy[vllm]"
+CHECKED_VLLM = "0.33.x"
 _MIB = 1024 * 1024
 
 
-def _vllm_would_do(layer) -> tuple[str, str]:
-    facts = layer.facts
-    if layer.kind == "dense":
-        return "none", ""
-    if facts.get("layer.experts_ignored") or facts.get("kernel.act_dtype") == "bf16" \
-            or facts.get("ckpt.act_dtype") == "none":
-        return "no_quant", ""
-    if facts.get("target.backend") == "deepep_ll":
-        fp8_block = facts.get("ckpt.act_granularity") == "group" and facts.get("ckpt.act_group") == 128
-        return ("in_kernel_quant" if fp8_block else "dispatch_then_quant"), ""
-    if facts.get("ckpt.act_granularity") == "group":
-        return "quant_then_dispatch", ""
-    return "dispatch_then_quant", "vLLM sends bf16 and quantizes after dispatch"
+def vllm_orders(doc: PolicyDoc) -> dict[int, str]:
+    """What vLLM 0.33 alone does for each MoE layer: the ``vllm`` pack on the stored facts."""
+    from moepolicy.planner import replayed_decisions
+    from moepolicy.rules.packs import builtin_pack
+    from moepolicy.target import target_from_doc
+
+    decided = replayed_decisions(doc.layers, target_from_doc(doc.target),
+                                 [builtin_pack("vllm"), builtin_pack("deepep")])
+    return {index: d.order for index, d in decided.items()}
 
 
-def export(doc: PolicyDoc) -> dict[str, Any]:
+def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
+    """``env``, ``args`` for ``vllm serve``, what the plugin applies, and what it cannot."""
     target = doc.target
     backend = {"deepep_ht": "deepep_high_throughput", "deepep_ll": "deepep_low_latency"}[target.backend]
     if target.deep_ep.api == "v2":
@@ -52,50 +53,81 @@ def export(doc: PolicyDoc) -> dict[str, Any]:
         raise PolicyError(f"the policy needs {buffer_mb} MiB of DeepEP buffer; vLLM uses "
                           f"VLLM_DEEPEP_BUFFER_SIZE_MB for the NVLink buffer too, which DeepEP caps at "
                           f"INT_MAX bytes when an RDMA buffer exists (deep_ep.cpp:156)")
-    env = {"VLLM_DEEPEP_BUFFER_SIZE_MB": str(max(buffer_mb, 1))}
-    args = ["--enable-expert-parallel", "--all2all-backend", backend]
+    env = {"MOEPOLICY_POLICY": str(Path(policy_path).resolve()),
+           "VLLM_DEEPEP_BUFFER_SIZE_MB": str(buffer_mb)}  # vLLM's own buffer where the plugin does not apply
+    args = ["--enable-expert-parallel", "--all2all-backend", backend, "--data-parallel-size", str(target.ep_size),
+            "--tensor-parallel-size", "1"]
+    applied: list[str] = []
     cannot: list[str] = []
-    if target.backend == "deepep_ll":  # vLLM sizes the low-latency RDMA buffer itself
-        env = {}
-        ll = doc.deepep.low_latency or {}
-        cannot.append(f"low-latency buffer for {ll.get('num_max_dispatch_tokens_per_rank', '?')} tokens per rank: "
-                      "vLLM sizes it from its own max_num_tokens (get_low_latency_rdma_size_hint)")
-    overlap = doc.deepep.overlap
-    if overlap and target.backend == "deepep_ht":
-        comm = int(overlap.get("comm_sms", doc.deepep.num_sms))
-        if comm <= VLLM_HT_NUM_SMS:
-            env["VLLM_DBO_COMM_SMS"] = str(comm)
-            args.append("--enable-dbo")
-        else:
-            cannot.append(f"communication SMs {comm} for dual-batch overlap: VLLM_DBO_COMM_SMS takes at most "
-                          f"vLLM's {VLLM_HT_NUM_SMS} DeepEP SMs, so it is not emitted")
-    if target.backend == "deepep_ht" and not overlap:
-        if doc.deepep.num_sms > VLLM_HT_NUM_SMS:
-            cannot.append(f"num_sms {doc.deepep.num_sms}: vLLM fixes DeepEP at {VLLM_HT_NUM_SMS} SMs "
-                          f"and can only lower it")
-        elif doc.deepep.num_sms < VLLM_HT_NUM_SMS:
-            env["VLLM_DBO_COMM_SMS"] = str(doc.deepep.num_sms)
-            cannot.append(f"num_sms {doc.deepep.num_sms} outside dual-batch overlap: vLLM lowers "
-                          "DeepEP's SMs only through VLLM_DBO_COMM_SMS with --enable-dbo")
-    if target.backend == "deepep_ht" and doc.deepep.provenance.source != "default":
-        cannot.append("tuned dispatch/combine chunk configs: vLLM uses DeepEP's built-in table")
-    differ: dict[str, list[int]] = {}
+    if target.backend == "deepep_ht" and target.deep_ep.api == "legacy":
+        _high_throughput(doc, env, args, applied, cannot)
+    else:
+        env.pop("VLLM_DEEPEP_BUFFER_SIZE_MB")
+        what = "low-latency" if target.backend == "deepep_ll" else "DeepEP v2"
+        cannot.append(f"{what}: the plugin applies nothing there (vLLM's own path: its in-kernel fp8 and buffer "
+                      "sizing); the policy's decisions are information for it")
+    if target.ep_size > target.gpus_per_node:
+        cannot.append(f"EP {target.ep_size} spans nodes: add vLLM's multi-node flags (--data-parallel-size-local, "
+                      "--data-parallel-address) for your cluster")
+    return {"package": PLUGIN_PACKAGE, "env": env, "args": args, "applied": applied, "cannot_express": cannot}
+
+
+def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, cannot: list) -> None:
+    deepep = doc.deepep
+    applied.append(f"DeepEP num_sms {deepep.num_sms}" + (f" (vLLM alone fixes {VLLM_HT_NUM_SMS})"
+                                                          if deepep.num_sms != VLLM_HT_NUM_SMS else ""))
+    if deepep.provenance.source != "default":
+        applied.append(f"the tuned dispatch/combine configs of {len(deepep.buckets)} token bucket(s), chosen by the "
+                       "token count every rank agrees on (the max over DP ranks)")
+    applied.append(f"DeepEP buffers: NVLink {deepep.num_nvl_bytes} bytes, RDMA {deepep.num_rdma_bytes} bytes")
+    overlap = deepep.overlap
+    if overlap:
+        comm = int(overlap.get("comm_sms", deepep.num_sms))
+        env["VLLM_DBO_COMM_SMS"] = str(comm)
+        args.append("--enable-dbo")
+        applied.append(f"dual-batch overlap with {comm} communication SMs (VLLM_DBO_COMM_SMS; above vLLM's "
+                       f"{VLLM_HT_NUM_SMS} only with the plugin applied, which raises the manager's cap)")
+    from moepolicy.export.vllm_actions import VLLM, plugin_reach
+
+    vllm = vllm_orders(doc)
+    applies: dict[str, list[int]] = {}
+    leaves: dict[str, list[int]] = {}
     for layer in doc.layers:
-        vllm_order, _ = _vllm_would_do(layer)
-        if vllm_order != layer.order:
-            differ.setdefault(f"{layer.order} ({layer.rule}); vLLM does {vllm_order}", []).append(layer.index)
-    for what, idx in differ.items():
+        if layer.kind != "moe":
+            continue
+        scale = layer.wire.scale.granularity if layer.wire.scale else None
+        reach = plugin_reach(layer.order, layer.wire.dtype, scale)
+        if vllm.get(layer.index) not in (None, layer.order):
+            what = f"{layer.order} ({layer.rule}); vLLM alone does {vllm[layer.index]}"
+            (leaves if reach.kind == VLLM else applies).setdefault(
+                what + (f": left to vLLM ({reach.why})" if reach.kind == VLLM else ""), []).append(layer.index)
+        if layer.orders:
+            applies.setdefault("per-token-bucket orders", []).append(layer.index)
+    for what, idx in applies.items():
+        applied.append(f"layers {index_ranges(idx)}: {what}")
+    for what, idx in leaves.items():
         cannot.append(f"layers {index_ranges(idx)}: {what}")
-    return {"env": env, "args": args, "cannot_express": cannot}
+    if any(layer.wire.scale is not None and layer.wire.scale.granularity == "token" for layer in doc.layers):
+        cannot.append("per-token fp8 before dispatch is applied only where vLLM's experts read [T,1] scales "
+                      "(TritonExperts, CutlassExpertsFp8) and the layer is per-token dynamic; other layers are "
+                      "left to vLLM (the plugin says which, per layer)")
+    cannot.append("the plugin's changed paths (per-token fp8 first, bf16 for block layers) are checked against "
+                  "vLLM's real classes on CPU, not yet on GPUs")
 
 
 def render_shell(result: dict[str, Any], model: str) -> str:
     """A shell script: every value quoted (a model name may hold spaces or shell syntax), notes as
     comments with their line breaks and control characters removed."""
-    lines = [f"export {k}={shlex.quote(str(v))}" for k, v in result["env"].items()]
+    lines = []
+    if result.get("package"):
+        lines.append(f"# pip install {shlex.quote(result['package'])}   # the vLLM plugin (checked: vLLM {CHECKED_VLLM})")
+    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in result["env"].items()]
     lines.append(" ".join(["vllm", "serve", shlex.quote(model), *(shlex.quote(a) for a in result["args"])]))
+    if result.get("applied"):
+        lines.append("# the plugin applies:")
+        lines += [f"#  - {_comment(item)}" for item in result["applied"]]
     if result["cannot_express"]:
-        lines.append("# vLLM cannot express:")
+        lines.append("# not applied:")
         lines += [f"#  - {_comment(item)}" for item in result["cannot_express"]]
     return "\n".join(lines) + "\n"
 

@@ -70,22 +70,12 @@ def _kinds(decisions: dict[int, tuple[str, dict]], consumes: dict[int, dict]) ->
 
 def _vllm_decisions(doc) -> dict[int, tuple[str, dict]]:
     """The ``vllm`` pack's decision for each MoE layer, replayed from the layer's stored facts."""
-    from moepolicy.feasibility import wire_problem
-    from moepolicy.planner import replay_facts
-    from moepolicy.rules.engine import decide
+    from moepolicy.planner import replayed_decisions
     from moepolicy.rules.packs import builtin_pack
     from moepolicy.target import target_from_doc
 
-    target = target_from_doc(doc.target)
-    packs = [builtin_pack("vllm"), builtin_pack("deepep")]
-    out = {}
-    for layer in doc.layers:
-        if layer.kind != "moe":
-            continue
-        d = decide(replay_facts(layer.index, layer.facts), packs, target.deepep,
-                   lambda then, f: wire_problem(then, f, target), allow_inferred=False)
-        out[layer.index] = (d.order, d.wire)
-    return out
+    decided = replayed_decisions(doc.layers, target_from_doc(doc.target), [builtin_pack("vllm"), builtin_pack("deepep")])
+    return {index: (d.order, d.wire) for index, d in decided.items()}
 
 
 def build_arms(doc) -> tuple[Arm, ...]:

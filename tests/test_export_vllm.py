@@ -1,0 +1,82 @@
+"""``export --to vllm``: the plugin launch (package, environment, ``vllm serve`` with the policy's EP
+layout, every value quoted), and one copy of "what vLLM does": the export and ``plan --rules vllm``
+agree on every catalog model and target."""
+
+import pytest
+
+from conftest import run_cli
+from moepolicy.checkpoint import catalog
+from moepolicy.checkpoint.reader import read_model
+from moepolicy.errors import InfeasibleError
+from moepolicy.planner import build_document, make_plan
+from moepolicy.rules.packs import pack_stack
+from moepolicy.schema.policy import PolicyDoc
+from moepolicy.target import resolve_target
+
+
+@pytest.mark.parametrize("gpu, ep, backend", [("h200", 8, "deepep_ht"), ("b200", 8, "deepep_ht"),
+                                              ("h200", 16, "deepep_ht"), ("h200", 8, "deepep_ll")])
+def test_the_export_and_the_vllm_pack_agree_on_what_vllm_does(gpu, ep, backend):
+    from moepolicy.export.vllm import vllm_orders
+
+    checked = 0
+    for entry in catalog.entries():
+        facts = read_model(entry.repo_id, hub=False)
+        target = resolve_target(gpu=gpu, ep_size=ep, backend=backend, probe=False)
+        try:
+            ours = make_plan(facts, target, pack_stack())
+            theirs = make_plan(facts, target, pack_stack(["vllm"]))
+        except InfeasibleError:
+            continue
+        export_says = vllm_orders(PolicyDoc.model_validate(build_document(ours)))
+        pack_says = {lp.layer.index: lp.decision.order for lp in theirs.layers if lp.layer.kind == "moe"}
+        assert export_says == pack_says, entry.repo_id
+        checked += 1
+    assert checked >= 6
+
+
+def test_the_launch_is_the_plugin_with_the_policys_ep_layout(tmp_path):
+    import shlex
+
+    out = tmp_path / "my policy.yaml"
+    assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out)).returncode == 0
+    result = run_cli("export", str(out), "--to", "vllm")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("# pip install 'moepolicy[vllm]'")
+    assert f"export MOEPOLICY_POLICY={shlex.quote(str(out.resolve()))}" in lines
+    serve = next(line for line in lines if line.startswith("vllm serve"))
+    words = shlex.split(serve)
+    assert words[words.index("--data-parallel-size") + 1] == "8" and "--enable-expert-parallel" in words
+
+
+def test_the_sglang_launch_carries_one_bucket_the_backend_and_one_dtype(tmp_path):
+    import json
+    import shlex
+
+    out = tmp_path / "q.yaml"
+    tuned = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--storage", f"sqlite:///{tmp_path}/s.db",
+                    "-o", str(out))
+    assert tuned.returncode == 0, tuned.stderr
+    result = run_cli("export", str(out), "--to", "sglang", "--format", "launch", "--tokens", "1024")
+    assert result.returncode == 0, result.stderr
+    serve = next(line for line in result.stdout.splitlines() if line.startswith("python -m sglang.launch_server"))
+    words = shlex.split(serve)
+    flag = dict(zip(words, words[1:]))
+    assert flag["--moe-a2a-backend"] == "deepep" and flag["--deepep-mode"] == "normal" and flag["--ep-size"] == "2"
+    assert flag["--deepep-dispatcher-output-dtype"] == "fp8"  # every MoE layer sends block-128 fp8
+    config = json.loads(flag["--deepep-config"])
+    plain = json.loads(run_cli("export", str(out), "--to", "sglang", "--tokens", "1024").stdout)
+    assert config == plain and config["normal_dispatch"]["num_sms"] == config["normal_combine"]["num_sms"]
+    assert "not carried" in result.stdout and "> 1024" not in result.stdout
+
+
+def test_the_sglang_launch_leaves_a_dtype_it_cannot_express_to_sglang(tmp_path):
+    import shlex
+
+    out = tmp_path / "mx.yaml"
+    assert run_cli("plan", "--model", "amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", "--ep-size", "8", "-o",
+                   str(out)).returncode == 0
+    result = run_cli("export", str(out), "--to", "sglang", "--format", "launch")
+    words = shlex.split(next(line for line in result.stdout.splitlines() if line.startswith("python")))
+    assert "--deepep-dispatcher-output-dtype" not in words and "static per-tensor" in result.stdout
