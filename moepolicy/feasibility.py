@@ -128,7 +128,13 @@ def wire_problem(then: Then, facts: dict[str, Any], target: Target) -> Optional[
                     f"(deep_ep.cpp:1602); hidden is {hidden}")
         return None
     if target.backend != "deepep_ht":
-        return "low-latency dispatch takes bf16 only; it cannot carry a pre-quantized payload"
+        entry = target.deepep.capability("ll.dispatch.prequantized", target.layout)
+        if entry is None or not entry.supported:
+            return (f"low-latency dispatch of {target.deepep.name} takes bf16 only; it cannot carry a pre-quantized "
+                    "payload")
+        if hidden % limits.ll_fp8_hidden_multiple:
+            return (f"low-latency fp8 dispatch needs hidden % {limits.ll_fp8_hidden_multiple} == 0; hidden is {hidden}")
+        return None
     scale = then.wire.scale
     num_scales = 0
     if scale is not None:

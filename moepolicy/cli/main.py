@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from moepolicy.errors import MoePolicyError, one_line
 
-_COMMANDS = ("models", "plan", "explain", "audit", "validate", "export", "tune", "bench")
+_COMMANDS = ("models", "plan", "explain", "audit", "validate", "export", "tune", "bench", "report")
 
 
 class _Parser(argparse.ArgumentParser):

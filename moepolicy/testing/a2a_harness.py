@@ -187,3 +187,68 @@ def dynamic_tensor_outcome(results: list[dict], world: int, tokens: int, hidden:
         senders_exact &= torch.equal(sender["q"], exact[r][0]) and torch.equal(sender["s"], exact[r][1])
         differ += int((results[r][("tensor_dynamic", "dispatch_then_quant")]["q"] != sender["q"]).sum())
     return senders_exact, differ
+
+
+# packed formats carried as bytes: (row bytes of x, scale columns and their dtype) for hidden H
+PACKED_FORMATS = {
+    # NVFP4: two e2m1 values per byte; one e4m3 scale per 16 values, the scale bytes viewed as float32
+    # (as TensorRT-LLM sends them through DeepEP's normal dispatch)
+    "nvfp4": lambda h: (h // 2, h // 16 // 4, torch.float32),
+    # MXFP8: e4m3 values; one UE8M0 exponent per 32 values, packed four to an int32
+    "mxfp8": lambda h: (h, h // 32 // 4, torch.int32),
+}
+
+
+def packed_payload(rank: int, tokens: int, hidden: int, fmt: str):
+    """Random bytes in ``fmt``'s layout: ``x`` as 1-byte fp8 (DeepEP carries it as bytes) and the scales."""
+    row_bytes, scale_cols, scale_dtype = PACKED_FORMATS[fmt](hidden)
+    g = torch.Generator().manual_seed(4321 + rank)
+    x = torch.randint(0, 256, (tokens, row_bytes), dtype=torch.uint8, generator=g)
+    scale_bytes = torch.randint(0, 256, (tokens, scale_cols * 4), dtype=torch.uint8, generator=g)
+    return x, scale_bytes.view(scale_dtype)
+
+
+def packed_worker(rank: int, world: int, outdir: str, tokens: int, hidden: int, num_experts: int, top_k: int,
+                  transport_kind: str = "deepep") -> None:
+    """Dispatch NVFP4 and MXFP8 payloads (DeepEP's normal dispatch on GPUs, or the emulated
+    all-to-all on CPUs, which checks the harness itself); save what arrived."""
+    import torch.distributed as dist
+
+    gpu = transport_kind == "deepep"
+    if gpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
+                            init_method=f"file://{outdir}/rendezvous")
+    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
+    if gpu:
+        import deep_ep
+
+        from moepolicy.reference.transport import DeepEPTransport
+
+        transport = DeepEPTransport(deep_ep.Buffer(dist.group.WORLD, int(2e8), 0), num_experts)
+    else:
+        from moepolicy.reference.transport import GatherTransport
+
+        transport = GatherTransport(None, num_experts)
+    _, topk_idx, topk_w = make_inputs(rank, tokens, hidden, num_experts, top_k, device)
+    results = {}
+    for fmt in PACKED_FORMATS:
+        x, scales = packed_payload(rank, tokens, hidden, fmt)
+        got = transport.dispatch(x.to(device).view(torch.float8_e4m3fn), scales.to(device), topk_idx, topk_w)
+        results[fmt] = {"x": got.x.view(torch.uint8).cpu(), "s": got.scales.cpu(), "src_rank": got.src_rank.cpu(),
+                        "src_token": got.src_token.cpu()}
+    torch.save(results, Path(outdir) / f"packed{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _packed_entry(rank, world, outdir, kwargs):
+    packed_worker(rank, world, outdir, **kwargs)
+
+
+def spawn_packed(world: int, outdir: str, **kwargs) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    os.makedirs(outdir, exist_ok=True)
+    mp.start_processes(_packed_entry, args=(world, outdir, kwargs), nprocs=world, start_method="spawn", join=True)
+    return [torch.load(Path(outdir) / f"packed{r}.pt", weights_only=False) for r in range(world)]

@@ -104,7 +104,8 @@ def _section(plan: Plan, chosen: SmsResult, results: list[SmsResult], kept: "Kep
     provenance = {
         "source": label, "bench": "live" if label == "measured" else "model", "timed_region": region,
         "study": study, "storage": redact_url(options.storage), "chosen_num_sms": kept.num_sms, "why": kept.why,
-        "pareto": pareto_front(results, region), "gpu": target.gpu, "ep_size": target.ep_size,
+        "pareto": pareto_front(results, region), "scan": _scan(results, region), "gpu": target.gpu,
+        "ep_size": target.ep_size,
         "deepep": target.deepep.name, "command": options.command, "date": _now(),
         "protocol": kept.protocol,
     }
@@ -115,6 +116,20 @@ def _section(plan: Plan, chosen: SmsResult, results: list[SmsResult], kept: "Kep
         section["partial"] = {"reason": (f"interrupted: {len(done)} of {len(results)} SM counts started were "
                                          f"searched in every bucket ({', '.join(map(str, done)) or 'none'})")}
     return section
+
+
+def _scan(results: list[SmsResult], region: str) -> list[dict[str, Any]]:
+    """Every (SM count, bucket) the search measured: its best and DeepEP's default (search samples)."""
+    rows = []
+    for r in results:
+        for b in r.buckets:
+            if b.best_measurement is None:
+                continue
+            row = {"num_sms": r.num_sms, "tokens": b.tokens, "best_us": round(b.best_measurement.objective(region), 2)}
+            if b.default_measurement is not None:
+                row["default_us"] = round(b.default_measurement.objective(region), 2)
+            rows.append(row)
+    return rows
 
 
 @dataclass(frozen=True)

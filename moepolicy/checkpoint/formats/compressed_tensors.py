@@ -78,6 +78,12 @@ def _tensor(args: Optional[dict[str, Any]], role: str, path: str) -> TensorQuant
     )
 
 
+def _undescribed(role: str) -> TensorQuant:
+    why = unknown(f"{role} not described in this config group")
+    return TensorQuant(dtype="unknown", granularity="unknown", dynamic="unknown", scale_format="unknown",
+                       origin={"*": why})
+
+
 def read(qc: dict[str, Any], path: str) -> QuantScheme:
     groups_raw = qc.get("config_groups")
     if not isinstance(groups_raw, dict) or not groups_raw:
@@ -89,7 +95,9 @@ def read(qc: dict[str, Any], path: str) -> QuantScheme:
         targets = group.get("targets") or ["Linear"]
         if not isinstance(targets, list):
             raise CheckpointError(f"{path}: config_groups.{name}.targets must be a list")
-        weights = _tensor(group.get("weights"), "weights", path)
+        # a group that describes its activations but not its weights says nothing of the weights:
+        # unknown (the safe order), never unquantized (``weights: null`` says that explicitly)
+        weights = _tensor(group.get("weights"), "weights", path) if "weights" in group else _undescribed("weights")
         acts = _tensor(group.get("input_activations"), "input_activations", path)
         groups.append(TargetGroup(tuple(str(t) for t in targets), weights, acts))
     ignore = qc.get("ignore") or []

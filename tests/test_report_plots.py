@@ -1,0 +1,57 @@
+"""``moepolicy report --plots``: the figures are drawn from what the document records (rendered here,
+headless, and checked as PNG files)."""
+
+import copy
+
+import pytest
+import yaml
+
+from conftest import run_cli
+
+pytest.importorskip("matplotlib", reason="report --plots needs the [plots] extra")
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("report")
+    out = folder / "q.yaml"
+    result = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--storage",
+                     f"sqlite:///{folder}/s.db", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def _is_png(path):
+    data = path.read_bytes()
+    return data.startswith(PNG) and len(data) > 5000
+
+
+def test_a_tuned_policy_draws_its_sm_scan_and_kept_vs_defaults(tuned, tmp_path):
+    result = run_cli("report", str(tuned), "--plots", str(tmp_path / "plots"))
+    assert result.returncode == 0, result.stderr
+    files = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert files == ["kept_vs_default.png", "sms.png"]  # no orders or overlap in a modelled serial tune
+    assert all(_is_png(tmp_path / "plots" / f) for f in files)
+
+
+def test_every_figure_the_document_has_data_for(tuned, tmp_path):
+    from moepolicy.export.plots import draw
+
+    doc = copy.deepcopy(yaml.safe_load(tuned.read_text()))
+    doc["deepep"]["measured_orders"] = [{"tokens": 1024, "quant_then_dispatch_us": 300.0, "dispatch_then_quant_us": 320.0},
+                                        {"tokens": 4096, "quant_then_dispatch_us": 1100.0, "dispatch_then_quant_us": 900.0}]
+    doc["deepep"]["overlap"] = {"comm_sms": 32, "splits_us": {12: 900.0, 20: 850.0, 32: 800.0, 48: 870.0}}
+    written = draw(doc, tmp_path / "all")
+    assert sorted(p.name for p in written) == ["kept_vs_default.png", "orders.png", "overlap.png", "sms.png"]
+    assert all(_is_png(p) for p in written)
+
+
+def test_a_default_policy_has_nothing_to_draw_and_says_so(tmp_path):
+    out = tmp_path / "ds.yaml"
+    assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out)).returncode == 0
+    result = run_cli("report", str(out), "--plots", str(tmp_path / "plots"))
+    assert result.returncode == 0 and "nothing tuned to draw" in result.stderr
+    result = run_cli("report", str(out), "--plots", str(tmp_path / "missing" / "deeper"))
+    assert result.returncode != 0 and "does not exist" in result.stderr and "Traceback" not in result.stderr
