@@ -159,7 +159,7 @@ TritonExperts = type("TritonExperts", (), {})
 DeepGemmExperts = type("DeepGemmExperts", (), {})
 
 
-def forward_context(monkeypatch, instances, tokens_across_dp, experts=TritonExperts):
+def forward_context(monkeypatch, instances, tokens_across_dp, experts=DeepGemmExperts):
     """vLLM's static forward context as the model runner builds it: prefix -> FusedMoE runner."""
     import vllm.forward_context as fc
 
@@ -290,7 +290,7 @@ def test_per_token_fp8_goes_quantized_with_t1_scales_and_is_not_quantized_again(
     install(vllm_env, path, monkeypatch)
     make_manager(vllm_env, monkeypatch, 2, str(folder))
     pf = new_pf(vllm_env)
-    forward_context(monkeypatch, {5: pf}, tokens_across_dp=[64, 64])
+    forward_context(monkeypatch, {5: pf}, tokens_across_dp=[64, 64], experts=TritonExperts)
     a1, received = run_layer(vllm_env, pf, quant_config("token"), tokens=64, hidden=2048)
     x, scales = pf.buffer.dispatched[-1]["x"]  # what DeepEP was handed
     ref_q, ref_s = reference.per_token(a1)
@@ -300,7 +300,7 @@ def test_per_token_fp8_goes_quantized_with_t1_scales_and_is_not_quantized_again(
     assert received[0] is x and torch.equal(received[1], scales)
 
 
-def test_a_layer_whose_experts_cannot_read_per_token_scales_is_left_to_vllm(vllm_env, tmp_path, monkeypatch):
+def test_a_layer_whose_experts_are_not_the_policys_kernel_is_left_to_vllm(vllm_env, tmp_path, monkeypatch, caplog):
     folder = per_token_checkpoint(tmp_path)
     path = policy_file(tmp_path, folder, 2, "--expert-kernel", "triton")
     install(vllm_env, path, monkeypatch)
@@ -310,6 +310,18 @@ def test_a_layer_whose_experts_cannot_read_per_token_scales_is_left_to_vllm(vllm
     run_layer(vllm_env, pf, quant_config("token"), tokens=64, hidden=2048)
     sent = pf.buffer.dispatched[-1]["x"]
     assert isinstance(sent, torch.Tensor) and sent.dtype == torch.bfloat16  # vLLM's own: bf16 on the wire
+    assert any("made for triton experts; vLLM runs DeepGemmExperts" in r.getMessage() for r in caplog.records)
+
+
+def test_experts_that_cannot_read_per_token_scales_get_vllms_path():
+    from moepolicy.export.vllm_actions import TOKEN_FIRST, VLLM, LayerQuant, action_for
+
+    def act(experts):
+        return action_for("quant_then_dispatch", "fp8_e4m3", "token",
+                          LayerQuant(fp8=True, block=False, per_token=True, experts=experts)).kind
+
+    assert act("TritonExperts") == act("CutlassExpertsFp8") == TOKEN_FIRST
+    assert act("DeepGemmExperts") == act("FlashInferExperts") == VLLM  # per-tensor or block readers
 
 
 def test_bf16_on_the_wire_for_a_block_layer_is_quantized_on_receive(vllm_env, tmp_path, monkeypatch):

@@ -17,6 +17,11 @@ from typing import Optional
 # fused_moe.py; cutlass_moe.py CutlassExpertsFp8); per-tensor experts read only row 0's scale
 PER_TOKEN_EXPERTS = frozenset({"TritonExperts", "CutlassExpertsFp8"})
 
+# vLLM 0.33's experts classes and the expert-kernel names of policies/expert_kernels.yaml they run
+VLLM_EXPERTS = {"TritonExperts": ("triton",), "CutlassExpertsFp8": ("cutlass",), "DeepGemmExperts": ("deepgemm",),
+                "BatchedDeepGemmExperts": ("deepgemm",), "TritonOrDeepGemmExperts": ("deepgemm", "triton"),
+                "MarlinExperts": ("marlin",), "FlashInferExperts": ("flashinfer_cutlass",)}
+
 VLLM = "vllm"  # leave the layer to vLLM
 BLOCK_FIRST = "block_first"  # what vLLM does for block fp8
 TOKEN_FIRST = "token_first"  # per-token fp8 + [T, 1] scales before dispatch; no re-quantization on receive
@@ -32,6 +37,7 @@ class LayerQuant:
     per_token: bool  # per_act_token_quant
     experts: str  # the experts class vLLM chose
     defer_input_quant: bool = False
+    policy_kernel: str = ""  # the expert kernel the policy was made for ("" = not checked)
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,9 @@ class Action:
 
 def action_for(order: str, wire_dtype: str, scale_granularity: Optional[str], layer: LayerQuant) -> Action:
     """The plugin's action for a layer whose policy decision is ``order`` with that wire."""
+    mismatch = kernel_mismatch(layer.policy_kernel, layer.experts)
+    if mismatch:
+        return Action(VLLM, mismatch)
     if layer.defer_input_quant:
         return Action(VLLM, "the experts quantize their own input (defer_input_quant): vLLM's path")
     if not layer.fp8:
@@ -64,6 +73,18 @@ def action_for(order: str, wire_dtype: str, scale_granularity: Optional[str], la
     if order in ("dispatch_then_quant", "no_quant") and wire_dtype == "bf16":
         return Action(BF16_THEN_QUANT, "bf16 on the wire, quantized on the receiver as the experts read it")
     return Action(VLLM, f"order {order} is not one the plugin applies on DeepEP high-throughput")
+
+
+def kernel_mismatch(policy_kernel: str, experts: str) -> str:
+    """Why vLLM's experts are not the kernel the policy decided for ("" when they are, or unchecked)."""
+    if not policy_kernel or policy_kernel.startswith("auto") or policy_kernel == "none":
+        return ""
+    runs = VLLM_EXPERTS.get(experts)
+    if runs is None:
+        return f"vLLM's experts {experts} are not a kernel this plugin knows; the policy was made for {policy_kernel}"
+    if policy_kernel not in runs:
+        return f"the policy was made for {policy_kernel} experts; vLLM runs {experts}"
+    return ""
 
 
 def plugin_reach(order: str, wire_dtype: str, scale_granularity: Optional[str]) -> Action:

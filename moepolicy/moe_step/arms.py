@@ -10,10 +10,11 @@ table; ``policy`` is the document as written. Torch-free: only the measurement n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
+from moepolicy.runtime.policy import Bucket, DeepEPSettings
 
 ARM_NAMES = ("policy", "vllm", "deepep-default")
 
@@ -33,25 +34,15 @@ class LayerKind:
 
 
 @dataclass(frozen=True)
-class BucketConfig:
-    max_tokens: Optional[int]
-    dispatch: ChunkConfig
-    combine: ChunkConfig
-
-
-@dataclass(frozen=True)
 class Arm:
     name: str
     label: str
     kinds: tuple[LayerKind, ...]
-    num_sms: int
-    buckets: tuple[BucketConfig, ...]
+    deepep: DeepEPSettings  # the SM count and per-bucket configs the arm runs DeepEP with
 
-    def configs_for(self, tokens: int) -> BucketConfig:
-        for bucket in self.buckets:
-            if bucket.max_tokens is None or tokens <= bucket.max_tokens:
-                return bucket
-        return self.buckets[-1]
+    @property
+    def num_sms(self) -> int:
+        return self.deepep.num_sms
 
 
 def _flat(wire: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -89,14 +80,19 @@ def build_arms(doc) -> tuple[Arm, ...]:
     # the experts consume one format per layer: whichever arm quantizes says which
     consumes = {i: (policy[i][1] if policy[i][1].get("dtype") != "bf16" else vllm[i][1]) for i in policy}
     d, c = default_configs(target.deepep, target.ep_size)
-    table = (BucketConfig(None, d, c),)
-    written = tuple(BucketConfig(b.max_tokens, ChunkConfig(*b.dispatch.as_tuple()), ChunkConfig(*b.combine.as_tuple()))
+
+    def settings(num_sms: int, buckets: tuple[Bucket, ...], source: str) -> DeepEPSettings:
+        return DeepEPSettings(num_sms, doc.deepep.num_nvl_bytes, doc.deepep.num_rdma_bytes, buckets, source)
+
+    table = (Bucket(None, d, c),)
+    written = tuple(Bucket(b.max_tokens, ChunkConfig(*b.dispatch.as_tuple()), ChunkConfig(*b.combine.as_tuple()))
                     for b in doc.deepep.buckets)
+    sms = default_num_sms(target.deepep)
     return (
         Arm("policy", f"the policy ({doc.deepep.num_sms} SMs, its configs)", _kinds(policy, consumes),
-            doc.deepep.num_sms, written),
+            settings(doc.deepep.num_sms, written, doc.deepep.provenance.source)),
         Arm("vllm", f"vLLM's choices ({VLLM_HT_NUM_SMS} SMs, DeepEP's table, the vllm pack's orders)",
-            _kinds(vllm, consumes), VLLM_HT_NUM_SMS, table),
-        Arm("deepep-default", f"the policy's orders with DeepEP's defaults ({default_num_sms(target.deepep)} SMs, "
-            "its table)", _kinds(policy, consumes), default_num_sms(target.deepep), table),
+            _kinds(vllm, consumes), settings(VLLM_HT_NUM_SMS, table, "default")),
+        Arm("deepep-default", f"the policy's orders with DeepEP's defaults ({sms} SMs, its table)",
+            _kinds(policy, consumes), settings(sms, table, "default")),
     )

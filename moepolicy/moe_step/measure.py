@@ -143,7 +143,7 @@ def _transport(arm: Arm, tokens: int, spec: StepSpec, buffer):
 
     from moepolicy.reference.transport import DeepEPTransport
 
-    bucket = arm.configs_for(tokens)
+    bucket = arm.deepep.bucket_for(tokens)
     return DeepEPTransport(buffer, spec.num_experts, deep_ep.Config(arm.num_sms, *bucket.dispatch),
                            deep_ep.Config(arm.num_sms, *bucket.combine))
 
@@ -206,8 +206,8 @@ def _buffer(arms: tuple[Arm, ...], spec: StepSpec, world: int):
 
     from moepolicy.deepep.buffers import ht_buffer_bytes
 
-    nvl = max(ht_buffer_bytes(arm.num_sms, [c for b in arm.buckets for c in (b.dispatch, b.combine)], spec.hidden,
-                              world)[0] for arm in arms)
+    nvl = max(ht_buffer_bytes(arm.num_sms, [c for b in arm.deepep.buckets for c in (b.dispatch, b.combine)],
+                              spec.hidden, world)[0] for arm in arms)
     return deep_ep.Buffer(dist.group.WORLD, nvl, 0)
 
 

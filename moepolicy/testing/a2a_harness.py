@@ -35,6 +35,27 @@ def per_expert_static_scales(num_experts: int) -> torch.Tensor:
     return 0.02 + 0.03 * torch.rand(num_experts, generator=g)
 
 
+def join(rank: int, world: int, outdir: str, transport_kind: str, num_experts: int):
+    """This rank in the group (NCCL and DeepEP's normal kernels, or gloo and the emulated
+    all-to-all) and its transport and device."""
+    import torch.distributed as dist
+
+    gpu = transport_kind == "deepep"
+    if gpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
+                            init_method=f"file://{outdir}/rendezvous")
+    if gpu:
+        import deep_ep
+
+        from moepolicy.reference.transport import DeepEPTransport
+
+        return DeepEPTransport(deep_ep.Buffer(dist.group.WORLD, int(2e8), 0), num_experts), torch.device("cuda", rank)
+    from moepolicy.reference.transport import GatherTransport
+
+    return GatherTransport(None, num_experts), torch.device("cpu")
+
+
 def worker(rank: int, world: int, transport_kind: str, outdir: str, tokens: int = 96,
            hidden: int = 512, num_experts: int = 16, top_k: int = 4, backend: str = "auto") -> None:
     import torch.distributed as dist
@@ -42,23 +63,7 @@ def worker(rank: int, world: int, transport_kind: str, outdir: str, tokens: int 
     from moepolicy.quant.reference import global_static_scale
     from moepolicy.reference.prepare_finalize import PrepareFinalize, QuantSpec
 
-    gpu = transport_kind == "deepep"
-    if gpu:
-        torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
-                            init_method=f"file://{outdir}/rendezvous")
-    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
-    if gpu:
-        import deep_ep
-
-        buffer = deep_ep.Buffer(dist.group.WORLD, int(2e8), 0)
-        from moepolicy.reference.transport import DeepEPTransport
-
-        transport = DeepEPTransport(buffer, num_experts)
-    else:
-        from moepolicy.reference.transport import GatherTransport
-
-        transport = GatherTransport(None, num_experts)
+    transport, device = join(rank, world, outdir, transport_kind, num_experts)
     x, topk_idx, topk_w = make_inputs(rank, tokens, hidden, num_experts, top_k, device)
     static = float(global_static_scale(per_expert_static_scales(num_experts)))
     results = {}
@@ -214,22 +219,7 @@ def packed_worker(rank: int, world: int, outdir: str, tokens: int, hidden: int, 
     all-to-all on CPUs, which checks the harness itself); save what arrived."""
     import torch.distributed as dist
 
-    gpu = transport_kind == "deepep"
-    if gpu:
-        torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
-                            init_method=f"file://{outdir}/rendezvous")
-    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
-    if gpu:
-        import deep_ep
-
-        from moepolicy.reference.transport import DeepEPTransport
-
-        transport = DeepEPTransport(deep_ep.Buffer(dist.group.WORLD, int(2e8), 0), num_experts)
-    else:
-        from moepolicy.reference.transport import GatherTransport
-
-        transport = GatherTransport(None, num_experts)
+    transport, device = join(rank, world, outdir, transport_kind, num_experts)
     _, topk_idx, topk_w = make_inputs(rank, tokens, hidden, num_experts, top_k, device)
     results = {}
     for fmt in PACKED_FORMATS:

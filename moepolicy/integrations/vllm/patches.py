@@ -54,6 +54,7 @@ class PluginState:
     path: str
     strict: bool
     policy: Any = None
+    expert_kernel: str = ""  # the expert kernel the policy was made for (target.expert_kernel)
     applied: dict[int, str] = field(default_factory=dict)  # layer index -> action kind, said once
 
     def start(self, manager, facts: "ServingFacts") -> None:
@@ -71,6 +72,9 @@ class PluginState:
         if policy.deepep.num_nvl_bytes is None:
             say("not applied: the policy has no buffer sizes; vLLM's own DeepEP behaviour is kept")
             return
+        from moepolicy.policy_file import read_policy
+
+        self.expert_kernel = read_policy(self.path).doc.target.expert_kernel
         self.policy = policy
         manager.num_sms = policy.deepep.num_sms
         say(f"applied: {self.path} (EP {facts.ep_size}, {facts.model}): DeepEP num_sms {policy.deepep.num_sms}, "
@@ -125,6 +129,8 @@ def install(path: str, strict: bool = False) -> Optional[PluginState]:
     state = PluginState(path, strict)
     _patch_manager(all2all.DeepEPHTAll2AllManager, state)
     _patch_prepare_finalize(deepep_ht.DeepEPHTPrepareAndFinalize, state)
+    say(f"installed for vLLM {version}: the policy is applied when DeepEP high-throughput starts (low-latency and "
+        "DeepEP v2 are left to vLLM)")
     return state
 
 
@@ -190,14 +196,14 @@ def _kernel_impl(layer):
     return getattr(kernel, "impl", None)
 
 
-def _layer_quant(quant_config, experts: str, defer: bool) -> actions.LayerQuant:
+def _layer_quant(quant_config, experts: str, defer: bool, policy_kernel: str) -> actions.LayerQuant:
     from vllm.platforms import current_platform
 
     static = quant_config.a1_scale is not None  # a static per-tensor input scale: not per-token dynamic
     return actions.LayerQuant(fp8=quant_config.quant_dtype == current_platform.fp8_dtype(),
                               block=bool(quant_config.is_block_quantized),
                               per_token=bool(quant_config.per_act_token_quant) and not static,
-                              experts=experts, defer_input_quant=defer)
+                              experts=experts, defer_input_quant=defer, policy_kernel=policy_kernel)
 
 
 def _patch_prepare_finalize(cls, state: PluginState) -> None:
@@ -219,7 +225,7 @@ def _patch_prepare_finalize(cls, state: PluginState) -> None:
             chosen = state.policy.layer(index).bucket_order(tokens)
             scale = chosen.wire.scale.granularity if chosen.wire.scale else None
             action = actions.action_for(chosen.order, chosen.wire.dtype, scale,
-                                        _layer_quant(quant_config, experts, defer_input_quant))
+                                        _layer_quant(quant_config, experts, defer_input_quant, state.expert_kernel))
             state.note_layer(index, action)
         runs = getattr(self, "_moepolicy_runs", None) or {}
         runs[dbo_current_ubatch_id()] = (action.kind, tokens)
