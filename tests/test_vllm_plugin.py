@@ -393,3 +393,56 @@ def test_the_entry_point_does_nothing_without_the_variable(monkeypatch):
     env = {k: v for k, v in __import__("os").environ.items() if k != "MOEPOLICY_POLICY"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+# ------------------------------------------------------------- the vllm pack against vLLM's own code
+def _vllm_quant_config(facts):
+    """The FusedMoEQuantConfig vLLM 0.33 builds for a layer with these checkpoint facts (fp8 schemes
+    and unquantized activations; None for schemes this test does not build)."""
+    from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG, fp8_w8a8_moe_quant_config
+
+    one = torch.ones(1)
+    if facts["kernel.act_dtype"] == "bf16" or facts["ckpt.act_dtype"] == "none":
+        return FUSED_MOE_UNQUANTIZED_CONFIG
+    if facts["ckpt.act_dtype"] != "fp8_e4m3":
+        return None
+    granularity = facts["ckpt.act_granularity"]
+    if granularity == "group" and facts["ckpt.act_group"] == 128:
+        return fp8_w8a8_moe_quant_config(w1_scale=one, w2_scale=one, block_shape=[128, 128])
+    if granularity == "token":
+        return fp8_w8a8_moe_quant_config(w1_scale=one, w2_scale=one, per_act_token_quant=True)
+    if granularity == "tensor":
+        static = facts["ckpt.act_dynamic"] == "static"
+        return fp8_w8a8_moe_quant_config(w1_scale=one, w2_scale=one, a1_scale=torch.tensor(0.05) if static else None)
+    return None
+
+
+def test_the_vllm_pack_says_what_vllms_own_code_does_for_every_catalog_model(vllm_env, monkeypatch):
+    """vLLM's real prepare_async (no plugin) decides whether the tokens DeepEP is handed are fp8 or bf16;
+    the ``vllm`` pack, replayed on each catalog model's facts, must say the same (h200, EP 8, HT)."""
+    from moepolicy.checkpoint import catalog
+    from moepolicy.checkpoint.reader import read_model
+    from moepolicy.errors import InfeasibleError
+    from moepolicy.planner import build_document, make_plan
+    from moepolicy.rules.packs import pack_stack
+    from moepolicy.target import resolve_target
+
+    checked = []
+    for entry in catalog.entries():
+        target = resolve_target(gpu="h200", ep_size=8, probe=False)
+        try:
+            plan = make_plan(read_model(entry.repo_id, hub=False), target, pack_stack(["vllm"]))
+        except InfeasibleError:
+            continue
+        layer = next(entry_ for entry_ in build_document(plan)["layers"] if entry_["kind"] == "moe")
+        qc = _vllm_quant_config(layer["facts"])
+        if qc is None:
+            continue
+        pf = new_pf(vllm_env)
+        run_layer(vllm_env, pf, qc, tokens=16, hidden=plan.model.hidden_size)
+        sent = pf.buffer.dispatched[-1]["x"]
+        vllm_sends_fp8 = isinstance(sent, tuple) and sent[0].dtype == torch.float8_e4m3fn
+        pack_sends_fp8 = layer["order"] == "quant_then_dispatch"
+        assert vllm_sends_fp8 == pack_sends_fp8, (entry.repo_id, layer["order"], layer["rule"])
+        checked.append(entry.repo_id)
+    assert len(checked) >= 8, checked
