@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_MODELS = ROOT.parent / "shared" / "models"
 
 # Never reach the network from tests: unknown names must fail fast and offline.
 os.environ.setdefault("MOEPOLICY_OFFLINE", "1")
@@ -26,12 +25,6 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, fake_d
     full_env = {**os.environ, "MOEPOLICY_OFFLINE": "1", **(env or {})}
     return subprocess.run(cli_command(*args, fake_deepep=fake_deepep, model_bench_delay=model_bench_delay),
                           capture_output=True, text=True, cwd=cwd, env=full_env, timeout=120)
-
-
-def shared_models() -> list[Path]:
-    if not SHARED_MODELS.is_dir():
-        return []
-    return sorted(p for p in SHARED_MODELS.iterdir() if (p / "config.json").is_file())
 
 
 @pytest.fixture

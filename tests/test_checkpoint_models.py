@@ -1,4 +1,4 @@
-"""Every real checkpoint in ../shared/models reads into the per-layer facts written out here by hand
+"""Every real checkpoint in the package's catalog reads into the per-layer facts written out here by hand
 (from each folder's SOURCE.md), not derived from the code under test."""
 
 
@@ -6,7 +6,9 @@ import pytest
 
 from moepolicy.checkpoint import read_model
 
-from conftest import SHARED_MODELS, shared_models
+from moepolicy._resources import data_dir
+
+CATALOG = data_dir("catalog")
 
 # folder: (entries, moe indices, mtp count, experts, top_k, hidden,
 #          act (dtype, granularity, group, dynamic, scale), weights (dtype, granularity))
@@ -42,18 +44,14 @@ EXPECTED = {
 }
 
 
-def test_every_shared_model_has_an_expectation():
-    folders = {p.name for p in shared_models()}
-    if not folders:
-        pytest.skip(f"no shared models at {SHARED_MODELS}")
+def test_every_catalog_model_has_an_expectation():
+    folders = {p.name for p in CATALOG.iterdir() if (p / "config.json").is_file()}
     assert folders == set(EXPECTED)
 
 
 @pytest.mark.parametrize("folder", sorted(EXPECTED))
-def test_shared_model_facts(folder):
-    path = SHARED_MODELS / folder
-    if not path.is_dir():
-        pytest.skip(f"{path} not present")
+def test_catalog_model_facts(folder):
+    path = CATALOG / folder
     entries, moe_idx, mtp, experts, top_k, hidden, act, weights = EXPECTED[folder]
     facts = read_model(str(path))
     assert len(facts.layers) == entries
@@ -67,13 +65,6 @@ def test_shared_model_facts(folder):
     a = layer.activations
     assert (a.dtype, a.granularity, a.group, a.dynamic, a.scale_format) == act
     assert (layer.weights.dtype, layer.weights.granularity) == weights
-
-
-def test_catalog_copy_matches_shared_folder():
-    """The package's catalog copy normalises to the same facts as the shared folder."""
-    for folder in shared_models():
-        org, name = folder.name.split("__", 1)
-        assert read_model(f"{org}/{name}").sha256() == read_model(str(folder)).sha256()
 
 
 def test_deepseek_fp4_mtp_layer_excluded_by_glob():

@@ -1,4 +1,4 @@
-"""Every model in ../shared/models plans, for --gpu h200 and --gpu b200 at EP 8, to the decisions
+"""Every model in the package's catalog plans, for --gpu h200 and --gpu b200 at EP 8, to the decisions
 written out here per model: {(order, rule): count}, or the infeasibility reason."""
 
 import pytest
@@ -10,7 +10,9 @@ from moepolicy.rules.packs import pack_stack
 from moepolicy.schema.policy import PolicyDoc
 from moepolicy.target import resolve_target
 
-from conftest import SHARED_MODELS
+from moepolicy._resources import data_dir
+
+CATALOG = data_dir("catalog")
 
 QTD_BLOCK = ("quant_then_dispatch", "deepep-ht/block-fp8")
 QTD_UE8M0 = ("quant_then_dispatch", "deepep-ht/block-fp8-ue8m0")
@@ -44,10 +46,8 @@ EXPECTED = {
 
 @pytest.mark.parametrize("gpu", ["h200", "b200"])
 @pytest.mark.parametrize("folder", sorted(EXPECTED))
-def test_plan_every_shared_model(folder, gpu):
-    path = SHARED_MODELS / folder
-    if not path.is_dir():
-        pytest.skip(f"{path} not present")
+def test_plan_every_catalog_model(folder, gpu):
+    path = CATALOG / folder
     expected = EXPECTED[folder][0 if gpu == "h200" else 1]
     facts = read_model(str(path))
     target = resolve_target(gpu=gpu, ep_size=8, probe=False)

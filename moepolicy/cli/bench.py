@@ -76,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     bad = [r for r in routings if r not in ("uniform", "zipf")]
     if bad or not routings:
         raise UsageError(f"--routing takes uniform, zipf or both, got {args.routing!r}")
+    if args.output:
+        from moepolicy.files import write_target
+
+        write_target(args.output)  # before any work: a path that cannot be written is said now
     kind, world, why = _transport(args.transport, doc.target.ep_size)
     world = world or args.ranks
     emulated = kind == "emulated"
@@ -92,7 +96,12 @@ def run(args: argparse.Namespace) -> int:
                     intermediate=32 if emulated else max(doc.model.hidden_size // 3, 128), tokens=tokens,
                     routings=routings, rounds=args.rounds, reps=args.reps or (3 if emulated else 10), transport=kind,
                     regime=doc.deepep.regime)
+    fused = sum(1 for layer in doc.layers if layer.order == "fused")
+    if fused:
+        note(f"{fused} fused layers (the expert kernel does its own communication) are not timed here")
     arms = build_arms(doc)
+    if not arms[0].kinds:
+        raise UsageError(f"{args.policy}: no MoE layer goes through DeepEP's dispatch; nothing to time")
     note(f"bench: {kind} ({why}), {world} ranks; {EMULATED if emulated else WHAT_IT_IS}")
     for arm in arms:
         note(f"  {arm.name}: {arm.label}; " + ", ".join(f"{k.count} layers {k.order}" for k in arm.kinds))

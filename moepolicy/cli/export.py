@@ -10,7 +10,7 @@ from moepolicy.document import atomic_write
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="SGLang --deepep-config JSON, or vLLM flags and environment")
+    p = sub.add_parser("export", help="the vLLM plugin launch, or SGLang's --deepep-config JSON or launch command")
     p.add_argument("policy")
     p.add_argument("--to", required=True, choices=["sglang", "vllm"])
     p.add_argument("--tokens", type=int, help="SGLang takes one config: the bucket for this many tokens per rank (default: the largest)")

@@ -74,9 +74,10 @@ def build_arms(doc) -> tuple[Arm, ...]:
     from moepolicy.target import target_from_doc
 
     target = target_from_doc(doc.target)
-    moe = [layer for layer in doc.layers if layer.kind == "moe"]
+    # a fused layer's communication is the expert kernel's own (DeepGEMM Mega MoE): nothing here times it
+    moe = [layer for layer in doc.layers if layer.kind == "moe" and layer.order != "fused"]
     policy = {layer.index: (layer.order, layer.wire.model_dump(exclude_none=True)) for layer in moe}
-    vllm = _vllm_decisions(doc)
+    vllm = {i: d for i, d in _vllm_decisions(doc).items() if i in policy}
     # the experts consume one format per layer: whichever arm quantizes says which
     consumes = {i: (policy[i][1] if policy[i][1].get("dtype") != "bf16" else vllm[i][1]) for i in policy}
     d, c = default_configs(target.deepep, target.ep_size)

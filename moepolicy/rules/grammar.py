@@ -19,7 +19,7 @@ from moepolicy.errors import RulePackError
 from moepolicy.wire import Scale, Wire
 from moepolicy.rules.vocabulary import VOCABULARY, FactType
 
-ORDERS = ("quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none")
+ORDERS = ("quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none", "fused")
 NUMERICS = ("exact", "approximate")
 WIRE_DTYPES = ("bf16", "fp8_e4m3", "none")
 SCALE_GRANULARITIES = ("block", "token", "tensor")

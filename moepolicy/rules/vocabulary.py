@@ -58,6 +58,7 @@ VOCABULARY: dict[str, FactType] = {
     "kernel.scale_dtype": FactType("enum", ("float32", "ue8m0", "e4m3", "e8m0", "none", "unknown"), "scale dtype the kernel wants"),
     "kernel.scale_layout": FactType("enum", ("row", "col_tma", "swizzled", "none", "unknown"), "scale layout the kernel wants"),
     "kernel.evidence": FactType("enum", ("measured", "code", "inferred", "none"), "how the kernel's mode is known"),
+    "kernel.fuses_communication": FactType("bool", doc="the kernel does dispatch, GEMMs and combine in one (no DeepEP order)"),
     "measured.faster_order": FactType("enum", ("quant_then_dispatch", "dispatch_then_quant", "unmeasured"),
                                       "the order measured faster for this layer's wire on this target (tune, live)"),
 }
@@ -105,5 +106,6 @@ def layer_facts(layer: LayerFacts, target: Any, execution: Execution, faster_ord
         "kernel.scale_dtype": acts.scale_dtype if acts else "unknown",
         "kernel.scale_layout": acts.scale_layout if acts else "unknown",
         "kernel.evidence": mode.evidence if mode else "none",
+        "kernel.fuses_communication": bool(mode and mode.fuses_communication),
         "measured.faster_order": faster_order,
     }

@@ -106,6 +106,8 @@ class KernelMode(_Sheet):
     activations: KernelActivations
     evidence: Evidence
     source: str
+    # the kernel does dispatch, expert GEMMs and combine in one (DeepGEMM Mega MoE): no DeepEP order applies
+    fuses_communication: bool = False
 
 
 class KernelDefault(_Sheet):
