@@ -129,8 +129,3 @@ def deepep_sheet(name: str) -> DeepEPSheet:
         + ", ".join(f"{s.name} ({s.version})" for s in sheets.values()), field="deep_ep_version"
     )
 
-
-def file_sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
