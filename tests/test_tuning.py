@@ -339,3 +339,18 @@ def test_a_trial_killed_before_its_owner_was_recorded_is_failed_not_counted(tmp_
     assert "no worker claimed it" in states[killed.number].user_attrs["reason"]
     assert states[claimed.number].state == optuna.trial.TrialState.RUNNING
     assert _budget_used(study) == 1  # the claimed one only
+
+
+def test_an_interrupt_before_the_first_measurement_writes_nothing_and_says_interrupted(tmp_path):
+    env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
+    args = [*cli_command(model_bench_delay=30.0), *tune_args(tmp_path, study="early", trials=2)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "studies.db").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.5)  # inside the first (30 s) measurement
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "moepolicy: interrupted" and "Traceback" not in err
+    assert not (tmp_path / "p.yaml").exists()

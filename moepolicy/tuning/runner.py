@@ -299,6 +299,8 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
     results, interruption = _search(storage, name, bench, workload, space, sms_list, options, default, region)
     # an SM count whose buckets were not all searched is compared only when nothing else is left
     candidates = [r for r in results if r.complete] or results
+    if interruption is not None and not any(b.best is not None for r in candidates for b in r.buckets):
+        raise interruption  # interrupted before anything was measured: there is nothing to write
     chosen, why = choose_sms(candidates, region, options.max_sms, float(objective.get("pareto_tolerance", 0.05)))
     kept = KeptConfigs(chosen.num_sms, {}, {}, why, {})
     if interruption is None:
