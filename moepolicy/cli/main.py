@@ -67,9 +67,13 @@ def flag_words(exc: MoePolicyError) -> str:
 def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
     """Run one command. ``bench_source`` (a ``tuning.bench_source.BenchSource``) replaces where
     ``tune`` gets its measurements (tests inject fakes here)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _terminate_as_interrupt()
+    _terminate_as_interrupt()  # first: a SIGTERM while the commands load is handled as Ctrl-C is
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM before the command started: nothing to keep
+        print(f"moepolicy: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     from moepolicy.cli._output import SafeStream
 
     saved = sys.stdout, sys.stderr
