@@ -2,14 +2,12 @@
 not claimed (beyond the interval's nominal 2.5 % false-claim rate, and in practice less, as selection
 and report use separate rounds); a real one is; a drift of the machine over the rounds is not a gain."""
 
-import math
-import random
-
 import pytest
 
 from moepolicy.deepep.configs import ChunkConfig
 from moepolicy.errors import TuningError
-from moepolicy.tuning.bench import Bench, Measurement, TunePoint, Workload
+from moepolicy.testing.fakes import NoisyBench
+from moepolicy.tuning.bench import TunePoint, Workload
 from moepolicy.tuning.confirm import MIN_ROUNDS, confirm_bucket, paired_speedup
 
 WORK = Workload(2048, 128, 8, 2, "fp8")
@@ -21,25 +19,6 @@ def point(sms, send, tokens=1024):
 
 DEFAULT, ENGINE = point(24, 24), point(20, 24)
 TOP = [point(24, 28), point(24, 30), point(24, 32)]
-
-
-class NoisyBench(Bench):
-    """True times per point, times log-normal noise of ``sigma``, times a drift that grows with every
-    measurement (the whole machine slowing down), as a shared GPU does."""
-
-    name = "noisy"
-
-    def __init__(self, true_us: dict, sigma: float, seed: int, drift_per_call: float = 0.0):
-        self.true_us, self.sigma, self.drift = true_us, sigma, drift_per_call
-        self.rng, self.calls, self.starts = random.Random(seed), 0, 0
-
-    def restart(self):
-        self.starts += 1
-
-    def measure(self, workload, p):
-        self.calls += 1
-        us = self.true_us[p] * math.exp(self.rng.gauss(0.0, self.sigma)) * (1 + self.drift * self.calls)
-        return Measurement(us, us * 0.8, 100.0, "measured")
 
 
 def times(gain_of_top1: float, base: float = 500.0) -> dict:

@@ -446,3 +446,20 @@ def test_the_vllm_pack_says_what_vllms_own_code_does_for_every_catalog_model(vll
         assert vllm_sends_fp8 == pack_sends_fp8, (entry.repo_id, layer["order"], layer["rule"])
         checked.append(entry.repo_id)
     assert len(checked) >= 8, checked
+
+
+def test_a_deepseek_v3_policy_sends_block_fp8_with_its_configs(vllm_env, tmp_path, monkeypatch):
+    path = policy_file(tmp_path, "DeepSeek-V3", 2)
+    install(vllm_env, path, monkeypatch)
+    manager = make_manager(vllm_env, monkeypatch, 2, "DeepSeek-V3")
+    from moepolicy import load_policy
+
+    policy = load_policy(path, ep_size=2, model="DeepSeek-V3")
+    assert manager.num_sms == policy.deepep.num_sms
+    pf = new_pf(vllm_env)
+    forward_context(monkeypatch, {3: pf}, tokens_across_dp=[40, 40])
+    a1, received = run_layer(vllm_env, pf, quant_config("block"), tokens=40, hidden=7168)
+    (x, scales), config = pf.buffer.dispatched[-1]["x"], pf.buffer.dispatched[-1]["config"]
+    assert x.dtype == torch.float8_e4m3fn and scales.shape == (40, 56) and scales.dtype == torch.float32
+    assert config.chunks == tuple(policy.deepep.bucket_for(40).dispatch)  # the policy's, not vLLM's table
+    assert received[0] is x  # block layers are not quantized again on receive

@@ -34,3 +34,29 @@ class FakeBenchSource(BenchSource):
 
         return LiveBench(choice.ranks, max_buffer_bytes, trial_timeout_s=trial_timeout_s, reps=reps,
                          worker=FakeWorker(self.faults))
+
+
+class NoisyBench(Bench):
+    """Known true times per point, times log-normal noise of ``sigma``, times a drift that grows with
+    every measurement (the whole machine slowing down), as a shared GPU does: the re-measurement
+    protocol is checked against it (``tests/test_confirm.py``, ``scripts/protocol_false_claims.py``)."""
+
+    name = "noisy"
+
+    def __init__(self, true_us: Mapping, sigma: float, seed: int, drift_per_call: float = 0.0):
+        import random
+
+        self.true_us, self.sigma, self.drift = true_us, sigma, drift_per_call
+        self.rng, self.calls, self.starts = random.Random(seed), 0, 0
+
+    def restart(self) -> None:
+        self.starts += 1
+
+    def measure(self, workload, point):
+        import math
+
+        from moepolicy.tuning.bench import Measurement
+
+        self.calls += 1
+        us = self.true_us[point] * math.exp(self.rng.gauss(0.0, self.sigma)) * (1 + self.drift * self.calls)
+        return Measurement(us, us * 0.8, 100.0, "measured")
