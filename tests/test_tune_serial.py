@@ -102,7 +102,9 @@ def test_where_nothing_beats_the_engine_beyond_noise_the_engine_default_is_kept(
     deepep = result.document["deepep"]
     assert deepep["num_sms"] == 20 and "no gain beyond noise" in deepep["provenance"]["why"]
     for bucket in deepep["buckets"]:
-        assert bucket["measured"]["confirm"]["vs_engine"]["rounds"] == 7
+        confirm = bucket["measured"]["confirm"]
+        assert confirm["vs_engine"]["rounds"] == 7 and confirm["kept"] == "engine"
+        assert bucket["dispatch"]["num_max_nvl_chunked_send_tokens"] == 24  # DeepEP's EP2 table
     assert deepep["provenance"]["protocol"]["rounds"] == 7
 
 

@@ -19,7 +19,7 @@ from moepolicy.planner import (
     OrderTiming, Plan, buffer_bytes, build_document, default_deepep_section, with_measurements,
 )
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
-from moepolicy.tuning.confirm import Confirmed, confirm_bucket
+from moepolicy.tuning.confirm import Confirmed, Contender, confirm_bucket
 from moepolicy.tuning import progress
 from moepolicy.tuning.options import TuneOptions
 from moepolicy.tuning.space import Space
@@ -181,6 +181,8 @@ def _keep(bench: Bench, workload: Workload, chosen: SmsResult, why: str, default
         why = (f"no gain beyond noise over the engine's default ({engine_sms} SMs, DeepEP's table) in any bucket: "
                "the engine's default kept")
         points = {t: TunePoint(engine_sms, t, *default) for t in points}
+        confirmed = {t: dataclasses.replace(c, kept=Contender("engine", points[t]),
+                                            selection=f"{c.selection}; {why}") for t, c in confirmed.items()}
         return KeptConfigs(engine_sms, points, confirmed, why, protocol)
     return KeptConfigs(chosen.num_sms, points, confirmed, why, protocol)
 
