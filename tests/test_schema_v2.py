@@ -168,3 +168,15 @@ def test_the_written_file_names_the_new_fields(tmp_path):
     assert raw["deepep"]["schedule"] == "serial" and raw["deepep"]["regime"] == "host"
     assert raw["layers"][3]["combine"] == {"dtype": "bf16"} and "combine" not in raw["layers"][0]
     assert raw["layers"][3]["unmeasured"]["rule"] == "deepep-ht/block-fp8"
+
+
+def test_per_bucket_orders_show_in_validate_explain_and_audit(tmp_path):
+    from conftest import run_cli
+
+    path = write(tmp_path, build_document(with_measurements(ds_plan(), CROSSOVER)))
+    assert run_cli("validate", str(path)).returncode == 0
+    explained = run_cli("explain", str(path), "--layer", "3")
+    assert explained.returncode == 0, explained.stderr
+    assert "dispatch_then_quant" in explained.stdout and "4096" in explained.stdout
+    audited = run_cli("audit", str(path))
+    assert audited.returncode == 0 and "dispatch_then_quant" in audited.stdout
