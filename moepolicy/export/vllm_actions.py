@@ -20,7 +20,9 @@ PER_TOKEN_EXPERTS = frozenset({"TritonExperts", "CutlassExpertsFp8"})
 # vLLM 0.33's experts classes and the expert-kernel names of policies/expert_kernels.yaml they run
 VLLM_EXPERTS = {"TritonExperts": ("triton",), "CutlassExpertsFp8": ("cutlass",), "DeepGemmExperts": ("deepgemm",),
                 "BatchedDeepGemmExperts": ("deepgemm",), "TritonOrDeepGemmExperts": ("deepgemm", "triton"),
-                "MarlinExperts": ("marlin",), "FlashInferExperts": ("flashinfer_cutlass",)}
+                "MarlinExperts": ("marlin",), "FlashInferExperts": ("flashinfer_cutlass",),
+                "FlashInferCuteDSLExperts": ("flashinfer_cutedsl",), "TrtLlmFp8ExpertsModular": ("flashinfer_trtllm",),
+                "TrtLlmNvFp4ExpertsModular": ("flashinfer_trtllm",)}
 
 VLLM = "vllm"  # leave the layer to vLLM
 BLOCK_FIRST = "block_first"  # what vLLM does for block fp8
