@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from moepolicy.measure.shapes import BENCH_MODELS, bench_shape
+from moepolicy.measure.shapes import BENCH_MODELS, bench_shape, least_bytes
 
 
 def rows_per_local_expert(tokens: int, experts: int, top_k: int, ep: int = 2, seed: int = 0) -> list[int]:
@@ -28,14 +28,6 @@ def rows_per_local_expert(tokens: int, experts: int, top_k: int, ep: int = 2, se
     idx = torch.rand(tokens * ep, experts, generator=g).topk(top_k, dim=1).indices.flatten()
     counts = torch.bincount(idx, minlength=experts)
     return [int(n) for n in counts[: experts // ep]]
-
-
-def least_bytes(groups: list[int], hidden: int, out: int) -> int:
-    """The bytes the GEMM must move at least: each operand once. fp8 weights of every expert that got
-    rows and fp8 activations (K = hidden), their float32 block-128 scales, bf16 output."""
-    rows, used = sum(groups), sum(1 for n in groups if n)
-    kb, nb = -(-hidden // 128), -(-out // 128)
-    return used * out * hidden + rows * hidden + 4 * (used * nb * kb + rows * kb) + 2 * rows * out
 
 
 def copy_tbps(timer, gib: int = 4, reps: int = 10) -> float:

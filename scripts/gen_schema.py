@@ -2,20 +2,12 @@
 """Write the policy document's JSON Schema, generated from the Pydantic models, to
 policies/policy.schema.json (shipped with the package; tests/test_schema_file.py keeps it current)."""
 
-import json
 import sys
 from pathlib import Path
 
-from moepolicy.schema.policy import PolicyDoc
+from moepolicy.schema.json_schema import render
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def render() -> str:
-    schema = PolicyDoc.model_json_schema()
-    schema["$id"] = "https://moepolicy/policy.schema.json"
-    schema["title"] = "moepolicy policy document (schema_version 2.x; 1.x documents are valid too)"
-    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 
 
 if __name__ == "__main__":

@@ -25,3 +25,11 @@ def bench_shape(name: str) -> MoeShape:
         raise ValueError(f"unknown shape {name!r}; one of {sorted(BENCH_MODELS)}")
     layer = read_model(BENCH_MODELS[name]).moe_layers[0]
     return MoeShape(layer.hidden_size, layer.num_experts, layer.top_k, layer.moe_intermediate_size)
+
+
+def least_bytes(groups: list[int], hidden: int, out: int) -> int:
+    """The bytes the GEMM must move at least: each operand once. fp8 weights of every expert that got
+    rows and fp8 activations (K = hidden), their float32 block-128 scales, bf16 output."""
+    rows, used = sum(groups), sum(1 for n in groups if n)
+    kb, nb = -(-hidden // 128), -(-out // 128)
+    return used * out * hidden + rows * hidden + 4 * (used * nb * kb + rows * kb) + 2 * rows * out
