@@ -33,7 +33,7 @@ def test_a_real_gain_beyond_the_noise_is_claimed_with_its_interval():
     assert confirmed.kept.name == "top1" and confirmed.kept.point == TOP[0]
     assert confirmed.vs_default.beyond_noise and confirmed.vs_default.low > 1.0
     assert confirmed.vs_default.low < (100 + 500) / (100 + 500 / 1.15) < confirmed.vs_default.high * 1.02
-    assert confirmed.vs_engine.beyond_noise and confirmed.vs_engine.median > confirmed.vs_default.median
+    assert confirmed.vs_engine.beyond_noise and confirmed.vs_engine.speedup > confirmed.vs_default.speedup
     assert bench.starts == 2  # selection and report each in a fresh bench
 
 
@@ -46,7 +46,7 @@ def test_no_gain_is_claimed_where_the_configs_are_equal_under_noise():
             claims += 1
             assert confirmed.vs_default.beyond_noise  # a kept config always carries its claim
         else:
-            assert confirmed.vs_default.median == 1.0 and not confirmed.vs_default.beyond_noise
+            assert confirmed.vs_default.speedup == 1.0 and not confirmed.vs_default.beyond_noise
     assert claims <= 5, claims  # best-of-3 single samples would "win" about 3 times in 4
 
 
@@ -76,7 +76,7 @@ def test_paired_speedup_pairs_rounds_and_bounds_its_interval():
     base = [100.0, 200.0, 150.0, 120.0, 180.0, 90.0, 110.0]
     fast = [b / 1.25 for b in base]  # the same rounds, 1.25x faster each: no spread in the ratio
     ratio = paired_speedup(base, fast)
-    assert ratio.median == pytest.approx(1.25) and ratio.low == pytest.approx(1.25)
+    assert ratio.speedup == pytest.approx(1.25) and ratio.low == pytest.approx(1.25)
     unpaired_spread = max(base) / min(base)
     assert ratio.high / ratio.low < unpaired_spread  # pairing removes the rounds' own drift
     with pytest.raises(ValueError):

@@ -40,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trials", type=int, default=None,
                    help="trials per (SM count, token bucket) study (default 24; 1 on the model bench, whose chunk "
                         "effects are not fitted from measurements, so only DeepEP's default chunks are timed)")
-    p.add_argument("--max-sms", type=int, help="SM budget for communication; without it, the Pareto front")
+    p.add_argument("--max-sms", type=int, help="the most SMs DeepEP may take (default: the bench's range and the GPU)")
     p.add_argument("--sms", help="explicit SM counts to try, e.g. 20,24 (default: the space's grid)")
     p.add_argument("--max-buffer-mb", type=int, default=2048, help="NVLink buffer budget (default 2048)")
     p.add_argument("--tokens", help="token buckets per rank, e.g. 128,1024,4096 (default from tuning/objective.yaml)")
@@ -314,5 +314,5 @@ def render(result) -> None:
 
 def _ratio(speedup) -> str:
     if speedup.low == speedup.high:
-        return f"x{speedup.median:.3f}" + ("" if speedup.beyond_noise else " =")
-    return f"x{speedup.median:.3f} [{speedup.low:.3f}, {speedup.high:.3f}]" + ("" if speedup.beyond_noise else " =")
+        return f"x{speedup.speedup:.3f}" + ("" if speedup.beyond_noise else " =")
+    return f"x{speedup.speedup:.3f} [{speedup.low:.3f}, {speedup.high:.3f}]" + ("" if speedup.beyond_noise else " =")

@@ -41,7 +41,7 @@ class Speedup:
     contender: str
     baseline: str
     rounds: int
-    median: float  # geometric mean of the per-round ratios
+    speedup: float  # geometric mean of the per-round ratios
     low: float  # 95 % bootstrap interval
     high: float
     per_round_min: float
@@ -53,7 +53,7 @@ class Speedup:
 
     def to_doc(self) -> dict:
         return {"contender": self.contender, "baseline": self.baseline, "rounds": self.rounds,
-                "speedup": round(self.median, 4), "ci95": [round(self.low, 4), round(self.high, 4)],
+                "speedup": round(self.speedup, 4), "ci95": [round(self.low, 4), round(self.high, 4)],
                 "per_round": [round(self.per_round_min, 4), round(self.per_round_max, 4)],
                 "beyond_noise": self.beyond_noise}
 
@@ -61,8 +61,8 @@ class Speedup:
         spread = (f"95% CI {self.low:.3f}-{self.high:.3f}, {self.rounds} rounds" if self.rounds > 1
                   else "one round of a noise-free bench")
         if self.beyond_noise:
-            return f"x{self.median:.3f} faster than {self.baseline} ({spread})"
-        return f"no gain beyond noise over {self.baseline} (x{self.median:.3f}, {spread})"
+            return f"x{self.speedup:.3f} faster than {self.baseline} ({spread})"
+        return f"no gain beyond noise over {self.baseline} (x{self.speedup:.3f}, {spread})"
 
 
 def paired_speedup(baseline: Sequence[float], contender: Sequence[float], seed: int = 0,

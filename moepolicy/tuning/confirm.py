@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from moepolicy.errors import TuningError
-from moepolicy.measure.rounds import MIN_ROUNDS, Speedup, paired_speedup
+from moepolicy.measure.rounds import MIN_ROUNDS, Speedup, paired_speedup, rotated_rounds
 from moepolicy.tuning import progress
 from moepolicy.tuning.bench import Bench, TrialFailed, TunePoint, Workload
 
@@ -33,17 +33,23 @@ class Contender:
     point: TunePoint
 
 
-def interleaved(bench: Bench, workload: Workload, contenders: Sequence[Contender], rounds: int,
-                region: str, fresh: bool = True) -> dict[str, list[float]]:
-    """Per-round times of every contender, interleaved, in a fresh bench when ``fresh`` (the bench is
-    closed and started again: new processes, a new Buffer). A failed measurement fails the protocol."""
-    from moepolicy.measure.rounds import rotated_rounds
+def protocol_rounds(bench: Bench, asked: int) -> int:
+    """The rounds the protocol runs: one on a noise-free (modelled) bench, where one says all; else
+    ``asked``, at least :data:`MIN_ROUNDS` (fewer pairs give no 95 % interval)."""
+    if bench.noise_free:
+        return 1
+    if asked < MIN_ROUNDS:
+        raise TuningError(f"confirm_rounds must be at least {MIN_ROUNDS} for a 95% interval, got {asked}",
+                          field="confirm_rounds")
+    return asked
 
-    if rounds < 1:
-        raise TuningError(f"confirm_rounds must be at least 1, got {rounds}", field="confirm_rounds")
+
+def interleaved(bench: Bench, workload: Workload, contenders: Sequence[Contender], rounds: int,
+                region: str) -> dict[str, list[float]]:
+    """Per-round times of every contender, interleaved, in a fresh bench (closed and started again:
+    new processes, a new Buffer). A failed measurement fails the protocol."""
     by_name = {c.name: c.point for c in contenders}
-    if fresh:
-        bench.restart()
+    bench.restart()
 
     def time_once(name: str) -> float:
         value = bench.measure(workload, by_name[name]).objective(region)
@@ -86,7 +92,7 @@ def select(bench: Bench, workload: Workload, top: Sequence[TunePoint], default: 
     best = max(ratios, key=lambda r: r.low)
     if not best.beyond_noise:
         return contenders[0], (f"none of the top {len(ratios)} beat the default beyond noise in the selection "
-                               f"rounds (best {best.contender}: x{best.median:.3f}, CI low {best.low:.3f})")
+                               f"rounds (best {best.contender}: x{best.speedup:.3f}, CI low {best.low:.3f})")
     kept = next(c for c in contenders if c.name == best.contender)
     return kept, f"{best.contender} of the top {len(ratios)} (selection rounds: CI low {best.low:.3f})"
 
@@ -111,11 +117,7 @@ def confirm_bucket(bench: Bench, workload: Workload, top: Sequence[TunePoint], d
     noise there is dropped for the default. Below :data:`MIN_ROUNDS` rounds the protocol refuses,
     except on a noise-free (modelled) bench, where one round says all. Without ``choose_chunks`` (a
     bench whose chunk effects are not fitted) DeepEP's default chunks are kept."""
-    if bench.noise_free:
-        rounds = 1
-    elif rounds < MIN_ROUNDS:
-        raise TuningError(f"confirm_rounds must be at least {MIN_ROUNDS} for a 95% interval, got {rounds}",
-                          field="confirm_rounds")
+    rounds = protocol_rounds(bench, rounds)
     if choose_chunks:
         kept, why = select(bench, workload, top, default, rounds, region, seed)
     else:

@@ -19,7 +19,7 @@ from moepolicy.planner import (
     OrderTiming, Plan, buffer_bytes, build_document, default_deepep_section, with_measurements,
 )
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
-from moepolicy.tuning.confirm import Confirmed, Contender, confirm_bucket
+from moepolicy.tuning.confirm import Confirmed, Contender, confirm_bucket, protocol_rounds
 from moepolicy.tuning import progress
 from moepolicy.tuning.options import TuneOptions
 from moepolicy.tuning.space import Space
@@ -149,18 +149,13 @@ def _keep(bench: Bench, workload: Workload, chosen: SmsResult, why: str, default
     top configs against DeepEP's default chunks, then the pick against the default and the engine's
     default (``engine_sms`` SMs, DeepEP's built-in table), in fresh benches. Where no bucket beats
     the engine's default beyond noise, the engine's default is kept."""
-    from moepolicy.tuning.confirm import MIN_ROUNDS
-
-    rounds = 1 if bench.noise_free else options.confirm_rounds
+    rounds = protocol_rounds(bench, options.confirm_rounds)
     protocol = {"rounds": rounds, "top_k": len(chosen.buckets[0].top) if chosen.buckets else 0,
                 "engine_default": {"num_sms": engine_sms, "configs": "DeepEP's built-in table"},
                 "fresh_bench": bench.restarts_fresh,
                 "claim": "95% bootstrap lower bound of the paired per-round speed-up above 1"}
     if bench.noise_free:
         protocol["note"] = "modelled: the bench has no noise, so one round; the model's own error is not in the interval"
-    elif rounds < MIN_ROUNDS:
-        raise TuningError(f"confirm_rounds must be at least {MIN_ROUNDS} for a 95% interval, got {rounds}",
-                          field="confirm_rounds")
     points, confirmed = {}, {}
     per_bucket = [((len(b.top) + 1) if chunks_fitted else 0) + 3 for b in chosen.buckets if b.best]  # select, report
     progress.phase("re-measure", sum(per_bucket) * rounds)
@@ -303,7 +298,7 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
     candidates = [r for r in results if r.complete] or results
     if interruption is not None and not any(b.best is not None for r in candidates for b in r.buckets):
         raise interruption  # interrupted before anything was measured: there is nothing to write
-    chosen, why = choose_sms(candidates, region, options.max_sms, float(objective.get("pareto_tolerance", 0.05)))
+    chosen, why = choose_sms(candidates, region, options.max_sms)
     kept = KeptConfigs(chosen.num_sms, {}, {}, why, {})
     if interruption is None:
         try:

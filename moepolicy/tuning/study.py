@@ -60,15 +60,6 @@ class SmsResult:
         return sum(b.weight * b.best_measurement.objective(region) for b in done)
 
 
-@dataclass
-class TuneResult:
-    per_sms: list[SmsResult]
-    chosen: SmsResult
-    why: str
-    study_name: str
-    region: str
-
-
 def make_sampler(seed: int):
     """TPE with 3 random start-up trials; constant_liar keeps parallel workers' proposals apart.
     Chosen by replaying samplers over live-measured grids (scripts/sample_efficiency.py)."""
@@ -376,30 +367,19 @@ def _collect(study, bucket: BucketResult, num_sms: int) -> None:
 TOP_K = 3  # configs of each bucket re-measured against the default after the search
 
 
-def choose_sms(results: list[SmsResult], region: str, max_sms: Optional[int], tolerance: float,
-               schedule: str = "serial") -> tuple[SmsResult, str]:
-    """The SM count for DeepEP. Serial schedule (DeepEP, then the experts' GEMM on every SM): the MoE
-    step is comm(SMs) + GEMM(all SMs), so more SMs for DeepEP cost the GEMM nothing and the fastest
-    communication wins, within the SM counts tried (the bench's calibrated range, the buffer budget,
-    ``max_sms``). Otherwise the fewest SMs within ``tolerance`` of the fastest (SMs DeepEP holds are
-    SMs a GEMM beside it loses)."""
+def choose_sms(results: list[SmsResult], region: str, max_sms: Optional[int]) -> tuple[SmsResult, str]:
+    """The SM count for DeepEP in the serial schedule (DeepEP, then the experts' GEMM on every SM):
+    the MoE step is comm(SMs) + GEMM(all SMs), so more SMs for DeepEP cost the GEMM nothing and the
+    fastest communication wins, within the SM counts tried (the bench's calibrated range, the buffer
+    budget, ``max_sms``). The overlapped schedule chooses its split in ``tuning.overlap``."""
     usable = [r for r in results if math.isfinite(r.weighted(region))]
     if not usable:
         raise TuningError("every trial failed: no usable measurement (see the study's FAIL trials)")
     fastest = min(usable, key=lambda r: r.weighted(region))
-    if schedule == "serial":
-        budget = f" within the {max_sms}-SM budget" if max_sms else ""
-        return fastest, (f"serial schedule: the MoE step is DeepEP's time plus the experts' GEMM on every SM, so "
-                         f"the fastest communication{budget} wins: {fastest.num_sms} SMs "
-                         f"({fastest.weighted(region):.1f} us weighted, search samples)")
-    if max_sms:
-        return fastest, (f"fastest measured point within the {max_sms}-SM budget "
-                         f"({fastest.weighted(region):.1f} us weighted)")
-    front = [r for r in usable if r.weighted(region) <= fastest.weighted(region) * (1 + tolerance)]
-    knee = min(front, key=lambda r: r.num_sms)
-    return knee, (f"fewest SMs within {tolerance:.0%} of the fastest ({fastest.num_sms} SMs, "
-                  f"{fastest.weighted(region):.1f} us): {knee.num_sms} SMs at {knee.weighted(region):.1f} us; "
-                  "SMs taken by communication are SMs the expert GEMMs lose")
+    budget = f" within the {max_sms}-SM budget" if max_sms else ""
+    return fastest, (f"serial schedule: the MoE step is DeepEP's time plus the experts' GEMM on every SM, so "
+                     f"the fastest communication{budget} wins: {fastest.num_sms} SMs "
+                     f"({fastest.weighted(region):.1f} us weighted, search samples)")
 
 
 def pareto_front(results: list[SmsResult], region: str) -> list[dict]:
