@@ -179,13 +179,14 @@ def layer_of(instance) -> tuple[Optional[int], str]:
     from vllm.forward_context import get_forward_context, is_forward_context_available
     from vllm.model_executor.models.utils import extract_layer_index
 
+    if not is_forward_context_available():
+        return None, ""  # not cached: the layer table is there once vLLM runs a forward pass
     found: tuple[Optional[int], str] = (None, "")
-    if is_forward_context_available():
-        for prefix, layer in get_forward_context().no_compile_layers.items():
-            impl = _kernel_impl(layer)
-            if impl is not None and getattr(impl, "prepare_finalize", None) is instance:
-                found = (extract_layer_index(prefix), type(impl.fused_experts).__name__)
-                break
+    for prefix, layer in get_forward_context().no_compile_layers.items():
+        impl = _kernel_impl(layer)
+        if impl is not None and getattr(impl, "prepare_finalize", None) is instance:
+            found = (extract_layer_index(prefix), type(impl.fused_experts).__name__)
+            break
     instance._moepolicy_layer = found
     return found
 
@@ -221,8 +222,9 @@ def _patch_prepare_finalize(cls, state: PluginState) -> None:
         tokens = agreed_tokens(a1)
         index, experts = layer_of(self)
         action = actions.Action(actions.VLLM, "the layer is not in vLLM's forward context")
-        if index is not None and state.policy.layer(index).kind == "moe":
-            chosen = state.policy.layer(index).bucket_order(tokens)
+        decision = state.policy.layer(index) if index is not None else None
+        if decision is not None and decision.kind == "moe":
+            chosen = decision.bucket_order(tokens)
             scale = chosen.wire.scale.granularity if chosen.wire.scale else None
             action = actions.action_for(chosen.order, chosen.wire.dtype, scale,
                                         _layer_quant(quant_config, experts, defer_input_quant, state.expert_kernel))
