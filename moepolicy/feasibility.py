@@ -20,10 +20,11 @@ def _pad16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
-def ht_row_problem(limits: DeepEPLimits, layout: str, hidden: int, elem_bytes: int,
+def ht_row_problem(limits: DeepEPLimits, layout: str, hidden: int, elem_bytes: float,
                    num_scales: int, top_k: int, label: str) -> Optional[str]:
-    """Why a row of ``hidden`` elements of ``elem_bytes`` cannot go through HT dispatch, or None."""
-    row = hidden * elem_bytes
+    """Why a row of ``hidden`` elements of ``elem_bytes`` (0.5 for NVFP4) cannot go through HT
+    dispatch, or None."""
+    row = int(hidden * elem_bytes)
     if row % limits.ht_row_bytes_multiple:
         return (f"{label} rows of hidden {hidden} are {row} bytes; DeepEP needs a multiple of "
                 f"{limits.ht_row_bytes_multiple} (deep_ep.cpp:510-511)")
@@ -34,7 +35,7 @@ def ht_row_problem(limits: DeepEPLimits, layout: str, hidden: int, elem_bytes: i
             return (f"{label} rows of hidden {hidden} are {row} bytes; intranode dispatch needs a "
                     f"multiple of {limits.ht_intranode_row_bytes_multiple} (intranode.cu:280-293)")
         if limits.ht_intranode_tma_bytes is not None and row // 2 + 8 > limits.ht_intranode_tma_bytes:
-            cap = (limits.ht_intranode_tma_bytes - 8) * 2 // elem_bytes
+            cap = int((limits.ht_intranode_tma_bytes - 8) * 2 // elem_bytes)
             return (f"{label} intranode dispatch traps above hidden {cap - cap % 16} (TMA staging "
                     f"buffer, intranode.cu:290); hidden is {hidden}")
         return None
@@ -128,19 +129,56 @@ def wire_problem(then: Then, facts: dict[str, Any], target: Target) -> Optional[
                     f"(deep_ep.cpp:1602); hidden is {hidden}")
         return None
     if target.backend != "deepep_ht":
-        entry = target.deepep.capability("ll.dispatch.prequantized", target.layout)
-        if entry is None or not entry.supported:
-            return (f"low-latency dispatch of {target.deepep.name} takes bf16 only; it cannot carry a pre-quantized "
-                    "payload")
-        if hidden % limits.ll_fp8_hidden_multiple:
-            return (f"low-latency fp8 dispatch needs hidden % {limits.ll_fp8_hidden_multiple} == 0; hidden is {hidden}")
+        return _ll_prequantized_problem(then, hidden, target)
+    packed = packed_scales(then, hidden)
+    if isinstance(packed, str):
+        return packed
+    elem_bytes = 0.5 if then.wire.dtype == "nvfp4" else 1
+    label = "nvfp4" if then.wire.dtype == "nvfp4" else "fp8"
+    return ht_row_problem(limits, target.layout, hidden, elem_bytes, packed, top_k, label)
+
+
+def _ll_prequantized_problem(then: Then, hidden: int, target: Target) -> Optional[str]:
+    """Why low-latency dispatch cannot carry this sender-quantized payload, or None."""
+    limits = target.deepep.limits
+    if then.wire.scale is None:
+        # a bare fp8 row travels as bf16 of half the hidden (TensorRT-LLM's FP8 QDQ); the rule's
+        # requires names the capability, this checks the viewed row against the kernels' hidden sizes
+        viewed = hidden // 2
+        if limits.ll_hidden_sizes and viewed not in limits.ll_hidden_sizes:
+            return (f"a bare fp8 row of hidden {hidden} travels as bf16 of hidden {viewed}; low-latency kernels "
+                    f"support hidden sizes {limits.ll_hidden_sizes}")
+        if viewed % limits.ll_hidden_multiple:
+            return (f"a bare fp8 row of hidden {hidden} travels as bf16 of hidden {viewed}; low-latency dispatch "
+                    f"needs a multiple of {limits.ll_hidden_multiple} (deep_ep.cpp:1551)")
         return None
+    entry = target.deepep.capability("ll.dispatch.prequantized", target.layout)
+    if entry is None or not entry.supported:
+        return (f"low-latency dispatch of {target.deepep.name} takes bf16 only; it cannot carry a pre-quantized "
+                "payload with scales")
+    if hidden % limits.ll_fp8_hidden_multiple:
+        return f"low-latency fp8 dispatch needs hidden % {limits.ll_fp8_hidden_multiple} == 0; hidden is {hidden}"
+    packed = packed_scales(then, hidden)
+    return packed if isinstance(packed, str) else None
+
+
+# 1-byte scales DeepEP carries four to a 4-byte pack: UE8M0 (packed UE8M0x4) and NVFP4's E4M3 (viewed as float32)
+_BYTE_SCALES = ("ue8m0", "e4m3")
+
+
+def packed_scales(then: Then, hidden: int):
+    """How many 4-byte scale columns a row of ``hidden`` carries, or why the scales cannot be packed."""
     scale = then.wire.scale
-    num_scales = 0
-    if scale is not None:
-        if scale.granularity == "block":
-            groups = -(-hidden // (scale.group or 128))
-            num_scales = -(-groups // 4) if scale.dtype == "ue8m0" else groups
-        else:
-            num_scales = 1
-    return ht_row_problem(limits, target.layout, hidden, 1, num_scales, top_k, "fp8")
+    if scale is None:
+        return 0
+    if scale.granularity != "block":
+        return 1
+    group = scale.group or 128
+    groups = -(-hidden // group)
+    if scale.dtype not in _BYTE_SCALES:
+        return groups
+    if group < 128 and groups % 4:
+        # vllm 0.33.0 prepare_finalize/deepep_v2.py _pack_mxfp8_scale; TensorRT-LLM views NVFP4's scales as float32
+        return (f"{scale.dtype} scales of 1x{group} blocks travel four to a 4-byte pack, so hidden must be a "
+                f"multiple of {4 * group}; hidden is {hidden}")
+    return -(-groups // 4)

@@ -152,6 +152,10 @@ def buffer_bytes(target: Target, hidden: int, num_experts: int, num_sms: int,
     return ht_buffer_bytes(num_sms, configs, hidden, target.ep_size)
 
 
+# ElasticBuffer's defaults at dd758ca (num_sms 0: get_theoretical_num_sms decides)
+V2_DEFAULTS = {"num_sms": 0, "prefer_overlap_with_compute": True, "allow_multiple_reduction": True}
+
+
 def default_deepep_section(plan: Plan) -> dict[str, Any]:
     target = plan.target
     num_sms = default_num_sms(target.deepep)
@@ -167,7 +171,9 @@ def default_deepep_section(plan: Plan) -> dict[str, Any]:
                  f"bf16 rows of hidden {hidden}"),
     }
     if target.deepep.api == "v2":
-        provenance["note"] = "DeepEP v2 sizes itself and computes SM counts analytically; these legacy fields are unused"
+        provenance["note"] = ("DeepEP v2 sizes its own buffers; deepep.v2 holds its defaults (num_sms 0: its analytical "
+                              "count; ElasticBuffer's prefer_overlap_with_compute and allow_multiple_reduction, "
+                              "deep_ep/buffers/elastic.py:241-242 at dd758ca); the legacy fields are unused")
     elif target.backend == "deepep_ll":
         provenance["note"] = (f"low-latency: RDMA buffer by DeepEP's low-latency size hint for {LL_MAX_TOKENS_DEFAULT} "
                               f"tokens per rank and {experts} experts, hidden {hidden}; its kernels have no chunk settings")
@@ -176,6 +182,8 @@ def default_deepep_section(plan: Plan) -> dict[str, Any]:
         "buckets": [{"max_tokens": None, "dispatch": dispatch.to_doc(), "combine": combine.to_doc()}],
         "provenance": provenance, "schedule": "serial", "regime": "host",
     }
+    if target.deepep.api == "v2":
+        section["v2"] = dict(V2_DEFAULTS)
     if target.backend == "deepep_ll":
         section["low_latency"] = {"num_max_dispatch_tokens_per_rank": LL_MAX_TOKENS_DEFAULT,
                                   "num_qps_per_rank": max(experts // target.ep_size, 1)}

@@ -5,6 +5,7 @@ import json
 import pytest
 import yaml
 
+from moepolicy.schema.policy_rules import SCHEMA_VERSION
 from conftest import run_cli
 
 
@@ -33,7 +34,7 @@ def test_plan_to_stdout_names_target_first():
     for part in ("gpu=h200", "ep_size=8", "backend=deepep_ht", "expert_kernel=deepgemm", "deep_ep=deepep-legacy-29d31c0"):
         assert part in first
     doc = yaml.safe_load(result.stdout)
-    assert doc["schema_version"] == "2.0" and len(doc["layers"]) == 48
+    assert doc["schema_version"] == SCHEMA_VERSION and len(doc["layers"]) == 48
     assert doc["layers"][0]["order"] == "quant_then_dispatch"
     assert doc["deepep"]["provenance"]["source"] == "default"
 

@@ -18,7 +18,7 @@ QTD_BLOCK = ("quant_then_dispatch", "deepep-ht/block-fp8")
 QTD_UE8M0 = ("quant_then_dispatch", "deepep-ht/block-fp8-ue8m0")
 NOQ = ("no_quant", "moe/bf16-activations")
 DENSE = ("none", "dense/none")
-FP4 = ("dispatch_then_quant", "deepep-ht/fp4-int8-activations")
+NVFP4 = ("quant_then_dispatch", "deepep-ht/nvfp4-prequantized")
 
 EXPECTED = {
     "Qwen__Qwen1.5-MoE-A2.7B-Chat-GPTQ-Int4": ("60 experts do not divide over EP size 8",) * 2,
@@ -38,8 +38,8 @@ EXPECTED = {
     "moonshotai__Kimi-K2.5": ({DENSE: 1, NOQ: 60}, {DENSE: 1, NOQ: 60}),
     "nvidia__DeepSeek-V3-0324-FP4": (
         {DENSE: 3, NOQ: 58, ("no_quant", "moe/experts-ignored"): 1},
-        {DENSE: 3, FP4: 58, ("no_quant", "moe/experts-ignored"): 1}),
-    "nvidia__Qwen3-30B-A3B-NVFP4": ({NOQ: 48}, {FP4: 48}),
+        {DENSE: 3, NVFP4: 58, ("no_quant", "moe/experts-ignored"): 1}),
+    "nvidia__Qwen3-30B-A3B-NVFP4": ({NOQ: 48}, {NVFP4: 48}),
     "openai__gpt-oss-120b": ({NOQ: 36}, {NOQ: 36}),
 }
 
@@ -63,3 +63,74 @@ def test_plan_every_catalog_model(folder, gpu):
     assert counts == expected
     doc = build_document(plan)
     PolicyDoc.model_validate(doc)  # what plan writes, the schema accepts
+
+
+# --- every catalog model on every target kind: no layer gets an order its target cannot run -------
+# The check below is written from the capability sheets' entries, not from the rules or feasibility
+# code it guards: which capability an order and wire need, at measured or code evidence.
+TRUSTED = ("measured", "code")
+
+
+def _has(target, cap_id: str) -> bool:
+    entry = target.deepep.capability(cap_id, target.layout)
+    return entry is not None and entry.supported and entry.evidence in TRUSTED
+
+
+def _ht_capability(wire: dict) -> str:
+    scale = wire.get("scale")
+    if wire["dtype"] == "nvfp4":
+        return "ht.dispatch.nvfp4_bytes"
+    if scale is None:
+        return "ht.dispatch.bare_fp8"
+    if scale["granularity"] == "token":
+        return "ht.dispatch.token_scales"
+    if scale["granularity"] == "tensor":
+        return "ht.dispatch.tensor_scale_expand"
+    if scale["dtype"] == "ue8m0":
+        return "ht.dispatch.mxfp8_ue8m0_g32" if scale.get("group") == 32 else "ht.dispatch.ue8m0_int32"
+    return "ht.dispatch.block_scales_f32"
+
+
+def runnable_problem(lp, target) -> str:
+    d, facts = lp.decision, lp.facts
+    if d.order in ("none", "no_quant", "dispatch_then_quant"):
+        return "" if d.wire["dtype"] in ("bf16", "none") else f"{d.order} with wire {d.wire}"
+    if d.order == "fused":
+        return "" if facts["kernel.fuses_communication"] else "fused order for a kernel that does not fuse"
+    if d.wire["dtype"] != facts["kernel.act_dtype"]:
+        return f"wire {d.wire['dtype']} but the kernel reads {facts['kernel.act_dtype']}"
+    if target.arch == "sm80":
+        return "a quantized wire on an sm80 build"
+    ll = target.backend == "deepep_ll"
+    if d.order == "in_kernel_quant":
+        ue8m0 = d.wire["scale"]["dtype"] == "ue8m0"
+        return "" if ll and _has(target, "ll.dispatch.in_kernel_ue8m0" if ue8m0 else "ll.dispatch.in_kernel_fp8") \
+            else "in-kernel quantization the build does not have"
+    if ll and d.wire.get("scale") is None:
+        sizes = target.deepep.limits.ll_hidden_sizes
+        if sizes and lp.layer.hidden_size // 2 not in sizes:
+            return "bare fp8 viewed as bf16 of a hidden the kernels do not take"
+        return "" if _has(target, "ll.dispatch.bytes_as_bf16") else "bare fp8 through low-latency dispatch"
+    if ll and not _has(target, "ll.dispatch.prequantized"):
+        return "a pre-quantized payload through low-latency dispatch that takes bf16 only"
+    cap = _ht_capability(d.wire)
+    return "" if _has(target, cap) else f"needs {cap}"
+
+
+@pytest.mark.parametrize("version", ["29d31c0", "v2-dd758ca"])
+@pytest.mark.parametrize("backend", ["deepep_ht", "deepep_ll"])
+@pytest.mark.parametrize("ep_size", [8, 16])
+@pytest.mark.parametrize("gpu", ["h200", "b200"])
+def test_no_layer_gets_an_order_its_target_cannot_run(gpu, ep_size, backend, version):
+    planned = 0
+    for folder in sorted(EXPECTED):
+        facts = read_model(str(CATALOG / folder))
+        target = resolve_target(gpu=gpu, ep_size=ep_size, backend=backend, deep_ep_version=version, probe=False)
+        try:
+            plan = make_plan(facts, target, pack_stack())
+        except InfeasibleError:
+            continue
+        planned += 1
+        problems = {(lp.layer.index, lp.decision.rule): runnable_problem(lp, target) for lp in plan.layers}
+        assert not {k: v for k, v in problems.items() if v}, folder
+    assert planned >= 5  # most of the catalog plans on every target kind

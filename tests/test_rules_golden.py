@@ -55,6 +55,8 @@ def test_golden(case, tmp_path):
         assert (d.wire.get("scale") or {}).get("dtype") == case["scale"]
     if "numerics" in case:
         assert d.numerics == case["numerics"]
+    for role, level in (case.get("evidence") or {}).items():
+        assert d.evidence_level(role) == level, (role, d.evidence)
     assert d.trace[-1].outcome == "fired" and d.trace[-1].rule == case["rule"]
 
 

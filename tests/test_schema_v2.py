@@ -16,6 +16,7 @@ from moepolicy.planner import OrderTiming, build_document, make_plan, with_measu
 from moepolicy.policy_file import parse_policy, parse_policy_light, read_policy
 from moepolicy.rules.engine import decide
 from moepolicy.rules.packs import pack_stack
+from moepolicy.schema.policy_rules import SCHEMA_VERSION
 from moepolicy.runtime import loader
 from moepolicy.target import resolve_target
 
@@ -63,7 +64,7 @@ def test_no_crossover_means_one_order_and_no_alternatives():
 
 def test_per_bucket_orders_round_trip_through_the_file_validate_and_load(tmp_path):
     doc = build_document(with_measurements(ds_plan(), CROSSOVER))
-    assert doc["schema_version"] == "2.0"
+    assert doc["schema_version"] == SCHEMA_VERSION
     assert doc["deepep"]["measured_orders"][1] == {"tokens": 4096, "quant_then_dispatch_us": 1100.0,
                                                   "dispatch_then_quant_us": 900.0}
     path = write(tmp_path, doc)
@@ -180,3 +181,34 @@ def test_per_bucket_orders_show_in_validate_explain_and_audit(tmp_path):
     assert "dispatch_then_quant" in explained.stdout and "4096" in explained.stdout
     audited = run_cli("audit", str(path))
     assert audited.returncode == 0 and "dispatch_then_quant" in audited.stdout
+
+
+def nvfp4_plan():
+    facts = read_model("nvidia/Qwen3-30B-A3B-NVFP4")
+    return make_plan(facts, resolve_target(gpu="b200", ep_size=8, probe=False), pack_stack())
+
+
+def test_an_nvfp4_wire_round_trips_through_both_readers_and_the_runtime(tmp_path):
+    path = write(tmp_path, build_document(nvfp4_plan()))
+    for parse in (parse_policy, parse_policy_light):
+        read_policy(path, parse=parse, strict=True)
+    layer = load_policy(path, ep_size=8, model="nvidia/Qwen3-30B-A3B-NVFP4", strict=True).layer(0)
+    assert (layer.order, layer.wire.dtype, layer.wire.scale.dtype, layer.wire.scale.group) == (
+        "quant_then_dispatch", "nvfp4", "e4m3", 16)
+
+
+@pytest.mark.parametrize("what", [r"layers\[0\]\.wire\.dtype nvfp4", r"layers\[0\]\.wire\.scale\.dtype e4m3",
+                                  r"deepep\.v2"])
+def test_a_2_0_document_with_a_2_1_value_is_refused_by_both_readers(tmp_path, what):
+    doc = build_document(nvfp4_plan())
+    doc["schema_version"] = "2.0"
+    if "scale" in what:
+        doc["layers"][0]["wire"]["dtype"] = "fp8_e4m3"
+    if "v2" in what:
+        doc["layers"][0]["wire"] = {"dtype": "fp8_e4m3"}
+        doc["deepep"]["v2"] = {"num_sms": 0}
+    doc["key"] = compute_keys(doc)
+    path = write(tmp_path, doc)
+    for parse in (parse_policy, parse_policy_light):
+        with pytest.raises(PolicyError, match=what + r" needs schema_version 2\.1"):
+            read_policy(path, parse=parse)

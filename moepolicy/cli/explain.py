@@ -39,6 +39,8 @@ def render(index: int, facts: dict, decision: Decision, out=None) -> None:
     print(f"  wire: {decision.wire}", file=out)
     print(f"  why: {decision.reason}", file=out)
     print(f"  source: {decision.source}", file=out)
+    for item in decision.evidence:
+        print(f"  evidence: {item.render()}", file=out)
     print("  facts the rules saw:", file=out)
     for name in VOCABULARY:
         if name in facts:

@@ -234,6 +234,11 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench) 
         note(f"no --ep-size and no GPUs to count: assuming one full node, EP {default_ep} "
              "(pass --ep-size to choose)")
     plan = build_plan(args, default_ep=default_ep)
+    if plan.target.deepep.api == "v2":
+        raise UsageError(
+            f"{plan.target.deepep.name}: DeepEP v2 sizes its own buffers and chunks; its settings are num_sms (0 = its "
+            "analytical count) and prefer_overlap_with_compute, which no bench here can time (v2 needs NCCL with "
+            "GIN; unverified here); 'moepolicy plan' writes them as deepep.v2 with DeepEP's defaults")
     try:
         import optuna
     except ImportError:

@@ -61,8 +61,11 @@ def launch(doc: PolicyDoc, model: str, tokens: Optional[int] = None) -> dict[str
     env: dict[str, str] = {}
     if target.deep_ep.api == "v2":
         args += ["--moe-a2a-backend", "deepep_v2", "--deepep-v2-mode", "direct"]
-        notes.append("DeepEP v2: SGLang picks its SM count analytically (SGLANG_DEEPEP_V2_NUM_SMS=0); the policy's "
-                     "DeepEP section is not carried")
+        v2 = doc.deepep.v2
+        env["SGLANG_DEEPEP_V2_NUM_SMS"] = str(v2.num_sms if v2 else 0)  # 0: DeepEP's analytical count
+        if v2 and not (v2.prefer_overlap_with_compute and v2.allow_multiple_reduction):
+            notes.append("DeepEP v2's prefer_overlap_with_compute / allow_multiple_reduction: SGLang 0.5.23 has no "
+                         "setting for them, so they are not carried")
     elif target.backend == "deepep_ll":
         args += ["--moe-a2a-backend", "deepep", "--deepep-mode", "low_latency"]
         notes.append("low-latency mode has no --deepep-config section in SGLang; buffers are SGLang's")
@@ -100,5 +103,10 @@ def _dispatcher_dtype(doc: PolicyDoc) -> tuple[Optional[str], str]:
         return "bf16", ""
     if order == "quant_then_dispatch" and dtype == "fp8_e4m3" and granularity == "block" and group == 128:
         return "fp8", ""
-    return None, (f"{order} with a {granularity or 'static per-tensor'} fp8 wire: SGLang's fp8 normal dispatch "
-                  "quantizes per 128-group, so the dtype is left to SGLang (auto)")
+    if order == "quant_then_dispatch" and dtype == "nvfp4":
+        return "nvfp4", ""  # SGLang quantizes NVFP4 with the checkpoint's input global scale before dispatch
+    if dtype != "fp8_e4m3":
+        return None, f"{order} with an {dtype} wire is not one of SGLang's dispatcher dtypes, so it is left to SGLang (auto)"
+    what = f"1x{group} block" if granularity == "block" else (granularity or "static per-tensor")
+    return None, (f"{order} with a {what} fp8 wire: SGLang's fp8 normal dispatch quantizes per 128-group, so the "
+                  "dtype is left to SGLang (auto)")

@@ -61,15 +61,30 @@ def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
     cannot: list[str] = []
     if target.backend == "deepep_ht" and target.deep_ep.api == "legacy":
         _high_throughput(doc, env, args, applied, cannot)
+    elif target.deep_ep.api == "v2":
+        env.pop("VLLM_DEEPEP_BUFFER_SIZE_MB")  # the v2 manager does not read it
+        _v2(doc, env, cannot)
     else:
         env.pop("VLLM_DEEPEP_BUFFER_SIZE_MB")
-        what = "low-latency" if target.backend == "deepep_ll" else "DeepEP v2"
-        cannot.append(f"{what}: the plugin applies nothing there (vLLM's own path: its in-kernel fp8 and buffer "
+        cannot.append("low-latency: the plugin applies nothing there (vLLM's own path: in-kernel fp8 and its buffer "
                       "sizing); the policy's decisions are information for it")
     if target.ep_size > target.gpus_per_node:
         cannot.append(f"EP {target.ep_size} spans nodes: add vLLM's multi-node flags (--data-parallel-size-local, "
                       "--data-parallel-address) for your cluster")
     return {"package": PLUGIN_PACKAGE, "env": env, "args": args, "applied": applied, "cannot_express": cannot}
+
+
+def _v2(doc: PolicyDoc, env: dict, cannot: list) -> None:
+    """vLLM 0.33's DeepEP v2 settings are environment variables (envs.py); it never passes num_sms."""
+    v2 = doc.deepep.v2
+    if v2 is not None:
+        env["VLLM_DEEPEP_V2_PREFER_OVERLAP"] = "1" if v2.prefer_overlap_with_compute else "0"
+        env["VLLM_DEEPEP_V2_ALLOW_MULTIPLE_REDUCTION"] = "1" if v2.allow_multiple_reduction else "0"
+        if v2.num_sms:
+            cannot.append(f"DeepEP v2 num_sms {v2.num_sms}: vLLM 0.33 never passes num_sms to ElasticBuffer, so "
+                          "DeepEP's analytical count is used (with prefer-overlap off, at least 64)")
+    cannot.append("DeepEP v2: the plugin applies no per-layer order there (vLLM quantizes block fp8 and MXFP8 first, "
+                  "the rest after dispatch); the policy's decisions are information for it")
 
 
 def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, cannot: list) -> None:

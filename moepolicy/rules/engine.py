@@ -43,6 +43,21 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Evidence:
+    """How the decision's path is known, split by role: ``transport`` (DeepEP carries the bytes, one
+    entry per capability the rule requires) and ``consumer`` (an expert kernel on that GPU reads the
+    layout, from the expert-kernel sheet)."""
+
+    role: str  # transport | consumer
+    what: str
+    level: str  # measured | code | inferred
+    source: str = ""
+
+    def render(self) -> str:
+        return f"{self.role} {self.what}: {self.level}" + (f" ({self.source})" if self.source else "")
+
+
+@dataclass(frozen=True)
 class Decision:
     order: str
     wire: dict[str, Any]
@@ -51,6 +66,15 @@ class Decision:
     reason: str
     source: str
     trace: tuple[Step, ...]
+    evidence: tuple[Evidence, ...] = ()
+
+    def evidence_level(self, role: str) -> Optional[str]:
+        """The weakest level among this role's entries (None when the decision has none)."""
+        levels = [e.level for e in self.evidence if e.role == role]
+        for level in ("inferred", "code", "measured"):
+            if level in levels:
+                return level
+        return None
 
 
 def _fmt(value: Any) -> str:
@@ -134,6 +158,21 @@ def capability_block(rule: Rule, sheet: DeepEPSheet, layout: str, allowed: Seque
     return None
 
 
+_QUANTIZED_ON_WIRE = ("quant_then_dispatch", "in_kernel_quant", "fused")
+
+
+def _evidence(rule: Rule, sheet: DeepEPSheet, layout: str, facts: dict[str, Any]) -> tuple[Evidence, ...]:
+    out = []
+    for cap_id in rule.requires:
+        entry = sheet.capability(cap_id, layout)
+        if entry is not None:
+            out.append(Evidence("transport", f"{cap_id} ({layout}, {sheet.name})", entry.evidence, entry.source))
+    if rule.then.order in _QUANTIZED_ON_WIRE and facts.get("kernel.evidence"):
+        what = f"{facts.get('kernel.name')} on {facts.get('target.arch')} reads {facts.get('kernel.act_dtype')}"
+        out.append(Evidence("consumer", what, facts["kernel.evidence"]))
+    return tuple(out)
+
+
 WireCheck = Callable[[Then, dict[str, Any]], Optional[str]]
 
 
@@ -171,7 +210,8 @@ def decide(facts: dict[str, Any], packs: Sequence[RulePack], sheet: DeepEPSheet,
         steps.append(Step(rule.id, rule.pack, rule.priority, "fired", rule.why))
         return Decision(order=rule.then.order, wire=rule.then.wire.as_dict(),
                         numerics=rule.then.numerics, rule=rule.id, reason=rule.why,
-                        source=rule.source, trace=tuple(steps))
+                        source=rule.source, trace=tuple(steps),
+                        evidence=_evidence(rule, sheet, layout, facts))
     raise RulePackError(
         f"no rule decided layer {facts.get('layer.index')}: every pack's rules failed "
         f"({len(steps)} considered); a pack needs a catch-all rule (when: {{all: []}})"

@@ -21,9 +21,9 @@ from moepolicy.rules.vocabulary import VOCABULARY, FactType
 
 ORDERS = ("quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none", "fused")
 NUMERICS = ("exact", "approximate")
-WIRE_DTYPES = ("bf16", "fp8_e4m3", "none")
+WIRE_DTYPES = ("bf16", "fp8_e4m3", "nvfp4", "none")
 SCALE_GRANULARITIES = ("block", "token", "tensor")
-SCALE_DTYPES = ("float32", "ue8m0")
+SCALE_DTYPES = ("float32", "ue8m0", "e4m3")
 SCALE_LAYOUTS = ("row", "stride0")
 
 OPS_BY_KIND: dict[str, tuple[str, ...]] = {

@@ -24,7 +24,7 @@ from moepolicy.rules.engine import evaluate, ordered_rules
 from moepolicy.rules.grammar import All, AnyOf, Cond, Leaf, Not, Rule, RulePack
 from moepolicy.rules.vocabulary import VOCABULARY
 
-MAX_WITNESS_COMBINATIONS = 4096
+MAX_WITNESS_COMBINATIONS = 16384
 _OTHER = "\x00other"  # a string value no rule names
 
 

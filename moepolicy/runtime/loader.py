@@ -15,7 +15,8 @@ from typing import Optional
 from moepolicy.errors import PolicyError
 from moepolicy.wire import Scale, Wire
 from moepolicy.deepep.configs import ChunkConfig
-from moepolicy.runtime.policy import Bucket, BucketOrder, DeepEPSettings, LayerDecision, Policy, SafePolicy
+from moepolicy.runtime.policy import (Bucket, BucketOrder, DeepEPSettings, LayerDecision, Policy, SafePolicy,
+                                      V2Settings)
 
 _WARNED: set[tuple[str, str]] = set()
 _WARN_LOCK = threading.Lock()
@@ -37,7 +38,16 @@ def _settings_from_doc(deepep: dict) -> DeepEPSettings:
     source = deepep["provenance"]["source"]
     return DeepEPSettings(num_sms=deepep["num_sms"], num_nvl_bytes=deepep["num_nvl_bytes"],
                           num_rdma_bytes=deepep["num_rdma_bytes"], buckets=buckets, source=source,
-                          is_default=source == "default", low_latency=dict(deepep.get("low_latency") or {}))
+                          is_default=source == "default", low_latency=dict(deepep.get("low_latency") or {}),
+                          v2=_v2_settings(deepep.get("v2")))
+
+
+def _v2_settings(doc: Optional[dict]) -> Optional[V2Settings]:
+    if not doc:
+        return None
+    return V2Settings(num_sms=doc.get("num_sms", 0),
+                      prefer_overlap_with_compute=doc.get("prefer_overlap_with_compute", True),
+                      allow_multiple_reduction=doc.get("allow_multiple_reduction", True))
 
 
 def default_settings(ep_size: Optional[int], hidden: Optional[int] = None,

@@ -74,6 +74,15 @@ class Bucket:
 
 
 @dataclass(frozen=True)
+class V2Settings:
+    """DeepEP v2 (ElasticBuffer): ``num_sms`` 0 asks for its analytical count."""
+
+    num_sms: int = 0
+    prefer_overlap_with_compute: bool = True
+    allow_multiple_reduction: bool = True
+
+
+@dataclass(frozen=True)
 class DeepEPSettings:
     """One validated ``num_sms``, per-bucket dispatch/combine configs, buffer sizes."""
 
@@ -84,6 +93,7 @@ class DeepEPSettings:
     source: str
     is_default: bool = False
     low_latency: Mapping[str, Any] = field(default_factory=dict)
+    v2: Optional[V2Settings] = None  # only for a DeepEP v2 target
 
     def __post_init__(self) -> None:
         bounds = tuple(b.max_tokens if b.max_tokens is not None else sys.maxsize for b in self.buckets)

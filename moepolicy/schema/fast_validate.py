@@ -152,6 +152,10 @@ def _cross_checks(doc: dict[str, Any]) -> Optional[str]:
     problem = rules.buckets_problem([b["max_tokens"] for b in deepep["buckets"]])
     if problem:
         return f"deepep: {problem}"
+    if isinstance(deepep.get("v2"), dict):
+        problem = rules.v2_num_sms_problem(deepep["v2"].get("num_sms", 0))
+        if problem:
+            return f"deepep.v2.num_sms: {problem}"
     for n, layer in enumerate(doc["layers"]):
         problem = _layer_checks(n, layer)
         if problem:
@@ -175,7 +179,7 @@ def validate(raw: dict[str, Any], source: str) -> dict[str, Any]:
         raise PolicyError(f"{source}: {yaml_path(tuple(err.get('loc', ())))}: {msg}{more}") from None
     except RecursionError:
         raise PolicyError(f"{source}: nested too deeply to be a policy") from None
-    problem = rules.v1_problem(raw)  # before defaults: a 1.x document does not have 2.0's fields
+    problem = rules.version_problem(raw)  # before defaults: a 1.x document does not have 2.0's fields
     problem = f"(top): {problem}" if problem else _cross_checks(doc)
     if problem:
         raise PolicyError(f"{source}: {problem}")

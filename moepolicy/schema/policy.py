@@ -4,7 +4,8 @@ Models allow unknown keys so that a reader can accept a newer minor version; the
 (:func:`unknown_keys`) and warns, or refuses under ``strict``. Schema 2.0 adds per-bucket orders, the
 rules' decision without measured facts, combine precision, the ``fused`` order, the engine schedule
 and timing regime the configs were chosen for, measured order timings and a partial-result marker;
-1.x documents still load (each new field's default is what 1.x meant).
+1.x documents still load (each new field's default is what 1.x meant). Schema 2.1 adds the NVFP4 wire
+(``nvfp4`` with ``e4m3`` scales) and ``deepep.v2``.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ class _Doc(BaseModel):
 class ScaleDoc(_Doc):
     granularity: Literal["block", "token", "tensor"]
     group: Optional[int] = Field(default=None, gt=0)
-    dtype: Literal["float32", "ue8m0"]
+    dtype: Literal["float32", "ue8m0", "e4m3"]  # 2.1: e4m3 (NVFP4's 1x16 block scales)
     layout: Literal["row", "stride0"] = "row"
 
 
 class WireDoc(_Doc):
-    dtype: Literal["bf16", "fp8_e4m3", "none"]
+    dtype: Literal["bf16", "fp8_e4m3", "nvfp4", "none"]  # 2.1: nvfp4
     scale: Optional[ScaleDoc] = None
 
 
@@ -185,6 +186,22 @@ class OrderTimingDoc(_Doc):
     dispatch_then_quant_us: float = Field(gt=0)
 
 
+class DeepEPV2Doc(_Doc):
+    """2.1: DeepEP v2 (ElasticBuffer) settings: its SM count (0 = its analytical count) and two options."""
+
+    num_sms: int = Field(default=0, ge=0, le=1024)
+    prefer_overlap_with_compute: bool = True
+    allow_multiple_reduction: bool = True
+
+    @field_validator("num_sms")
+    @classmethod
+    def _even_or_analytical(cls, value: int) -> int:
+        problem = rules.v2_num_sms_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
 class DeepEPDoc(_Doc):
     num_sms: int = Field(gt=0, le=1024)
     num_nvl_bytes: int = Field(ge=0, le=2**40)
@@ -201,6 +218,7 @@ class DeepEPDoc(_Doc):
     regime: Literal["host", "gpu"] = "host"
     measured_orders: Optional[list[OrderTimingDoc]] = None
     partial: Optional[PartialDoc] = None
+    v2: Optional[DeepEPV2Doc] = None  # 2.1: only for a DeepEP v2 target
 
     @field_validator("num_sms")
     @classmethod
@@ -252,7 +270,7 @@ class PolicyDoc(_Doc):
     @model_validator(mode="before")
     @classmethod
     def _version_fits(cls, data: Any) -> Any:
-        problem = rules.v1_problem(data) if isinstance(data, dict) else None
+        problem = rules.version_problem(data) if isinstance(data, dict) else None
         if problem:
             raise ValueError(problem)
         return data

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"
 READABLE_MAJORS = (1, 2)  # 1.x documents load as they are: every 2.0 field has a default that 1.x meant
 QUANTIZED_ORDERS = ("quant_then_dispatch", "in_kernel_quant")
+# what a quantized order may put on the wire; 2.1 adds NVFP4 (e2m1 packed two per byte, e4m3 1x16 scales)
+QUANTIZED_WIRES = ("fp8_e4m3", "nvfp4")
+# values a 2.0 reader does not know: a document that uses one must say 2.1 or newer
+V21_WIRE_DTYPES = ("nvfp4",)
+V21_SCALE_DTYPES = ("e4m3",)
+V21_DEEPEP_FIELDS = ("v2",)
 BF16_ORDERS = ("dispatch_then_quant", "no_quant")
 # 2.0: the expert kernel does dispatch, GEMMs and combine in one kernel (DeepGEMM Mega MoE): the
 # communication's format is the kernel's, so the wire records it and no separate order applies
@@ -32,8 +38,8 @@ def layer_problem(kind: str, order: str, wire_dtype: str) -> Optional[str]:
         return f"kind {kind} does not go with order {order}"
     if order == FUSED:
         return None
-    if order in QUANTIZED_ORDERS and wire_dtype != "fp8_e4m3":
-        return f"order {order} needs an fp8 wire, got {wire_dtype}"
+    if order in QUANTIZED_ORDERS and wire_dtype not in QUANTIZED_WIRES:
+        return f"order {order} needs a quantized wire ({' or '.join(QUANTIZED_WIRES)}), got {wire_dtype}"
     if order in BF16_ORDERS and wire_dtype != "bf16":
         return f"order {order} sends bf16, got wire {wire_dtype}"
     return None
@@ -49,6 +55,12 @@ def chunk_problem(nvl_s: int, nvl_r: int, rd_s: int, rd_r: int) -> Optional[str]
     if rd_s > rd_r // 2:
         return f"RDMA send chunk {rd_s} must be at most half the receive capacity {rd_r}"
     return None
+
+
+def v2_num_sms_problem(value: int) -> Optional[str]:
+    """DeepEP v2's ``num_sms``: 0 asks for its analytical count; otherwise an even count."""
+    return None if value % 2 == 0 else (
+        f"deepep.v2.num_sms must be 0 (DeepEP's analytical count) or even, got {value}")
 
 
 def num_sms_problem(value: int) -> Optional[str]:
@@ -72,21 +84,62 @@ def buckets_problem(bounds: Sequence[Optional[int]]) -> Optional[str]:
     return None
 
 
-def v1_problem(doc: dict) -> Optional[str]:
-    """A 1.x document that carries a 2.0 field (or order) a 1.x reader would misread."""
-    if not str(doc.get("schema_version", "")).startswith("1."):
-        return None
+def version_problem(doc: dict) -> Optional[str]:
+    """A document that uses a field or value its own ``schema_version`` does not have (a reader of that
+    version would misread or refuse it): a 1.x document with a 2.0 field, a 2.0 document with an NVFP4 wire."""
+    version = str(doc.get("schema_version", ""))
+    if version.startswith("1."):
+        return _v1_problem(doc, version)
+    if version == "2.0":
+        return _v20_problem(doc)
+    return None
+
+
+def _layers(doc: dict):
+    for n, layer in enumerate(doc.get("layers") or ()):
+        if isinstance(layer, dict):
+            yield n, layer
+
+
+def _v1_problem(doc: dict, version: str) -> Optional[str]:
     deepep = doc.get("deepep") if isinstance(doc.get("deepep"), dict) else {}
     for name in V2_DEEPEP_FIELDS:
         if deepep.get(name) is not None:
-            return f"deepep.{name} needs schema_version 2.0 (the document says {doc['schema_version']})"
-    for n, layer in enumerate(doc.get("layers") or ()):
-        if isinstance(layer, dict):
-            for name in V2_LAYER_FIELDS:
-                if layer.get(name) is not None:
-                    return f"layers[{n}].{name} needs schema_version 2.0 (the document says {doc['schema_version']})"
-            if layer.get("order") == FUSED:
-                return f"layers[{n}].order {FUSED} needs schema_version 2.0 (the document says {doc['schema_version']})"
+            return f"deepep.{name} needs schema_version 2.0 (the document says {version})"
+    for n, layer in _layers(doc):
+        for name in V2_LAYER_FIELDS:
+            if layer.get(name) is not None:
+                return f"layers[{n}].{name} needs schema_version 2.0 (the document says {version})"
+        if layer.get("order") == FUSED:
+            return f"layers[{n}].order {FUSED} needs schema_version 2.0 (the document says {version})"
+    return _v20_problem(doc)
+
+
+def _wires(layer: dict):
+    yield "wire", layer.get("wire")
+    for b, entry in enumerate(layer.get("orders") or ()):
+        if isinstance(entry, dict):
+            yield f"orders[{b}].wire", entry.get("wire")
+    if isinstance(layer.get("unmeasured"), dict):
+        yield "unmeasured.wire", layer["unmeasured"].get("wire")
+
+
+def _v20_problem(doc: dict) -> Optional[str]:
+    deepep = doc.get("deepep") if isinstance(doc.get("deepep"), dict) else {}
+    for name in V21_DEEPEP_FIELDS:
+        if deepep.get(name) is not None:
+            return f"deepep.{name} needs schema_version 2.1 (the document says {doc['schema_version']})"
+    for n, layer in _layers(doc):
+        for where, wire in _wires(layer):
+            if not isinstance(wire, dict):
+                continue
+            scale = wire.get("scale") if isinstance(wire.get("scale"), dict) else {}
+            if wire.get("dtype") in V21_WIRE_DTYPES:
+                return (f"layers[{n}].{where}.dtype {wire['dtype']} needs schema_version 2.1 "
+                        f"(the document says {doc['schema_version']})")
+            if scale.get("dtype") in V21_SCALE_DTYPES:
+                return (f"layers[{n}].{where}.scale.dtype {scale['dtype']} needs schema_version 2.1 "
+                        f"(the document says {doc['schema_version']})")
     return None
 
 
