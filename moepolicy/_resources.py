@@ -1,21 +1,21 @@
-"""Where the package's data folders are: inside the installed package, else the source tree."""
+"""Where the package's data lives: ``moepolicy/data/`` (rule packs, data sheets, the policy JSON
+Schema, the tuner's spaces and calibration, the model catalog), shipped inside the package."""
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
-_PKG = Path(__file__).resolve().parent
+DATA = Path(__file__).resolve().parent / "data"
 
 
-@lru_cache(maxsize=None)
 def data_dir(name: str) -> Path:
-    """Return the folder ``name`` (``policies``, ``tuning`` or ``catalog``).
+    """The data folder ``name``: ``rules``, ``sheets``, ``tuning`` or ``catalog``."""
+    path = DATA / name
+    if not path.is_dir():
+        raise FileNotFoundError(f"moepolicy data folder '{name}' is missing from the installation ({path})")
+    return path
 
-    A wheel carries them under ``moepolicy/_data``; a source checkout (editable install, tests run
-    from the tree) has them at the repository's top level.
-    """
-    for candidate in (_PKG / "_data" / name, _PKG.parent / name):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError(f"moepolicy data folder '{name}' is missing from the installation")
+
+def data_file(name: str) -> Path:
+    """A file directly under ``moepolicy/data`` (``policy.schema.json``)."""
+    return DATA / name

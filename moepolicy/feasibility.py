@@ -3,7 +3,7 @@
 Runs before the rules. Where DeepEP would refuse (a host assert) or trap (a device assert, which
 kills the CUDA context), the plan is ``infeasible`` with the reason. The safe fallback (bf16 on the
 wire, bf16 combine) must itself be feasible, since the runtime falls back to it.
-Limits come from the DeepEP capability sheet (``policies/deepep/*.yaml``).
+Limits come from the DeepEP capability sheet (``moepolicy/data/sheets/deepep/*.yaml``).
 """
 
 from __future__ import annotations

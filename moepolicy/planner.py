@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from moepolicy._version import __version__
 from moepolicy.errors import InfeasibleError
-from moepolicy.execution import Execution, execution_for
+from moepolicy.expert_kernel import Execution, execution_for
 from moepolicy.feasibility import model_problems, wire_problem
 from moepolicy.keys import compute_keys
 from moepolicy.rules.engine import Decision, decide
@@ -126,7 +126,7 @@ def _kernel_problems(layers: Sequence[LayerPlan], target: Target) -> list[str]:
         if lp.layer.kind == "moe" and not lp.execution.supported and w.is_known:
             problems.append(
                 f"expert kernel {target.expert_kernel} does not run {w.dtype}/{w.granularity} expert "
-                f"weights on {target.arch} (layer {lp.layer.index}; policies/expert_kernels.yaml)")
+                f"weights on {target.arch} (layer {lp.layer.index}; moepolicy/data/sheets/expert_kernels.yaml)")
     return list(dict.fromkeys(problems))[:1]
 
 

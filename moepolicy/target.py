@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from moepolicy import sheets
+from moepolicy import datasheets
 from moepolicy.deepep.probe import import_features, matching_sheet
 from moepolicy.errors import UsageError
 from moepolicy.schema.capability import DeepEPSheet, GpuProfile
@@ -55,7 +55,7 @@ def visible_gpu() -> tuple[Optional[str], int]:
     if not names:
         return None, 0
     lowered = names[0].lower()
-    for profile in sheets.gpu_sheet().gpus:
+    for profile in datasheets.gpu_sheet().gpus:
         if profile in lowered.replace("nvidia", "").split() or f" {profile}" in lowered:
             return profile, len(names)
     return None, len(names)
@@ -63,27 +63,43 @@ def visible_gpu() -> tuple[Optional[str], int]:
 
 def _deepep_sheet(version: Optional[str], probe: bool) -> tuple[DeepEPSheet, str]:
     if version:
-        return sheets.deepep_sheet(version), "asked for (deep_ep_version)"
+        return datasheets.deepep_sheet(version), "asked for (deep_ep_version)"
     if probe:
         features = import_features()
         if features is not None:
-            sheet = matching_sheet(features, sheets.deepep_sheets())
+            sheet = matching_sheet(features, datasheets.deepep_sheets())
             if sheet is not None:
                 return sheet, "probed from the installed deep_ep"
-            return sheets.deepep_sheet(sheets.NEWEST_SHEET), (
+            return datasheets.deepep_sheet(datasheets.NEWEST_SHEET), (
                 "installed deep_ep matched no sheet; newest sheet used")
-    return sheets.deepep_sheet(sheets.NEWEST_SHEET), "newest sheet (deep_ep not installed)"
+    return datasheets.deepep_sheet(datasheets.NEWEST_SHEET), "newest sheet (deep_ep not installed)"
 
 
-def resolve_target(*, gpu: Optional[str] = None, ep_size: Optional[int] = None,
-                   gpus_per_node: Optional[int] = None, backend: str = "deepep_ht",
-                   expert_kernel: Optional[str] = None, engine: str = "vllm",
-                   deep_ep_version: Optional[str] = None, options: tuple[str, ...] = (),
-                   static_scale: str = "global-max", probe: bool = True,
+@dataclass(frozen=True)
+class TargetSpec:
+    """What a user asks for (CLI flags, or a policy's target section): ``resolve_target`` checks it and
+    fills in the rest (the visible GPU, DeepEP's installed build)."""
+
+    gpu: Optional[str] = None
+    ep_size: Optional[int] = None
+    gpus_per_node: Optional[int] = None
+    backend: str = "deepep_ht"
+    expert_kernel: Optional[str] = None
+    engine: str = "vllm"
+    deep_ep_version: Optional[str] = None
+    options: tuple[str, ...] = ()
+    static_scale: str = "global-max"
+
+
+def resolve_target(spec: TargetSpec = TargetSpec(), *, probe: bool = True,
                    default_ep: Optional[int] = None) -> Target:
+    """The target ``spec`` names, checked (one-line errors naming the field); with ``probe``, the
+    visible GPU and the installed deep_ep fill in what ``spec`` leaves out."""
+    gpu, ep_size, gpus_per_node, backend = spec.gpu, spec.ep_size, spec.gpus_per_node, spec.backend
+    expert_kernel, engine, options, static_scale = spec.expert_kernel, spec.engine, spec.options, spec.static_scale
     detected, count = visible_gpu() if probe and gpu is None else (None, 0)
     gpu_name = (gpu or detected or "h200").lower()
-    profile = sheets.gpu_profile(gpu_name)
+    profile = datasheets.gpu_profile(gpu_name)
     ep = ep_size if ep_size is not None else default_ep
     if ep is None:
         raise UsageError("ep_size is required (no live GPUs to take it from)", field="ep_size")
@@ -101,15 +117,15 @@ def resolve_target(*, gpu: Optional[str] = None, ep_size: Optional[int] = None,
     bad = [o for o in options if o not in OPT_INS]
     if bad:
         raise UsageError(f"options {bad[0]!r} is unknown; known: {', '.join(OPT_INS)}", field="options")
-    if expert_kernel is not None and expert_kernel not in sheets.kernel_sheet().kernels:
+    if expert_kernel is not None and expert_kernel not in datasheets.kernel_sheet().kernels:
         import difflib
 
-        known = list(sheets.kernel_sheet().kernels)
+        known = list(datasheets.kernel_sheet().kernels)
         near = difflib.get_close_matches(expert_kernel, known, n=1)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
         raise UsageError(f"expert_kernel {expert_kernel!r} is unknown{hint}; known: {', '.join(known)}",
                          field="expert_kernel")
-    sheet, evidence = _deepep_sheet(deep_ep_version, probe)
+    sheet, evidence = _deepep_sheet(spec.deep_ep_version, probe)
     return Target(gpu=gpu_name, profile=profile, ep_size=ep, gpus_per_node=per_node,
                   backend=backend, expert_kernel=expert_kernel, engine=engine, deepep=sheet,
                   deepep_evidence=evidence, options=frozenset(options), static_scale=static_scale)
@@ -118,10 +134,9 @@ def resolve_target(*, gpu: Optional[str] = None, ep_size: Optional[int] = None,
 def target_from_doc(target_doc) -> Target:
     """Rebuild the :class:`Target` a policy was planned for (explain's replay)."""
     kernel = target_doc.expert_kernel
-    return resolve_target(
+    return resolve_target(TargetSpec(
         gpu=target_doc.gpu, ep_size=target_doc.ep_size, gpus_per_node=target_doc.gpus_per_node,
         backend=target_doc.backend,
         expert_kernel=None if kernel.startswith("auto") or kernel == "none" else kernel,
         engine=target_doc.engine, deep_ep_version=target_doc.deep_ep.sheet or target_doc.deep_ep.version,
-        options=tuple(target_doc.options), static_scale=target_doc.static_scale, probe=False,
-    )
+        options=tuple(target_doc.options), static_scale=target_doc.static_scale), probe=False)

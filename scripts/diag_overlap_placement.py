@@ -63,7 +63,7 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
 
     from moepolicy.measure import persistent_gemm as pg
     from moepolicy.measure.deepep_ops import DeepEPOps, join_rank, make_workload
-    from moepolicy.measure.overlap import ExpertGemm, GemmShape
+    from moepolicy.measure.overlapped_step import ExpertGemm, GemmShape
     from moepolicy.measure.timing import Timer
 
     device, buffer = join_rank(rank, world, rendezvous, args.nvl_mb * 1024 * 1024)

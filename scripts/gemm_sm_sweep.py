@@ -54,7 +54,7 @@ def main() -> int:
     args = p.parse_args()
     import torch
 
-    from moepolicy.measure.overlap import ConfinedGemm, ExpertGemm, GemmShape
+    from moepolicy.measure.overlapped_step import ConfinedGemm, ExpertGemm, GemmShape
     from moepolicy.measure.timing import Timer
 
     if not torch.cuda.is_available():

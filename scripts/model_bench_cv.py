@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cross-validated error of the model bench's dispatch fit (the calibration in tuning/calibration).
+"""Cross-validated error of the model bench's dispatch fit (the calibration in moepolicy/data/tuning/calibration).
 
 Leave-one-point-out and leave-one-shape-out (a shape = hidden size x wire dtype, all its SM counts):
 refit on the rest with the model bench's own fitting, predict what was left out, report the relative
@@ -18,7 +18,7 @@ import statistics
 
 def main() -> int:
     from moepolicy._resources import data_dir
-    from moepolicy.sheets import read_yaml
+    from moepolicy.datasheets import read_yaml
     from moepolicy.tuning.model_bench import _fit, _row_bytes, destination_ranks
 
     p = argparse.ArgumentParser()

@@ -12,7 +12,7 @@ def main() -> int:
     from moepolicy.deepep.configs import ChunkConfig
     from moepolicy.testing.fakes import NoisyBench
     from moepolicy.tuning.bench import TunePoint, Workload
-    from moepolicy.tuning.confirm import MIN_ROUNDS, confirm_bucket
+    from moepolicy.tuning.confirm import MIN_ROUNDS, ConfirmSettings, confirm_bucket
 
     work = Workload(2048, 128, 8, 2, "fp8")
 
@@ -26,7 +26,7 @@ def main() -> int:
 
     def claims(gain: float, sigma: float, runs: int, drift: float = 0.0) -> int:
         return sum(confirm_bucket(NoisyBench(times(gain), sigma, s, drift), work, top, default, engine,
-                                  MIN_ROUNDS, "full", s).kept.name != "default" for s in range(runs))
+                                  ConfirmSettings(MIN_ROUNDS, "full", s)).kept.name != "default" for s in range(runs))
 
     naive = 0
     for s in range(100):

@@ -31,11 +31,11 @@ def main() -> int:
     import optuna
 
     from moepolicy.deepep.configs import default_configs
-    from moepolicy.sheets import deepep_sheet
+    from moepolicy.datasheets import deepep_sheet
     from moepolicy.tuning.bench import TrialFailed, TunePoint, Workload
     from moepolicy.tuning.live_bench import LiveBench
     from moepolicy.tuning.space import load_space
-    from moepolicy.tuning.study import BucketResult, tune_bucket
+    from moepolicy.tuning.study import BucketResult, SubStudy, tune_bucket
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="tune_compare.json")
@@ -88,8 +88,8 @@ def main() -> int:
         storage = optuna.storages.RDBStorage(f"sqlite:///{shape}-compare.db")
         bucket = BucketResult(args.tokens, 1.0)
         t1 = time.monotonic()
-        tune_bucket(storage, f"{shape}/sms{args.sms}/t{args.tokens}", bench, work, space, args.sms, bucket,
-                    args.trials, default, False, 768, "full", 0)
+        tune_bucket(storage, SubStudy(f"{shape}/sms{args.sms}/t{args.tokens}", args.sms, args.trials, default),
+                    bench, work, space, bucket)
         tune_s = time.monotonic() - t1
         study = optuna.load_study(study_name=f"{shape}/sms{args.sms}/t{args.tokens}", storage=storage)
         done = sorted([t for t in study.trials if t.value is not None and "effective" in t.user_attrs],

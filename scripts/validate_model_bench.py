@@ -23,7 +23,7 @@ def main() -> int:
     from moepolicy.tuning.live_bench import LiveBench
     from moepolicy.tuning.model_bench import ModelBench
     from moepolicy.tuning.space import load_space
-    from moepolicy.tuning.study import BucketResult, tune_bucket
+    from moepolicy.tuning.study import BucketResult, SubStudy, tune_bucket
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="validate_model_bench.json")
@@ -39,8 +39,8 @@ def main() -> int:
     picks = {}
     for name, bench in (("model", ModelBench("h200")), ("live", LiveBench(2, 1 << 30, reps=20))):
         bucket = BucketResult(args.tokens, 1.0)
-        tune_bucket(optuna.storages.InMemoryStorage(), name, bench, work, space, args.sms, bucket, args.trials,
-                    default, False, 768, "full", 0)
+        tune_bucket(optuna.storages.InMemoryStorage(), SubStudy(name, args.sms, args.trials, default), bench, work,
+                    space, bucket)
         bench.close()
         picks[name] = bucket.best
         print(f"{name} bench picks d{bucket.best.dispatch[:2]} c{bucket.best.combine[:2]}", flush=True)

@@ -125,7 +125,7 @@ def test_explain_vocab_lists_every_fact():
 
 
 def test_installed_console_script_carries_its_data(tmp_path):
-    """A plain (non-editable) install ships policies/, tuning/ and catalog/ inside the package."""
+    """A plain (non-editable) install carries moepolicy/data (packs, sheets, tuning data, catalog)."""
     import os
     import shutil
     import subprocess

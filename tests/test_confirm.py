@@ -8,7 +8,7 @@ from moepolicy.deepep.configs import ChunkConfig
 from moepolicy.errors import TuningError
 from moepolicy.testing.fakes import NoisyBench
 from moepolicy.tuning.bench import TunePoint, Workload
-from moepolicy.tuning.confirm import MIN_ROUNDS, confirm_bucket, paired_speedup
+from moepolicy.tuning.confirm import MIN_ROUNDS, ConfirmSettings, confirm_bucket, paired_speedup
 
 WORK = Workload(2048, 128, 8, 2, "fp8")
 
@@ -29,7 +29,7 @@ def times(gain_of_top1: float, base: float = 500.0) -> dict:
 
 def test_a_real_gain_beyond_the_noise_is_claimed_with_its_interval():
     bench = NoisyBench(times(1.15), sigma=0.03, seed=1)
-    confirmed = confirm_bucket(bench, WORK, TOP, DEFAULT, ENGINE, rounds=9, region="full", seed=0)
+    confirmed = confirm_bucket(bench, WORK, TOP, DEFAULT, ENGINE, ConfirmSettings(rounds=9, region="full", seed=0))
     assert confirmed.kept.name == "top1" and confirmed.kept.point == TOP[0]
     assert confirmed.vs_default.beyond_noise and confirmed.vs_default.low > 1.0
     assert confirmed.vs_default.low < (100 + 500) / (100 + 500 / 1.15) < confirmed.vs_default.high * 1.02
@@ -41,7 +41,7 @@ def test_no_gain_is_claimed_where_the_configs_are_equal_under_noise():
     claims = 0
     for seed in range(100):
         bench = NoisyBench(times(1.0), sigma=0.10, seed=seed)
-        confirmed = confirm_bucket(bench, WORK, TOP, DEFAULT, ENGINE, rounds=MIN_ROUNDS, region="full", seed=seed)
+        confirmed = confirm_bucket(bench, WORK, TOP, DEFAULT, ENGINE, ConfirmSettings(rounds=MIN_ROUNDS, region="full", seed=seed))
         if confirmed.kept.name != "default":
             claims += 1
             assert confirmed.vs_default.beyond_noise  # a kept config always carries its claim
@@ -52,24 +52,24 @@ def test_no_gain_is_claimed_where_the_configs_are_equal_under_noise():
 
 def test_a_gain_smaller_than_the_noise_is_not_claimed():
     claims = sum(confirm_bucket(NoisyBench(times(1.01), sigma=0.15, seed=s), WORK, TOP, DEFAULT, ENGINE,
-                                rounds=MIN_ROUNDS, region="full", seed=s).kept.name != "default" for s in range(60))
+                                ConfirmSettings(rounds=MIN_ROUNDS, region="full", seed=s)).kept.name != "default" for s in range(60))
     assert claims <= 4, claims
 
 
 def test_a_machine_slowing_down_over_the_rounds_is_not_a_gain():
     # 0.5 % slower with every call: 40 % slower by the end; interleaving puts it on every config alike
     claims = sum(confirm_bucket(NoisyBench(times(1.0), sigma=0.02, seed=s, drift_per_call=0.005), WORK, TOP,
-                                DEFAULT, ENGINE, rounds=MIN_ROUNDS, region="full", seed=s).kept.name != "default"
+                                DEFAULT, ENGINE, ConfirmSettings(rounds=MIN_ROUNDS, region="full", seed=s)).kept.name != "default"
                  for s in range(30))
     assert claims <= 2, claims
     real = confirm_bucket(NoisyBench(times(1.10), sigma=0.02, seed=3, drift_per_call=0.005), WORK, TOP, DEFAULT,
-                          ENGINE, rounds=MIN_ROUNDS, region="full", seed=3)
+                          ENGINE, ConfirmSettings(rounds=MIN_ROUNDS, region="full", seed=3))
     assert real.kept.name == "top1" and real.vs_default.beyond_noise
 
 
 def test_too_few_rounds_are_refused():
     with pytest.raises(TuningError, match="at least 7"):
-        confirm_bucket(NoisyBench(times(1.2), 0.01, 0), WORK, TOP, DEFAULT, ENGINE, rounds=3, region="full", seed=0)
+        confirm_bucket(NoisyBench(times(1.2), 0.01, 0), WORK, TOP, DEFAULT, ENGINE, ConfirmSettings(rounds=3, region="full", seed=0))
 
 
 def test_paired_speedup_pairs_rounds_and_bounds_its_interval():

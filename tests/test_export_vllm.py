@@ -11,7 +11,7 @@ from moepolicy.errors import InfeasibleError
 from moepolicy.planner import build_document, make_plan
 from moepolicy.rules.packs import pack_stack
 from moepolicy.schema.policy import PolicyDoc
-from moepolicy.target import resolve_target
+from moepolicy.target import TargetSpec, resolve_target
 
 
 @pytest.mark.parametrize("version", ["29d31c0", "v2-dd758ca"])
@@ -24,7 +24,7 @@ def test_the_export_and_the_vllm_pack_agree_on_what_vllm_does(gpu, ep, backend, 
     checked = 0
     for entry in catalog.entries():
         facts = read_model(entry.repo_id, hub=False)
-        target = resolve_target(gpu=gpu, ep_size=ep, backend=backend, deep_ep_version=version, probe=False)
+        target = resolve_target(TargetSpec(gpu=gpu, ep_size=ep, backend=backend, deep_ep_version=version), probe=False)
         try:
             ours = make_plan(facts, target, pack_stack())
             theirs = make_plan(facts, target, pack_stack(["vllm"]))

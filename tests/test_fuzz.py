@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from moepolicy.checkpoint.reader import facts_from_raw
 from moepolicy.checkpoint.source import RawCheckpoint
 from moepolicy.errors import CheckpointError, PolicyError, RulePackError
+from moepolicy._resources import data_dir  # noqa: E402
 
 EXAMPLES = int(os.environ.get("MOEPOLICY_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
@@ -31,7 +32,7 @@ json_values = st.recursive(scalars, lambda children: st.one_of(
 
 def catalog_configs():
     out = []
-    for folder in sorted((ROOT / "catalog").iterdir()):
+    for folder in sorted(data_dir("catalog").iterdir()):
         config = json.loads((folder / "config.json").read_text())
         quant = folder / "hf_quant_config.json"
         out.append((config, json.loads(quant.read_text()) if quant.exists() else None))
@@ -92,7 +93,7 @@ def test_checkpoint_file_bytes(tmp_path_factory, data):
         assert str(path) in str(exc)
 
 
-PACK_TEXT = (ROOT / "policies" / "packs" / "deepep.yaml").read_text()
+PACK_TEXT = (data_dir("rules") / "deepep.yaml").read_text()
 
 
 @st.composite
@@ -142,16 +143,16 @@ def _policy_text():
     """A small but complete policy (DeepSeek-V3's scheme on 5 layers: dense, MoE, MTP) keeps each
     example fast; every section and code path of a real policy is there."""
     from moepolicy.checkpoint.reader import facts_from_raw
-    from moepolicy.document import dumps
+    from moepolicy.policy_yaml import dumps
     from moepolicy.planner import build_document, make_plan
     from moepolicy.rules.packs import pack_stack
-    from moepolicy.target import resolve_target
+    from moepolicy.target import TargetSpec, resolve_target
 
     config, _ = next(c for c in CONFIGS if c[0].get("model_type") == "deepseek_v3" and
                      (c[0].get("quantization_config") or {}).get("quant_method") == "fp8")
     config = {**config, "num_hidden_layers": 4, "first_k_dense_replace": 2}
     raw = RawCheckpoint(name="small", source="fuzz", config=config)
-    plan = make_plan(facts_from_raw(raw), resolve_target(gpu="h200", ep_size=8, probe=False), pack_stack())
+    plan = make_plan(facts_from_raw(raw), resolve_target(TargetSpec(gpu="h200", ep_size=8), probe=False), pack_stack())
     return dumps(build_document(plan))
 
 

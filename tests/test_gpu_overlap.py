@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 def test_overlap_measurement_is_consistent():
     require(2, need_deep_ep=True)
     pytest.importorskip("optuna")
-    from moepolicy.measure.overlap import GemmShape
+    from moepolicy.measure.overlapped_step import GemmShape
     from moepolicy.tuning.bench import TunePoint, Workload
     from moepolicy.tuning.live_bench import LiveBench
 
@@ -38,7 +38,7 @@ def test_overlap_measurement_is_consistent():
     for side in ("comm_first_no_wait_comm_end", "comm_first_no_wait_gemm_end"):  # and without the host wait
         assert r[side]["median_us"] <= r["overlapped_comm_first_no_wait"]["max_us"] + 1e-6
     assert r["comm_no_wait"]["median_us"] > 0
-    from moepolicy.measure.overlap import deepep_waited
+    from moepolicy.measure.overlapped_step import deepep_waited
 
     assert r["deepep_waited_for_gemm"] == deepep_waited(r["comm"]["median_us"], r["overlapped_comm_end"]["median_us"],
                                                         r["overlapped_gemm_end"]["median_us"])
@@ -56,7 +56,7 @@ def test_deepep_runs_beside_a_clustered_gemm():
     pytest.importorskip("optuna")
     import torch
 
-    from moepolicy.measure.overlap import GemmShape
+    from moepolicy.measure.overlapped_step import GemmShape
     from moepolicy.tuning.bench import TunePoint, Workload
     from moepolicy.tuning.live_bench import LiveBench
 
@@ -72,3 +72,32 @@ def test_deepep_runs_beside_a_clustered_gemm():
     assert "2-CTA clusters" in r["gemm_kind"], (r["gemm_kind"], r.get("gemm_fallback"))
     assert not r["deepep_waited_for_gemm"]
     assert r["overlapped_comm_end"]["median_us"] < 0.5 * r["overlapped_gemm_end"]["median_us"]
+
+
+def test_measure_overlap_times_both_sides_on_one_gpu():
+    """The overlapped measurement itself, on one GPU: a memory-bound stand-in for the communication
+    on the current stream beside the experts' GEMM confined to the other SMs."""
+    require(1)
+    import torch
+
+    from moepolicy.measure.overlapped_step import ConfinedGemm, ExpertGemm, GemmShape, measure_overlap
+    from moepolicy.measure.timing import Timer
+
+    device = torch.device("cuda", 0)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    gemm = ConfinedGemm(ExpertGemm(GemmShape(rows=4096, hidden=2048, out=1536), device, [512] * 8), sms - 24)
+    x = torch.ones(64 << 20, device=device)
+
+    def comm():
+        x.mul_(1.0)  # one pass over 256 MiB: a bandwidth-bound kernel on every free SM
+
+    r = measure_overlap(comm, gemm, 5, Timer(device, collective=False), comm_no_wait=comm)
+    for part in ("comm", "comm_no_wait", "gemm", "serial", "overlapped", "overlapped_comm_first",
+                 "overlapped_comm_first_no_wait"):
+        assert 0 < r[part]["min_us"] <= r[part]["median_us"] <= r[part]["max_us"], part
+    assert r["serial"]["median_us"] >= max(r["comm"]["median_us"], r["gemm"]["median_us"])
+    assert r["floor_us"] == max(r["comm"]["median_us"], r["gemm"]["median_us"])
+    for prefix in ("overlapped", "comm_first", "comm_first_no_wait"):
+        name = prefix if prefix == "overlapped" else f"overlapped_{prefix}"
+        assert max(r[f"{prefix}_comm_end"]["median_us"], r[f"{prefix}_gemm_end"]["median_us"]) <= r[name]["max_us"] + 1e-6
+    assert r["timing"].startswith("queued") and isinstance(r["deepep_waited_for_gemm"], bool)

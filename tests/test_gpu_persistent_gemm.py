@@ -45,7 +45,7 @@ def test_expert_gemm_picks_the_persistent_kind_on_sm90():
     require(1)
     import torch
 
-    from moepolicy.measure.overlap import ConfinedGemm, ExpertGemm, GemmShape
+    from moepolicy.measure.overlapped_step import ConfinedGemm, ExpertGemm, GemmShape
 
     if torch.cuda.get_device_capability(0) != (9, 0):
         pytest.skip("the fp8 persistent kernel is checked on SM90 here")
@@ -85,7 +85,7 @@ def test_expert_gemm_picks_a_launch_config_per_sm_count():
     require(1)
     import torch
 
-    from moepolicy.measure.overlap import ConfinedGemm, ExpertGemm, GemmShape
+    from moepolicy.measure.overlapped_step import ConfinedGemm, ExpertGemm, GemmShape
 
     if torch.cuda.get_device_capability(0) != (9, 0):
         pytest.skip("the fp8 persistent kernel is checked on SM90 here")

@@ -11,7 +11,7 @@ from moepolicy.testing.fake_deepep import FakeWorker  # noqa: E402
 from moepolicy.tuning.bench import Workload  # noqa: E402
 from moepolicy.tuning.live_bench import LiveBench  # noqa: E402
 from moepolicy.tuning.space import load_space  # noqa: E402
-from moepolicy.tuning.study import BucketResult, tune_bucket  # noqa: E402
+from moepolicy.tuning.study import BucketResult, SubStudy, tune_bucket  # noqa: E402
 
 DEFAULT = ((24, 256, 6, 132), (10, 256, 6, 132))
 
@@ -24,8 +24,8 @@ def test_faults_become_fail_trials_and_the_group_restarts(monkeypatch):
     bucket = BucketResult(4096, 1.0)
     started = time.monotonic()
     try:
-        tune_bucket(storage, "sup", bench, Workload(7168, 256, 8, 2, "fp8"), load_space(), 24, bucket, 12,
-                    DEFAULT, False, 768, "full", 0)
+        tune_bucket(storage, SubStudy("sup", 24, 12, DEFAULT), bench, Workload(7168, 256, 8, 2, "fp8"), load_space(),
+                    bucket)
     finally:
         bench.close()
     study = optuna.load_study(study_name="sup", storage=storage)

@@ -1,4 +1,4 @@
-"""The overlap search's logic (``moepolicy/tuning/overlap.py``) against a scripted bench: a config's
+"""The overlap search's logic (``moepolicy/tuning/overlap_search.py``) against a scripted bench: a config's
 time is a known function of the split and the send chunks plus scripted noise. The bench is a test
 double for the GPUs, not for the search under test."""
 
@@ -12,7 +12,7 @@ pytest.importorskip("optuna", reason="the joint search uses optuna")
 from moepolicy.tuning.bench import TrialFailed, Workload  # noqa: E402
 from moepolicy.deepep.configs import ChunkConfig  # noqa: E402
 from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS  # noqa: E402
-from moepolicy.tuning.overlap import search_overlap, with_send_chunks  # noqa: E402
+from moepolicy.tuning.overlap_search import OverlapSettings, search_overlap, with_send_chunks  # noqa: E402
 from moepolicy.tuning.overlap_report import OverlapBucketRow, SplitTimes  # noqa: E402
 
 DEFAULT = (ChunkConfig(24, 256, 6, 128), ChunkConfig(10, 256, 6, 128))
@@ -64,8 +64,8 @@ class ScriptedBench:
 
 
 def _search(bench, grid=(12, 16, 24, 32, 48), trials=16, rounds=5, order="gemm-first"):
-    return search_overlap(PLAN, bench, WORK, [(1024, 1.0), (4096, 1.0)], list(grid), DEFAULT, trials=trials,
-                          rounds=rounds, seed=0, order=order)
+    return search_overlap(PLAN, bench, WORK, [(1024, 1.0), (4096, 1.0)], list(grid), DEFAULT,
+                          OverlapSettings(trials=trials, rounds=rounds, seed=0, order=order))
 
 
 def test_finds_the_best_split_and_chunks_jointly():
@@ -164,7 +164,7 @@ def test_the_cli_offers_every_launch_order():
     import argparse
 
     from moepolicy.cli import tune
-    from moepolicy.tuning.overlap import ORDERS
+    from moepolicy.tuning.overlap_search import ORDERS
 
     sub = argparse.ArgumentParser().add_subparsers()
     tune.add_parser(sub)

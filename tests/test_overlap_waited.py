@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("torch", reason="moepolicy.measure needs torch (the CPU build is enough)")
 
-from moepolicy.measure.overlap import deepep_waited  # noqa: E402
+from moepolicy.measure.overlapped_step import deepep_waited  # noqa: E402
 
 
 @pytest.mark.parametrize("comm, comm_end, gemm_end, waited", [

@@ -8,7 +8,7 @@ from moepolicy.planner import build_document, make_plan
 from moepolicy.checkpoint import read_model
 from moepolicy.rules.packs import pack_stack
 from moepolicy.schema.policy import PolicyDoc
-from moepolicy.target import resolve_target
+from moepolicy.target import TargetSpec, resolve_target
 
 from moepolicy._resources import data_dir
 
@@ -50,7 +50,7 @@ def test_plan_every_catalog_model(folder, gpu):
     path = CATALOG / folder
     expected = EXPECTED[folder][0 if gpu == "h200" else 1]
     facts = read_model(str(path))
-    target = resolve_target(gpu=gpu, ep_size=8, probe=False)
+    target = resolve_target(TargetSpec(gpu=gpu, ep_size=8), probe=False)
     if isinstance(expected, str):
         with pytest.raises(InfeasibleError, match=expected):
             make_plan(facts, target, pack_stack())
@@ -125,7 +125,7 @@ def test_no_layer_gets_an_order_its_target_cannot_run(gpu, ep_size, backend, ver
     planned = 0
     for folder in sorted(EXPECTED):
         facts = read_model(str(CATALOG / folder))
-        target = resolve_target(gpu=gpu, ep_size=ep_size, backend=backend, deep_ep_version=version, probe=False)
+        target = resolve_target(TargetSpec(gpu=gpu, ep_size=ep_size, backend=backend, deep_ep_version=version), probe=False)
         try:
             plan = make_plan(facts, target, pack_stack())
         except InfeasibleError:

@@ -11,7 +11,7 @@ from moepolicy.rules.engine import decide
 from moepolicy.rules.grammar import load_pack
 from moepolicy.rules.packs import builtin_pack, known_capabilities, pack_stack
 from moepolicy.rules.vocabulary import VOCABULARY
-from moepolicy.sheets import deepep_sheet
+from moepolicy.datasheets import deepep_sheet
 
 
 def write_pack(tmp_path, body: str):

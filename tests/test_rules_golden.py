@@ -10,7 +10,7 @@ from moepolicy.checkpoint import read_model
 from moepolicy.errors import InfeasibleError
 from moepolicy.planner import OrderTiming, make_plan, with_measurements
 from moepolicy.rules.packs import pack_stack
-from moepolicy.target import resolve_target
+from moepolicy.target import TargetSpec, resolve_target
 
 CASES = yaml.safe_load((Path(__file__).parent / "golden" / "deepep_cases.yaml").read_text())["cases"]
 INLINE_BASE = {"hidden_size": 4096, "num_hidden_layers": 2, "num_experts": 64, "num_experts_per_tok": 8}
@@ -32,7 +32,7 @@ def _model(spec, tmp_path):
 def _target(spec):
     spec = dict(spec)
     options = tuple(spec.pop("options", ()))
-    return resolve_target(probe=False, options=options, **spec)
+    return resolve_target(TargetSpec(options=options, **spec), probe=False)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])

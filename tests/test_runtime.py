@@ -11,18 +11,18 @@ import yaml
 
 from moepolicy import load_policy
 from moepolicy.checkpoint import read_model
-from moepolicy.document import write_document
+from moepolicy.policy_yaml import write_document
 from moepolicy.errors import PolicyError
 from moepolicy.keys import compute_keys
 from moepolicy.planner import build_document, make_plan
 from moepolicy.rules.packs import pack_stack
 from moepolicy.runtime import loader
-from moepolicy.target import resolve_target
+from moepolicy.target import TargetSpec, resolve_target
 
 
 def plan_doc(model="DeepSeek-V3", **target):
     target = {"gpu": "h200", "ep_size": 8, **target}
-    return build_document(make_plan(read_model(model), resolve_target(probe=False, **target), pack_stack()))
+    return build_document(make_plan(read_model(model), resolve_target(TargetSpec(**target), probe=False), pack_stack()))
 
 
 @pytest.fixture
@@ -330,7 +330,7 @@ def test_sglang_export_refuses_low_latency(tmp_path):
     path = tmp_path / "ll.yaml"
     write_document(plan_doc(backend="deepep_ll"), path)
     from moepolicy.export.sglang import export
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_reader import read_policy
 
     with pytest.raises(PolicyError, match="normal \\(high-throughput\\) mode only"):
         export(read_policy(path).doc)
@@ -338,7 +338,7 @@ def test_sglang_export_refuses_low_latency(tmp_path):
 
 def test_vllm_export_buffer_and_plugin_settings(ds_policy):
     from moepolicy.export.vllm import export
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_reader import read_policy
 
     doc = read_policy(ds_policy).doc
     result = export(doc, str(ds_policy))
@@ -355,7 +355,7 @@ def test_vllm_export_buffer_and_plugin_settings(ds_policy):
 
 def test_vllm_export_names_orders_the_plugin_leaves_to_vllm(tmp_path):
     from moepolicy.export.vllm import export
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_reader import read_policy
 
     path = tmp_path / "mix.yaml"
     write_document(plan_doc(model="amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV"), path)
@@ -366,7 +366,7 @@ def test_vllm_export_names_orders_the_plugin_leaves_to_vllm(tmp_path):
 
 def test_vllm_export_refuses_low_latency_hidden(tmp_path):
     from moepolicy.export.vllm import export
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_reader import read_policy
 
     raw = plan_doc(model="DeepSeek-V3", backend="deepep_ll")
     raw["model"]["hidden_size"] = 2880

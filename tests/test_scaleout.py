@@ -7,7 +7,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 
 import pytest
 

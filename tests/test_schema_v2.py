@@ -9,16 +9,16 @@ import yaml
 
 from moepolicy import load_policy
 from moepolicy.checkpoint import read_model
-from moepolicy.document import write_document
+from moepolicy.policy_yaml import write_document
 from moepolicy.errors import PolicyError
 from moepolicy.keys import compute_keys
 from moepolicy.planner import OrderTiming, build_document, make_plan, with_measurements
-from moepolicy.policy_file import parse_policy, parse_policy_light, read_policy
+from moepolicy.policy_reader import parse_policy, parse_policy_light, read_policy
 from moepolicy.rules.engine import decide
 from moepolicy.rules.packs import pack_stack
 from moepolicy.schema.policy_rules import SCHEMA_VERSION
 from moepolicy.runtime import loader
-from moepolicy.target import resolve_target
+from moepolicy.target import TargetSpec, resolve_target
 
 # DeepSeek-V3's shape measured both orders with a crossover: quantizing first wins at 1024 tokens,
 # dispatching bf16 wins at 4096 (the shape of the finding in BENCHMARKS.md); the totals favour bf16
@@ -33,7 +33,7 @@ def fresh_warnings():
 
 
 def ds_plan(ep_size=2):
-    return make_plan(read_model("DeepSeek-V3"), resolve_target(gpu="h200", ep_size=ep_size, probe=False), pack_stack())
+    return make_plan(read_model("DeepSeek-V3"), resolve_target(TargetSpec(gpu="h200", ep_size=ep_size), probe=False), pack_stack())
 
 
 def write(tmp_path: Path, doc: dict, name: str = "p.yaml") -> Path:
@@ -185,7 +185,7 @@ def test_per_bucket_orders_show_in_validate_explain_and_audit(tmp_path):
 
 def nvfp4_plan():
     facts = read_model("nvidia/Qwen3-30B-A3B-NVFP4")
-    return make_plan(facts, resolve_target(gpu="b200", ep_size=8, probe=False), pack_stack())
+    return make_plan(facts, resolve_target(TargetSpec(gpu="b200", ep_size=8), probe=False), pack_stack())
 
 
 def test_an_nvfp4_wire_round_trips_through_both_readers_and_the_runtime(tmp_path):

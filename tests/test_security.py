@@ -20,6 +20,7 @@ from moepolicy.cli._output import SafeStream
 from moepolicy.export.vllm import render_shell
 from moepolicy.redact import redact_command, redact_url
 from moepolicy.text import printable
+from moepolicy._resources import data_dir  # noqa: E402
 
 EXAMPLES = int(os.environ.get("MOEPOLICY_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -122,7 +123,7 @@ def test_a_model_name_reaches_vllm_as_one_word_whatever_it_holds(tmp_path_factor
 def test_a_folder_name_with_shell_syntax_is_quoted_end_to_end(tmp_path):
     folder = tmp_path / "my qwen; touch INJECTED #"
     folder.mkdir()
-    config = yaml.safe_load((Path(__file__).parents[1] / "catalog" / "Qwen__Qwen3-30B-A3B-FP8" / "config.json").read_text())
+    config = yaml.safe_load((data_dir("catalog") / "Qwen__Qwen3-30B-A3B-FP8" / "config.json").read_text())
     config["_name_or_path"] = "x; touch INJECTED2 #"  # an uploader's path is never used as the name
     (folder / "config.json").write_text(json.dumps(config))
     plan = run_cli("plan", "--model", str(folder), "--ep-size", "8", "-o", str(tmp_path / "p.yaml"))

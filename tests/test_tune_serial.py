@@ -15,7 +15,7 @@ from moepolicy.checkpoint.reader import read_model  # noqa: E402
 from moepolicy.deepep.configs import default_configs  # noqa: E402
 from moepolicy.planner import make_plan  # noqa: E402
 from moepolicy.rules.packs import pack_stack  # noqa: E402
-from moepolicy.target import resolve_target  # noqa: E402
+from moepolicy.target import TargetSpec, resolve_target  # noqa: E402
 from moepolicy.tuning.bench import Bench, Measurement, TunePoint  # noqa: E402
 from moepolicy.tuning.model_bench import ModelBench  # noqa: E402
 from moepolicy.tuning.options import TuneOptions  # noqa: E402
@@ -24,7 +24,7 @@ from moepolicy.tuning.space import load_objective, load_space  # noqa: E402
 
 
 def qwen_plan(ep=2):
-    target = resolve_target(gpu="h200", ep_size=ep, probe=False)
+    target = resolve_target(TargetSpec(gpu="h200", ep_size=ep), probe=False)
     return make_plan(read_model("Qwen3-30B-A3B-FP8", hub=False), target, pack_stack())
 
 

@@ -4,7 +4,6 @@ after kill -9, Ctrl-C, atomic output, the model bench, and the bench contract.""
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -17,7 +16,7 @@ from moepolicy.testing.bench_contract import BenchContract  # noqa: E402
 from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload  # noqa: E402
 from moepolicy.tuning.model_bench import ModelBench  # noqa: E402
 from moepolicy.tuning.space import load_space  # noqa: E402
-from moepolicy.tuning.study import BucketResult, tune_bucket  # noqa: E402
+from moepolicy.tuning.study import BucketResult, SubStudy, tune_bucket  # noqa: E402
 
 from conftest import run_cli  # noqa: E402
 
@@ -60,8 +59,7 @@ class CountingBench(Bench):
 def run_bucket(bench, trials, space=None, storage=None, name="s", seed=0):
     storage = storage or optuna.storages.InMemoryStorage()
     bucket = BucketResult(4096, 1.0)
-    tune_bucket(storage, name, bench, WORK, space or load_space(), 24, bucket, trials, DEFAULT, False, 768,
-                "full", seed)
+    tune_bucket(storage, SubStudy(name, 24, trials, DEFAULT, seed=seed), bench, WORK, space or load_space(), bucket)
     return bucket, optuna.load_study(study_name=name, storage=storage)
 
 
@@ -288,7 +286,7 @@ def yaml_load(path):
 
 
 def test_atomic_write_keeps_the_previous_file_on_failure(tmp_path, monkeypatch):
-    from moepolicy import document
+    from moepolicy import policy_yaml as document
     from moepolicy.errors import OutputError
 
     target = tmp_path / "p.yaml"

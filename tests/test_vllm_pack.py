@@ -7,7 +7,7 @@ import pytest
 from moepolicy.checkpoint.reader import read_model
 from moepolicy.planner import make_plan
 from moepolicy.rules.packs import pack_stack
-from moepolicy.target import resolve_target
+from moepolicy.target import TargetSpec, resolve_target
 
 CASES = [
     # (model, target, layer, order, rule)
@@ -23,6 +23,6 @@ CASES = [
 
 @pytest.mark.parametrize("model, target, layer, order, rule", CASES)
 def test_vllm_pack(model, target, layer, order, rule):
-    plan = make_plan(read_model(model, hub=False), resolve_target(probe=False, **target), pack_stack(["vllm"]))
+    plan = make_plan(read_model(model, hub=False), resolve_target(TargetSpec(**target), probe=False), pack_stack(["vllm"]))
     decision = next(lp.decision for lp in plan.layers if lp.layer.index == layer)
     assert (decision.order, decision.rule) == (order, rule)

@@ -23,8 +23,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("vllm", reason="vLLM is installed by .ci/run into its own environment (.venv-vllm)")
 
 from conftest import run_cli  # noqa: E402
+from moepolicy._resources import data_dir  # noqa: E402
 
-CATALOG = Path(__file__).parents[1] / "catalog"
+CATALOG = data_dir("catalog")
 
 
 # ------------------------------------------------------------------------------------- stand-ins
@@ -425,11 +426,11 @@ def test_the_vllm_pack_says_what_vllms_own_code_does_for_every_catalog_model(vll
     from moepolicy.errors import InfeasibleError
     from moepolicy.planner import build_document, make_plan
     from moepolicy.rules.packs import pack_stack
-    from moepolicy.target import resolve_target
+    from moepolicy.target import TargetSpec, resolve_target
 
     checked = []
     for entry in catalog.entries():
-        target = resolve_target(gpu="h200", ep_size=8, probe=False)
+        target = resolve_target(TargetSpec(gpu="h200", ep_size=8), probe=False)
         try:
             plan = make_plan(read_model(entry.repo_id, hub=False), target, pack_stack(["vllm"]))
         except InfeasibleError:

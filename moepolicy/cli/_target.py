@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from moepolicy.target import OPT_INS, Target, resolve_target
+from moepolicy.target import OPT_INS, Target, TargetSpec, resolve_target
 
 
 def add_target_flags(p: argparse.ArgumentParser, ep_required_hint: str = "required") -> None:
@@ -30,8 +30,7 @@ def add_target_flags(p: argparse.ArgumentParser, ep_required_hint: str = "requir
 
 def target_from_args(args: argparse.Namespace, default_ep: Optional[int] = None,
                      probe: bool = True) -> Target:
-    return resolve_target(
+    return resolve_target(TargetSpec(
         gpu=args.gpu, ep_size=args.ep_size, gpus_per_node=args.gpus_per_node, backend=args.backend,
         expert_kernel=args.expert_kernel, engine=args.engine, deep_ep_version=args.deep_ep_version,
-        options=tuple(args.opt_in), static_scale=args.static_scale, probe=probe, default_ep=default_ep,
-    )
+        options=tuple(args.opt_in), static_scale=args.static_scale), probe=probe, default_ep=default_ep)

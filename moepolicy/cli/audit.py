@@ -42,7 +42,7 @@ def packs_for_lint(doc, extra: list[str]) -> tuple[list, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_reader import read_policy
 
     loaded = read_policy(args.policy)
     doc = loaded.doc

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
 
     from moepolicy.moe_step.arms import build_arms
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_reader import read_policy
 
     doc = read_policy(args.policy).doc
     if doc.target.backend != "deepep_ht":
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     rows = comparison(times)
     render(rows, emulated)
     if args.output:
-        from moepolicy.document import atomic_write
+        from moepolicy.policy_yaml import atomic_write
 
         atomic_write(args.output, json.dumps({"what": EMULATED if emulated else WHAT_IT_IS, "transport": kind,
                                               "ranks": world, "policy": args.policy, "spec": spec_doc(spec),

@@ -87,7 +87,7 @@ def measured_lines(doc, layer) -> list[str]:
 
 
 def explain_from_file(path: str, index: int) -> int:
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_reader import read_policy
     from moepolicy.target import target_from_doc
 
     loaded = read_policy(path)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from moepolicy.document import atomic_write
+from moepolicy.policy_yaml import atomic_write
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_reader import read_policy
 
     doc = read_policy(args.policy).doc
     if args.to == "sglang":

@@ -8,7 +8,7 @@ import sys
 from moepolicy.checkpoint import read_model
 from moepolicy.cli._output import note
 from moepolicy.cli._target import add_target_flags, target_from_args
-from moepolicy.document import dumps, write_document
+from moepolicy.policy_yaml import dumps, write_document
 from moepolicy.files import write_target
 from moepolicy.redact import redact_command
 from moepolicy.planner import Plan, build_document, make_plan

@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_reader import read_policy
 
     loaded = read_policy(args.policy)
     try:

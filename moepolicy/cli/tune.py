@@ -1,7 +1,7 @@
 """``moepolicy tune``: plan, then tune DeepEP for the plan's wire formats; write the policy.
 
 Bench: ``live`` (DeepEP on the visible GPUs) when deep_ep imports and CUDA GPUs are visible,
-otherwise ``model`` (a cost model fitted to measurements shipped in tuning/calibration); it says
+otherwise ``model`` (a cost model fitted to measurements shipped in moepolicy/data/tuning/calibration); it says
 which first. Outside the model's measured envelope the policy keeps DeepEP's defaults, labelled
 ``extrapolated``. The policy is written atomically, also on Ctrl-C with what was found so far.
 """
@@ -16,7 +16,7 @@ from typing import Optional
 from moepolicy.cli._deepep_summary import overlap_lines
 from moepolicy.cli._output import note, progress_to_stderr, table
 from moepolicy.cli._target import add_target_flags
-from moepolicy.document import dumps, write_document
+from moepolicy.policy_yaml import dumps, write_document
 from moepolicy.files import write_target
 from moepolicy.errors import MoePolicyError, TuningError, UsageError
 from moepolicy.tuning.bench_source import BenchChoice, BenchSource
@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-sms", type=int, help="the most SMs DeepEP may take (default: the bench's range and the GPU)")
     p.add_argument("--sms", help="explicit SM counts to try, e.g. 20,24 (default: the space's grid)")
     p.add_argument("--max-buffer-mb", type=int, default=2048, help="NVLink buffer budget (default 2048)")
-    p.add_argument("--tokens", help="token buckets per rank, e.g. 128,1024,4096 (default from tuning/objective.yaml)")
+    p.add_argument("--tokens", help="token buckets per rank, e.g. 128,1024,4096 (default from moepolicy/data/tuning/objective.yaml)")
     p.add_argument("--storage", help="optuna storage URL (default sqlite:///moepolicy-studies.db)")
     p.add_argument("--study", help="study name (default from model and target)")
     p.add_argument("--seed", type=int, default=0)
@@ -160,7 +160,7 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
     if args.ep_size is not None and args.ep_size != world:
         raise UsageError(f"--launcher torchrun measures on its {world} ranks; --ep-size {args.ep_size} differs")
     args.ep_size = world
-    from moepolicy.target import resolve_target
+    from moepolicy.target import TargetSpec, resolve_target
     from moepolicy.tuning.coordinate import CoordinatedBench, serve
 
     if args.bench == "live":
@@ -175,7 +175,7 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
     else:
         dist.init_process_group("gloo")
         inner = source.build(BenchChoice("model", "torchrun", world),
-                             resolve_target(gpu=args.gpu, ep_size=world, probe=False).gpu, 0, 0.0, 0)
+                             resolve_target(TargetSpec(gpu=args.gpu, ep_size=world), probe=False).gpu, 0, 0.0, 0)
     try:
         if dist.get_rank() != 0:
             served = serve(inner)
@@ -271,7 +271,7 @@ def _output_for(result, output: str) -> str:
 
     if not result.interrupted or not Path(output).exists():
         return output
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_reader import read_policy
 
     try:
         previous = read_policy(output)

@@ -20,9 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _rekey(path: str, strict: bool) -> None:
     """Recompute the keys and rewrite the file, only if the rekeyed document then validates:
     a document that would be refused anyway is left as it is."""
-    from moepolicy.document import atomic_write, dumps
+    from moepolicy.policy_yaml import atomic_write, dumps
     from moepolicy.keys import compute_keys
-    from moepolicy.policy_file import MAX_POLICY_BYTES, _parse_raw, parse_policy
+    from moepolicy.policy_reader import MAX_POLICY_BYTES, _parse_raw, parse_policy
     from moepolicy.files import read_bounded
 
     raw = _parse_raw(read_bounded(path, MAX_POLICY_BYTES, PolicyError).decode("utf-8", "replace"), path)
@@ -40,7 +40,7 @@ def _rekey(path: str, strict: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moepolicy.policy_file import read_policy
+    from moepolicy.policy_reader import read_policy
 
     if args.rekey:
         _rekey(args.policy, args.strict)

@@ -17,7 +17,7 @@ from typing import Optional
 # fused_moe.py; cutlass_moe.py CutlassExpertsFp8); per-tensor experts read only row 0's scale
 PER_TOKEN_EXPERTS = frozenset({"TritonExperts", "CutlassExpertsFp8"})
 
-# vLLM 0.33's experts classes and the expert-kernel names of policies/expert_kernels.yaml they run
+# vLLM 0.33's experts classes and the expert-kernel names of moepolicy/data/sheets/expert_kernels.yaml they run
 VLLM_EXPERTS = {"TritonExperts": ("triton",), "CutlassExpertsFp8": ("cutlass",), "DeepGemmExperts": ("deepgemm",),
                 "BatchedDeepGemmExperts": ("deepgemm",), "TritonOrDeepGemmExperts": ("deepgemm", "triton"),
                 "MarlinExperts": ("marlin",), "FlashInferExperts": ("flashinfer_cutlass",),

@@ -318,9 +318,9 @@ def _parse_pack(raw: Any, file: str, text_sha: str, known_caps: frozenset[str],
 
 
 def load_pack(path: Path, known_caps: frozenset[str], builtin: bool = False) -> RulePack:
-    from moepolicy.sheets import read_yaml
+    from moepolicy.datasheets import read_yaml
 
     raw = read_yaml(path)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    return parse_pack(raw, str(path) if not builtin else f"policies/packs/{path.name}", sha,
+    return parse_pack(raw, str(path) if not builtin else f"moepolicy/data/rules/{path.name}", sha,
                       known_caps, builtin=builtin)

@@ -14,19 +14,19 @@ DEFAULT_PACK = "deepep"
 
 
 def builtin_names() -> list[str]:
-    return sorted(p.stem for p in (data_dir("policies") / "packs").glob("*.yaml"))
+    return sorted(p.stem for p in data_dir("rules").glob("*.yaml"))
 
 
 @lru_cache(maxsize=None)
 def known_capabilities() -> frozenset[str]:
-    from moepolicy.sheets import deepep_sheets
+    from moepolicy.datasheets import deepep_sheets
 
     return frozenset(cap for sheet in deepep_sheets().values() for cap in sheet.capabilities)
 
 
 @lru_cache(maxsize=None)
 def builtin_pack(name: str) -> RulePack:
-    path = data_dir("policies") / "packs" / f"{name}.yaml"
+    path = data_dir("rules") / f"{name}.yaml"
     if not path.is_file():
         raise RulePackError(f"no built-in rule pack '{name}'; built-in: {', '.join(builtin_names())}")
     return load_pack(path, known_capabilities(), builtin=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moepolicy.execution import Execution
+from moepolicy.expert_kernel import Execution
 from moepolicy.schema.facts import LayerFacts
 
 DTYPES = ("fp8_e4m3", "fp8_e5m2", "int8", "int4", "nvfp4", "mxfp4", "mxfp8", "none", "unknown")

@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from typing import Any
-
-PolicyDoc = Any  # a validated document with attribute access (runtime View or the CLI's PolicyDoc)
+from moepolicy.policy_reader import PolicyView
 
 
 @dataclass(frozen=True)
@@ -25,7 +23,7 @@ class SubCheck:
         return f"{self.part}.{self.name}: {self.status} ({self.detail})"
 
 
-def _facts_check(doc: PolicyDoc, model: Optional[str]) -> SubCheck:
+def _facts_check(doc: PolicyView, model: Optional[str]) -> SubCheck:
     if model is None:
         return SubCheck("decision", "model_facts", "unchecked", "no model given to load_policy")
     from moepolicy.checkpoint import read_model
@@ -43,7 +41,7 @@ def _facts_check(doc: PolicyDoc, model: Optional[str]) -> SubCheck:
                     f"({doc.model.name})")
 
 
-def _arch_check(doc: PolicyDoc) -> SubCheck:
+def _arch_check(doc: PolicyView) -> SubCheck:
     from moepolicy.hardware import current_arch
 
     arch, how = current_arch()
@@ -53,7 +51,7 @@ def _arch_check(doc: PolicyDoc) -> SubCheck:
     return SubCheck("decision", "gpu_arch", status, f"{arch} from {how}; policy {doc.target.arch}")
 
 
-def _layout_check(doc: PolicyDoc, ep_size: Optional[int]) -> SubCheck:
+def _layout_check(doc: PolicyView, ep_size: Optional[int]) -> SubCheck:
     if ep_size is None:
         return SubCheck("decision", "ep_layout", "unchecked", "no ep_size given")
     layout = "intranode" if ep_size <= doc.target.gpus_per_node else "internode"
@@ -62,7 +60,7 @@ def _layout_check(doc: PolicyDoc, ep_size: Optional[int]) -> SubCheck:
                     f"EP{ep_size} with {doc.target.gpus_per_node}/node is {layout}; policy {doc.target.layout}")
 
 
-def _packs_check(doc: PolicyDoc) -> SubCheck:
+def _packs_check(doc: PolicyView) -> SubCheck:
     import hashlib
     from pathlib import Path
 
@@ -70,7 +68,7 @@ def _packs_check(doc: PolicyDoc) -> SubCheck:
 
     changed, checked = [], 0
     for ref in doc.rules.packs:
-        path = Path(ref.path) if ref.path else data_dir("policies") / "packs" / f"{ref.name}.yaml"
+        path = Path(ref.path) if ref.path else data_dir("rules") / f"{ref.name}.yaml"
         if not path.is_file():
             continue
         checked += 1
@@ -83,14 +81,14 @@ def _packs_check(doc: PolicyDoc) -> SubCheck:
     return SubCheck("decision", "rule_packs", "matched", f"{checked} pack(s) unchanged")
 
 
-def _ep_check(doc: PolicyDoc, ep_size: Optional[int]) -> SubCheck:
+def _ep_check(doc: PolicyView, ep_size: Optional[int]) -> SubCheck:
     if ep_size is None:
         return SubCheck("tuning", "ep_size", "unchecked", "no ep_size given")
     status = "matched" if ep_size == doc.target.ep_size else "mismatched"
     return SubCheck("tuning", "ep_size", status, f"EP{ep_size}; policy EP{doc.target.ep_size}")
 
 
-def _gpu_check(doc: PolicyDoc) -> SubCheck:
+def _gpu_check(doc: PolicyView) -> SubCheck:
     from moepolicy.hardware import nvml_gpus
 
     names = nvml_gpus()
@@ -101,13 +99,13 @@ def _gpu_check(doc: PolicyDoc) -> SubCheck:
     return SubCheck("tuning", "gpu", status, f"{names[0]}; policy {doc.target.gpu}")
 
 
-def _deepep_check(doc: PolicyDoc) -> SubCheck:
+def _deepep_check(doc: PolicyView) -> SubCheck:
     from moepolicy.deepep.probe import imported_features, matching_sheet
 
     features = imported_features()
     if features is None:
         return SubCheck("tuning", "deep_ep", "unchecked", "deep_ep not imported in this process")
-    from moepolicy.sheets import deepep_sheets
+    from moepolicy.datasheets import deepep_sheets
 
     sheet = matching_sheet(features, deepep_sheets())
     found = sheet.name if sheet else "an unknown build"
@@ -115,7 +113,7 @@ def _deepep_check(doc: PolicyDoc) -> SubCheck:
     return SubCheck("tuning", "deep_ep", status, f"imported deep_ep is {found}; policy {doc.target.deep_ep.sheet}")
 
 
-def _schedule_check(doc: PolicyDoc, schedule: Optional[str]) -> SubCheck:
+def _schedule_check(doc: PolicyView, schedule: Optional[str]) -> SubCheck:
     tuned = getattr(doc.deepep, "schedule", "serial")
     if schedule is None:
         return SubCheck("tuning", "schedule", "unchecked", f"no schedule given; policy tuned for {tuned}")
@@ -123,7 +121,7 @@ def _schedule_check(doc: PolicyDoc, schedule: Optional[str]) -> SubCheck:
     return SubCheck("tuning", "schedule", status, f"engine runs {schedule}; policy tuned for {tuned}")
 
 
-def check_keys(doc: PolicyDoc, *, ep_size: Optional[int], model: Optional[str],
+def check_keys(doc: PolicyView, *, ep_size: Optional[int], model: Optional[str],
                schedule: Optional[str] = None) -> list[SubCheck]:
     return [_facts_check(doc, model), _arch_check(doc), _layout_check(doc, ep_size),
             _packs_check(doc), _ep_check(doc, ep_size), _gpu_check(doc), _deepep_check(doc),

@@ -15,8 +15,8 @@ from typing import Optional
 from moepolicy.errors import PolicyError
 from moepolicy.wire import Scale, Wire
 from moepolicy.deepep.configs import ChunkConfig
-from moepolicy.runtime.policy import (Bucket, BucketOrder, DeepEPSettings, LayerDecision, Policy, SafePolicy,
-                                      V2Settings)
+from moepolicy.runtime.policy import (Bucket, BucketOrder, DeepEPSettings, LayerDecision, LoadReport, Policy,
+                                      SafePolicy, V2Settings)
 
 _WARNED: set[tuple[str, str]] = set()
 _WARN_LOCK = threading.Lock()
@@ -53,14 +53,14 @@ def _v2_settings(doc: Optional[dict]) -> Optional[V2Settings]:
 def default_settings(ep_size: Optional[int], hidden: Optional[int] = None,
                      sheet_name: Optional[str] = None) -> DeepEPSettings:
     """DeepEP's built-in configs for ``ep_size`` (what DeepEP would use without a policy)."""
-    from moepolicy import sheets
+    from moepolicy import datasheets
     from moepolicy.deepep.buffers import ht_buffer_bytes
     from moepolicy.deepep.configs import default_configs, default_num_sms
 
     try:
-        sheet = sheets.deepep_sheet(sheet_name or sheets.NEWEST_SHEET)
+        sheet = datasheets.deepep_sheet(sheet_name or datasheets.NEWEST_SHEET)
     except Exception:  # noqa: BLE001 (an unknown sheet name still gets the newest defaults)
-        sheet = sheets.deepep_sheet(sheets.NEWEST_SHEET)
+        sheet = datasheets.deepep_sheet(datasheets.NEWEST_SHEET)
     ranks = ep_size or 8
     disp, comb = default_configs(sheet, ranks)
     num_sms = default_num_sms(sheet)
@@ -93,8 +93,8 @@ def _layer(entry: dict, measured: bool = True) -> LayerDecision:
 def _safe(source: str, reason: str, ep_size: Optional[int], report: dict[str, str],
           details: tuple[str, ...] = (), warnings: tuple[str, ...] = (), hidden: Optional[int] = None) -> SafePolicy:
     _warn_once(source, f"{source}: falling back to the safe policy (bf16 on the wire): {reason}")
-    return SafePolicy((), default_settings(ep_size, hidden), is_fallback=True, fallback_reason=reason,
-                      report=report, report_details=details, source=source, warnings=warnings)
+    return SafePolicy((), default_settings(ep_size, hidden),
+                      LoadReport(source, report, details, warnings=warnings, fallback_reason=reason))
 
 
 def _hidden_hint(path: str | Path, model: Optional[str]) -> Optional[int]:
@@ -108,9 +108,9 @@ def _hidden_hint(path: str | Path, model: Optional[str]) -> Optional[int]:
         except Exception:  # noqa: BLE001 (the safe path must not fail)
             pass
     try:
-        from moepolicy.document import parse_text
+        from moepolicy.policy_yaml import parse_text
         from moepolicy.files import read_bounded
-        from moepolicy.policy_file import MAX_POLICY_BYTES
+        from moepolicy.policy_reader import MAX_POLICY_BYTES
 
         raw = parse_text(read_bounded(path, MAX_POLICY_BYTES, PolicyError).decode("utf-8", "replace"))
         hidden = raw["model"]["hidden_size"]
@@ -144,7 +144,7 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
         schedule: ``serial`` or ``overlapped`` (DBO/TBO), as the engine runs; checked against the
             schedule the DeepEP configs were tuned for.
     """
-    from moepolicy.policy_file import parse_policy_light, read_policy
+    from moepolicy.policy_reader import parse_policy_light, read_policy
     from moepolicy.schema.fast_validate import View
     from moepolicy.runtime.keycheck import check_keys, summarise
 
@@ -184,10 +184,7 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
         layers = tuple(_layer(entry, measured=False) for entry in data["layers"])
         _warn_once(source, f"{source}: {reason}")
         settings = default_settings(ep_size, data["model"]["hidden_size"], data["target"]["deep_ep"]["sheet"])
-        return Policy(layers, settings, is_fallback=True, fallback_reason=reason, report=report,
-                      report_details=details, source=source, model_name=doc.model.name,
-                      warnings=loaded.warnings)
+        return Policy(layers, settings, LoadReport(source, report, details, doc.model.name, loaded.warnings, reason))
     layers = tuple(_layer(entry) for entry in data["layers"])
-    return Policy(layers, _settings_from_doc(data["deepep"]), is_fallback=False, fallback_reason=None,
-                  report=report, report_details=details, source=source, model_name=doc.model.name,
-                  warnings=loaded.warnings)
+    return Policy(layers, _settings_from_doc(data["deepep"]),
+                  LoadReport(source, report, details, doc.model.name, loaded.warnings))

@@ -130,25 +130,57 @@ class DeepEPSettings:
         return nvl, rdma
 
 
+@dataclass(frozen=True)
+class LoadReport:
+    """How a policy was loaded: from where, for which model, what the key checks said (``report``:
+    decision/tuning → matched | mismatched | unchecked; ``details``: one line per sub-check), the
+    loader's warnings, and why it fell back (None: the policy is in force)."""
+
+    source: str
+    report: Mapping[str, str]
+    details: tuple[str, ...] = ()
+    model_name: str = ""
+    warnings: tuple[str, ...] = ()
+    fallback_reason: Optional[str] = None
+
+
 class Policy:
     """What a serving process asks: ``layer(i)``, ``deepep``, and whether it fell back."""
 
-    __slots__ = ("_layers", "deepep", "is_fallback", "fallback_reason", "report", "report_details",
-                 "source", "model_name", "warnings")
+    __slots__ = ("_layers", "deepep", "loaded")
 
-    def __init__(self, layers: tuple[LayerDecision, ...], deepep: DeepEPSettings, *,
-                 is_fallback: bool, fallback_reason: Optional[str], report: dict[str, str],
-                 report_details: tuple[str, ...], source: str, model_name: str = "",
-                 warnings: tuple[str, ...] = ()):
+    def __init__(self, layers: tuple[LayerDecision, ...], deepep: DeepEPSettings, loaded: LoadReport):
         self._layers = layers
         self.deepep = deepep
-        self.is_fallback = is_fallback
-        self.fallback_reason = fallback_reason
-        self.report = report
-        self.report_details = report_details
-        self.source = source
-        self.model_name = model_name
-        self.warnings = warnings
+        self.loaded = loaded
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.loaded.fallback_reason is not None
+
+    @property
+    def fallback_reason(self) -> Optional[str]:
+        return self.loaded.fallback_reason
+
+    @property
+    def report(self) -> Mapping[str, str]:
+        return self.loaded.report
+
+    @property
+    def report_details(self) -> tuple[str, ...]:
+        return self.loaded.details
+
+    @property
+    def source(self) -> str:
+        return self.loaded.source
+
+    @property
+    def model_name(self) -> str:
+        return self.loaded.model_name
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.loaded.warnings
 
     def layer(self, index: int) -> LayerDecision:
         """Constant-time lookup; an index the policy does not hold gets the safe decision."""

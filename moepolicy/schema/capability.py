@@ -1,4 +1,4 @@
-"""Schemas for the data sheets in ``policies/``: GPU profiles, DeepEP capabilities, expert kernels."""
+"""Schemas for the data sheets in ``moepolicy/data/sheets/``: GPU profiles, DeepEP capabilities, expert kernels."""
 
 from __future__ import annotations
 

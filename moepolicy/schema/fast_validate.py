@@ -25,9 +25,9 @@ FREE_FORM = "x-free-form"  # an object whose keys are not checked (provenance de
 def _json_schema() -> dict[str, Any]:
     import json
 
-    from moepolicy._resources import data_dir
+    from moepolicy._resources import data_file
 
-    return json.loads((data_dir("policies") / SCHEMA_FILE).read_text())
+    return json.loads(data_file(SCHEMA_FILE).read_text())
 
 
 def _resolve(node: dict[str, Any]) -> dict[str, Any]:

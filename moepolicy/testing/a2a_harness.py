@@ -6,6 +6,8 @@ The same worker runs over the emulated transport (gloo, CPU, in CI) and over Dee
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import os
 from pathlib import Path
 
@@ -56,9 +58,21 @@ def join(rank: int, world: int, outdir: str, transport_kind: str, num_experts: i
     return GatherTransport(None, num_experts), torch.device("cpu")
 
 
-def worker(rank: int, world: int, transport_kind: str, outdir: str, tokens: int = 96,
-           hidden: int = 512, num_experts: int = 16, top_k: int = 4, backend: str = "auto") -> None:
+@dataclass(frozen=True)
+class A2AShape:
+    """What each rank dispatches: tokens of ``hidden``, routed to ``top_k`` of ``num_experts``."""
+
+    tokens: int = 96
+    hidden: int = 512
+    num_experts: int = 16
+    top_k: int = 4
+
+
+def worker(rank: int, world: int, transport_kind: str, outdir: str, shape: A2AShape = A2AShape(),
+           backend: str = "auto") -> None:
     import torch.distributed as dist
+
+    tokens, hidden, num_experts, top_k = shape.tokens, shape.hidden, shape.num_experts, shape.top_k
 
     from moepolicy.quant.reference import global_static_scale
     from moepolicy.reference.prepare_finalize import PrepareFinalize, QuantSpec
@@ -97,7 +111,9 @@ def spawn(world: int, transport_kind: str, outdir: str, **kwargs) -> list[dict]:
 
 
 def _entry(rank, world, transport_kind, outdir, kwargs):
-    worker(rank, world, transport_kind, outdir, **kwargs)
+    kwargs = dict(kwargs)
+    backend = kwargs.pop("backend", "auto")
+    worker(rank, world, transport_kind, outdir, A2AShape(**kwargs), backend)
 
 
 def reference_rows(results: list[dict], name: str, order_key, world: int, tokens: int, hidden: int,

@@ -110,15 +110,27 @@ def compare(bench: Bench, workload: Workload, kept: Contender, default: TunePoin
     return {name: times[first[point]] for name, point in named.items()}
 
 
+@dataclass(frozen=True)
+class ConfirmSettings:
+    """How a bucket is re-measured: interleaved rounds, the timed region, the bootstrap seed, and
+    whether the bench may choose chunks (not where its chunk effects are unfitted)."""
+
+    rounds: int
+    region: str = "full"
+    seed: int = 0
+    choose_chunks: bool = True
+
+
 def confirm_bucket(bench: Bench, workload: Workload, top: Sequence[TunePoint], default: TunePoint,
-                   engine: TunePoint, rounds: int, region: str, seed: int, choose_chunks: bool = True) -> Confirmed:
+                   engine: TunePoint, settings: ConfirmSettings) -> Confirmed:
     """Select among ``top`` (one fresh bench), then measure the pick against both baselines (another
     fresh bench) and report only those rounds. A pick that does not beat DeepEP's default beyond
     noise there is dropped for the default. Below :data:`MIN_ROUNDS` rounds the protocol refuses,
     except on a noise-free (modelled) bench, where one round says all. Without ``choose_chunks`` (a
     bench whose chunk effects are not fitted) DeepEP's default chunks are kept."""
-    rounds = protocol_rounds(bench, rounds)
-    if choose_chunks:
+    region, seed = settings.region, settings.seed
+    rounds = protocol_rounds(bench, settings.rounds)
+    if settings.choose_chunks:
         kept, why = select(bench, workload, top, default, rounds, region, seed)
     else:
         kept, why = Contender("default", default), ("the bench's chunk effects are not fitted from measurements: "

@@ -15,7 +15,8 @@ import queue
 import tempfile
 import time
 import traceback
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload, check_measurement
 
@@ -32,14 +33,13 @@ def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands,
     from moepolicy.measure.timing import Timer
 
     device, buffer = join_rank(rank, world, rendezvous, buffer_bytes)
-    timer = Timer(device)
-    works: dict = {}
+    state = RankState(buffer, rank, device, Timer(device), reps)
 
     def measure(token, workload, point):
-        return measure_point(buffer, works, workload, point, rank, device, timer, reps)
+        return measure_point(state, workload, point)
 
     def overlap(token, workload, point, gemm_shape):
-        return _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, reps)
+        return _overlap(state, workload, point, gemm_shape)
 
     serve_commands(rank, commands, results, measure, overlap)
     dist.destroy_process_group()
@@ -63,24 +63,40 @@ def serve_commands(rank: int, commands, results, measure, overlap) -> None:
                          f" [{traceback.format_exc(limit=2).splitlines()[-1]}]"))
 
 
-def measure_point(buffer, works: dict, workload: Workload, point: TunePoint, rank: int, device, timer,
-                  reps: int) -> Measurement:
+@dataclass
+class RankState:
+    """What one rank measures with: its DeepEP buffer, GPU, timer and repeats, and the inputs it has
+    built (routed tokens per bucket, expert GEMM operands, green contexts), kept across trials."""
+
+    buffer: Any
+    rank: int
+    device: Any
+    timer: Any
+    reps: int
+    works: dict = field(default_factory=dict)
+
+    def ops(self, workload: Workload, point: TunePoint):
+        """DeepEP dispatch/combine of ``point``'s configs over this bucket's routed tokens."""
+        import deep_ep
+
+        from moepolicy.measure.deepep_ops import DeepEPOps, make_workload
+
+        key = (point.tokens, workload.hidden, workload.num_experts, workload.top_k, workload.routing)
+        if key not in self.works:
+            self.works[key] = make_workload(point.tokens, workload.hidden, workload.num_experts,
+                                            workload.top_k, self.rank, self.device, routing=workload.routing)
+        return DeepEPOps(self.buffer, self.works[key], deep_ep.Config(point.num_sms, *point.dispatch),
+                         deep_ep.Config(point.num_sms, *point.combine))
+
+
+def measure_point(state: RankState, workload: Workload, point: TunePoint) -> Measurement:
     """One collective measurement on this rank (every rank calls it with the same point): the full
     dispatch call, the cached-handle kernel, combine, and both orders when asked; slowest rank's medians."""
-    import deep_ep
-
-    from moepolicy.measure.deepep_ops import DeepEPOps, make_workload
-
-    key = (point.tokens, workload.hidden, workload.num_experts, workload.top_k, workload.routing)
-    if key not in works:
-        works[key] = make_workload(point.tokens, workload.hidden, workload.num_experts,
-                                   workload.top_k, rank, device, routing=workload.routing)
-    ops = DeepEPOps(buffer, works[key], deep_ep.Config(point.num_sms, *point.dispatch),
-                    deep_ep.Config(point.num_sms, *point.combine))
+    ops = state.ops(workload, point)
     payload, mode = workload.payload, LAUNCH_MODE[workload.regime]
 
     def timed(fn) -> float:
-        return timer.median_max_over_ranks(fn, reps, mode=mode)["median_us"]
+        return state.timer.median_max_over_ranks(fn, state.reps, mode=mode)["median_us"]
 
     full = timed(lambda: ops.dispatch_only(payload, "full"))
     cached = timed(lambda: ops.dispatch_only(payload, "cached"))
@@ -114,16 +130,14 @@ class RankBench(Bench):
         self.buffer = deep_ep.Buffer(group, nvl, rdma, num_qps_per_rank=max(max_sms, 24) if internode else 1)
         from moepolicy.measure.timing import Timer
 
-        self.timer, self.reps, self.works = Timer(self.device, group), reps, {}
+        self.state = RankState(self.buffer, self.rank, self.device, Timer(self.device, group), reps)
 
     def measure(self, workload: Workload, point: TunePoint) -> Measurement:
         try:
-            return check_measurement(measure_point(self.buffer, self.works, workload, point, self.rank,
-                                                   self.device, self.timer, self.reps))
-        except TrialFailed:
-            raise
+            measured = measure_point(self.state, workload, point)
         except Exception as exc:  # noqa: BLE001 (a host assert; a device trap would end the job)
             raise TrialFailed(f"rank {self.rank}: {type(exc).__name__}: {exc}") from None
+        return check_measurement(measured)
 
     def identity(self) -> str:
         import torch
@@ -131,24 +145,16 @@ class RankBench(Bench):
         return f"{torch.cuda.get_device_name(self.device)} x{self.world} (torchrun)"
 
 
-def _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, reps):
-    import deep_ep
-
-    from moepolicy.measure.deepep_ops import DeepEPOps, make_workload
-    from moepolicy.measure.overlap import ConfinedGemm, ExpertGemm, measure_overlap
-
-    key = (point.tokens, workload.hidden, workload.num_experts, workload.top_k, workload.routing)
-    if key not in works:
-        works[key] = make_workload(point.tokens, workload.hidden, workload.num_experts, workload.top_k,
-                                   rank, device, routing=workload.routing)
-    ops = DeepEPOps(buffer, works[key], deep_ep.Config(point.num_sms, *point.dispatch),
-                    deep_ep.Config(point.num_sms, *point.combine))
+def _overlap(state: RankState, workload: Workload, point: TunePoint, gemm_shape) -> dict:
     import torch
 
-    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    from moepolicy.measure.overlapped_step import ConfinedGemm, ExpertGemm, measure_overlap
+
+    ops, works = state.ops(workload, point), state.works
+    sm_count = torch.cuda.get_device_properties(state.device).multi_processor_count
     expert_key = ("expert-gemm", gemm_shape.rows, gemm_shape.hidden, gemm_shape.out, gemm_shape.kind, point.tokens)
     if expert_key not in works:  # operands once per bucket (weights once per expert stack)
-        works[expert_key] = ExpertGemm(gemm_shape, device, ops.rows_per_local_expert,
+        works[expert_key] = ExpertGemm(gemm_shape, state.device, ops.rows_per_local_expert,
                                        works.setdefault("expert-weights", {}))
     confined_key = ("confined-gemm", gemm_shape, point.tokens, sm_count - point.num_sms)
     if confined_key not in works:  # one green context per split, reused
@@ -159,7 +165,7 @@ def _overlap(buffer, works, workload, point, gemm_shape, rank, device, timer, re
         ops.dispatch_only(workload.payload, region)
         ops.combine()
 
-    result = measure_overlap(comm, gemm, reps, timer, comm_no_wait=lambda: comm("no-wait"))
+    result = measure_overlap(comm, gemm, state.reps, state.timer, comm_no_wait=lambda: comm("no-wait"))
     result.update({"comm_sms": point.num_sms, "gemm_sms": sm_count - point.num_sms, "gemm_fp8": gemm.fp8,
                    "gemm_tflop": gemm.flops / 1e12})
     return result

@@ -1,4 +1,4 @@
-"""A cost model fitted to live measurements (``tuning/calibration/*.yaml``): the bench without GPUs.
+"""A cost model fitted to live measurements (``moepolicy/data/tuning/calibration/*.yaml``): the bench without GPUs.
 
 Form (per region and op): ``us = a + rows * (b * row_bytes + c) / num_sms**alpha``, with ``rows`` the
 expected received rows (tokens × destination ranks per token), ``alpha`` by grid search and
@@ -78,7 +78,7 @@ def _row_bytes(hidden: int, dtype: str) -> float:
 
 @lru_cache(maxsize=None)
 def load_calibrations(folder: Optional[str] = None) -> tuple[Calibration, ...]:
-    from moepolicy.sheets import read_yaml
+    from moepolicy.datasheets import read_yaml
 
     root = Path(folder) if folder else data_dir("tuning") / "calibration"
     by_key: dict[tuple[str, int], list] = {}

@@ -19,13 +19,14 @@ from moepolicy.planner import (
     OrderTiming, Plan, buffer_bytes, build_document, default_deepep_section, with_measurements,
 )
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
-from moepolicy.tuning.confirm import Confirmed, Contender, confirm_bucket, protocol_rounds
+from moepolicy.tuning.confirm import ConfirmSettings, Confirmed, Contender, confirm_bucket, protocol_rounds
 from moepolicy.tuning import progress
 from moepolicy.tuning.options import TuneOptions
 from moepolicy.tuning.space import Space
 from moepolicy.redact import redact_url
 from moepolicy.tuning.storage import make_storage
-from moepolicy.tuning.study import BucketResult, SmsResult, choose_sms, fingerprint, open_parent_study, pareto_front, tune_bucket
+from moepolicy.tuning.study import (BucketResult, SmsResult, SubStudy, choose_sms, fingerprint, open_parent_study,
+                                     pareto_front, tune_bucket)
 
 log = logging.getLogger("moepolicy.tuning")
 
@@ -75,10 +76,25 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def _section(plan: Plan, chosen: SmsResult, results: list[SmsResult], kept: "KeptConfigs", label: str,
-             region: str, study: str, options: TuneOptions, interrupted: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Run:
+    """One tune's fixed inputs, shared by its phases: search, re-measurement, the document's section."""
+
+    plan: Plan
+    bench: Bench
+    workload: Workload
+    options: TuneOptions
+    region: str  # the timed region the objective scores
+    label: str  # measured | modelled
+    default: tuple[ChunkConfig, ChunkConfig]  # DeepEP's default chunks for this EP size
+    study: str
+
+
+def _section(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "KeptConfigs",
+             interrupted: bool) -> dict[str, Any]:
     """The policy's DeepEP section: the kept SM count and chunks per bucket, what the search measured
     and, per bucket, the re-measurement that backs (or refuses) each claim."""
+    plan, label, region, options, study = run.plan, run.label, run.region, run.options, run.study
     target = plan.target
     buckets, configs = [], []
     searched = [b for b in chosen.buckets if b.best is not None]
@@ -143,12 +159,12 @@ class KeptConfigs:
     protocol: dict[str, Any]
 
 
-def _keep(bench: Bench, workload: Workload, chosen: SmsResult, why: str, default: tuple[ChunkConfig, ChunkConfig],
-          engine_sms: int, options: TuneOptions, region: str, chunks_fitted: bool) -> KeptConfigs:
+def _keep(run: _Run, chosen: SmsResult, why: str, engine_sms: int, chunks_fitted: bool) -> KeptConfigs:
     """The re-measurement protocol at the chosen SM count, per bucket (``tuning.confirm``): the search's
     top configs against DeepEP's default chunks, then the pick against the default and the engine's
     default (``engine_sms`` SMs, DeepEP's built-in table), in fresh benches. Where no bucket beats
     the engine's default beyond noise, the engine's default is kept."""
+    bench, workload, default, options, region = run.bench, run.workload, run.default, run.options, run.region
     rounds = protocol_rounds(bench, options.confirm_rounds)
     protocol = {"rounds": rounds, "top_k": len(chosen.buckets[0].top) if chosen.buckets else 0,
                 "engine_default": {"num_sms": engine_sms, "configs": "DeepEP's built-in table"},
@@ -167,8 +183,8 @@ def _keep(bench: Bench, workload: Workload, chosen: SmsResult, why: str, default
                  engine_sms, rounds)
         d = TunePoint(chosen.num_sms, b.tokens, *default)
         e = TunePoint(engine_sms, b.tokens, *default)
-        c = confirm_bucket(bench, workload, b.top, d, e, rounds, region, options.seed + 101 * i,
-                           choose_chunks=chunks_fitted)
+        c = confirm_bucket(bench, workload, b.top, d, e, ConfirmSettings(rounds, region, options.seed + 101 * i,
+                                                                         chunks_fitted))
         points[b.tokens], confirmed[b.tokens] = c.kept.point, c
         log.info("  T=%d: kept %s (%s); %s; %s", b.tokens, c.kept.name, c.selection, c.vs_default.words(),
                  c.vs_engine.words())
@@ -208,7 +224,7 @@ def overlap_gemm_kind(asked: str, plan: Plan) -> tuple[str, str]:
 
 def _tune_overlap(plan: Plan, bench: Bench, workload: Workload, space: Space, options: TuneOptions,
                   default: tuple[ChunkConfig, ChunkConfig]) -> TuneResult:
-    from moepolicy.tuning.overlap import search_overlap
+    from moepolicy.tuning.overlap_search import OverlapSettings, search_overlap
 
     ov = options.overlap
     if not hasattr(bench, "measure_overlap"):
@@ -221,9 +237,8 @@ def _tune_overlap(plan: Plan, bench: Bench, workload: Workload, space: Space, op
     gemm_kind, why_kind = overlap_gemm_kind(ov.gemm, plan)
     log.info("overlap: expert GEMM stand-in %s (%s)", gemm_kind, why_kind)
     try:
-        found = search_overlap(plan, bench, workload, list(options.buckets), grid, default, trials=trials,
-                               rounds=ov.confirm_rounds, seed=options.seed, gemm_kind=gemm_kind,
-                               confine=ov.confine, order=ov.order)
+        settings = OverlapSettings(trials, ov.confirm_rounds, options.seed, gemm_kind, ov.confine, ov.order)
+        found = search_overlap(plan, bench, workload, list(options.buckets), grid, default, settings)
     finally:
         bench.close()
     c = found.comm_sms
@@ -293,7 +308,8 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
              len(options.buckets), trials, region, options.regime,
              "" if chunks_fitted or options.trials else "; the model's chunk effects are not fitted: default chunks only")
     options = dataclasses.replace(options, trials=trials)
-    results, interruption = _search(storage, name, bench, workload, space, sms_list, options, default, region)
+    run = _Run(plan, bench, workload, options, region, label, default, name)
+    results, interruption = _search(run, storage, space, sms_list)
     # an SM count whose buckets were not all searched is compared only when nothing else is left
     candidates = [r for r in results if r.complete] or results
     if interruption is not None and not any(b.best is not None for r in candidates for b in r.buckets):
@@ -302,8 +318,7 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
     kept = KeptConfigs(chosen.num_sms, {}, {}, why, {})
     if interruption is None:
         try:
-            kept = _keep(bench, workload, chosen, why, default, default_num_sms(target.deepep), options, region,
-                         chunks_fitted)
+            kept = _keep(run, chosen, why, default_num_sms(target.deepep), chunks_fitted)
         except KeyboardInterrupt as exc:
             interruption = exc
             log.info("interrupted during the re-measurement: no gain is claimed")
@@ -311,7 +326,7 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
                                                 for b in chosen.buckets}, {}, why, {})
     timings = () if interruption else _both_orders(bench, workload, chosen, kept, label)
     bench.close()
-    section = _section(plan, chosen, results, kept, label, region, name, options, interruption is not None)
+    section = _section(run, chosen, results, kept, interruption is not None)
     doc = build_document(with_measurements(plan, timings), deepep=section, command=options.command)
     outcomes = tuple(BucketOutcome(t, p, kept.confirmed.get(t)) for t, p in kept.points.items())
     return TuneResult(document=doc, label=label, region=region, num_sms=kept.num_sms, why=kept.why,
@@ -341,9 +356,9 @@ def _fingerprint(plan: Plan, space: Space, objective: dict, label: str, workload
                         "max_buffer_mb": options.max_buffer_mb, "regime": options.regime})
 
 
-def _search(storage, name: str, bench: Bench, workload: Workload, space: Space, sms_list: list[int],
-            options: TuneOptions, default, region: str) -> tuple[list[SmsResult], Optional[KeyboardInterrupt]]:
+def _search(run: _Run, storage, space: Space, sms_list: list[int]) -> tuple[list[SmsResult], Optional[KeyboardInterrupt]]:
     """One optuna sub-study per (SM count, bucket); an interrupt ends it with what was measured."""
+    bench, workload, options, name = run.bench, run.workload, run.options, run.study
     results: list[SmsResult] = []
     progress.phase("search", len(sms_list) * len(options.buckets) * options.trials)
     try:
@@ -357,8 +372,9 @@ def _search(storage, name: str, bench: Bench, workload: Workload, space: Space, 
             result = SmsResult(num_sms, [BucketResult(t, w) for t, w in options.buckets])
             results.append(result)
             for bucket in result.buckets:
-                tune_bucket(storage, f"{name}/sms{num_sms}/t{bucket.tokens}", bench, workload, space, num_sms,
-                            bucket, options.trials, default, workload.internode, max_recv, region, options.seed)
+                sub = SubStudy(f"{name}/sms{num_sms}/t{bucket.tokens}", num_sms, options.trials, run.default,
+                               workload.internode, max_recv, run.region, options.seed)
+                tune_bucket(storage, sub, bench, workload, space, bucket)
     except KeyboardInterrupt as exc:
         log.info("interrupted: keeping the best found so far")
         return results, exc

@@ -1,4 +1,4 @@
-"""The search space (``tuning/space-ht.yaml``): feasible points only, DeepEP's rounding applied."""
+"""The search space (``moepolicy/data/tuning/space-ht.yaml``): feasible points only, DeepEP's rounding applied."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class Space:
 def load_space(path: Optional[str] = None) -> Space:
     import hashlib
 
-    from moepolicy.sheets import read_yaml
+    from moepolicy.datasheets import read_yaml
 
     p = Path(path) if path else data_dir("tuning") / "space-ht.yaml"
     raw = read_yaml(p)
@@ -75,7 +75,7 @@ def load_space(path: Optional[str] = None) -> Space:
 
 
 def load_objective(path: Optional[str] = None) -> dict[str, Any]:
-    from moepolicy.sheets import read_yaml
+    from moepolicy.datasheets import read_yaml
 
     p = Path(path) if path else data_dir("tuning") / "objective.yaml"
     raw = read_yaml(p)

@@ -101,12 +101,30 @@ def _effective_key(point: TunePoint) -> str:
     return json.dumps([point.num_sms, point.tokens, list(point.dispatch), list(point.combine)])
 
 
-def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Space, num_sms: int,
-                bucket: BucketResult, trials: int, default: tuple, internode: bool, max_nvl_recv: int,
-                region: str, seed: int, enqueue_default: bool = True) -> None:
+@dataclass(frozen=True)
+class SubStudy:
+    """One optuna sub-study of the search: its name, the SM count it holds fixed, its trial budget,
+    DeepEP's default chunks (tried first), the space's bounds for this target and the sampler seed."""
+
+    name: str
+    num_sms: int
+    trials: int
+    default: tuple  # (dispatch, combine) ChunkConfigs
+    internode: bool = False
+    max_nvl_recv: int = 768
+    region: str = "full"
+    seed: int = 0
+    enqueue_default: bool = True
+
+
+def tune_bucket(storage, sub: SubStudy, bench: Bench, workload: Workload, space: Space,
+                bucket: BucketResult) -> None:
+    """Run ``sub``'s trials for ``bucket`` (resuming the study in ``storage``), recording the best in it."""
     import optuna
 
-    sampler = make_sampler(seed)
+    name, num_sms, default, internode = sub.name, sub.num_sms, sub.default, sub.internode
+
+    sampler = make_sampler(sub.seed)
     study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
                                 direction="minimize", sampler=sampler)
     import warnings
@@ -121,7 +139,7 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
     done = [t for t in study.trials if t.state.is_finished()]
     seen = {t.user_attrs["effective"]: t.value for t in done
             if t.state == optuna.trial.TrialState.COMPLETE and "effective" in t.user_attrs}
-    if enqueue_default and not any(t.user_attrs.get("is_default") for t in study.trials):
+    if sub.enqueue_default and not any(t.user_attrs.get("is_default") for t in study.trials):
         d, c = default
         params = {"dispatch.nvl_send": d[0], "dispatch.nvl_recv": d[1],
                   "combine.nvl_send": c[0], "combine.nvl_recv": c[1]}
@@ -129,11 +147,11 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
             params.update({"dispatch.rdma_send": d[2], "dispatch.rdma_recv": d[3],
                            "combine.rdma_send": c[2], "combine.rdma_recv": c[3]})
         study.enqueue_trial(params, user_attrs={"is_default": True}, skip_if_exists=True)
-    ctx = _StudyStep(study, storage, name, bench, bucket, num_sms, trials, seen)
+    ctx = _StudyStep(study, storage, name, bench, bucket, num_sms, sub.trials, seen)
     try:
         while True:
             with deferred():  # the study's bookkeeping is never split by an interrupt
-                proposal = ctx.propose(space, internode, max_nvl_recv, default)
+                proposal = ctx.propose(space, internode, sub.max_nvl_recv, default)
             if proposal is None:
                 break
             if proposal is _SKIP:
@@ -144,7 +162,7 @@ def tune_bucket(storage, name: str, bench: Bench, workload: Workload, space: Spa
             trial, point, key = proposal
             outcome = ctx.measure(workload, trial, point)  # an interrupt lands here, or waits
             with deferred():
-                ctx.record(trial, key, outcome, region)
+                ctx.record(trial, key, outcome, sub.region)
             progress.advance()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: no trial of this process is left RUNNING
         _fail_interrupted(storage, study, ctx.asked)

@@ -72,7 +72,7 @@ class PluginState:
         if policy.deepep.num_nvl_bytes is None:
             say("not applied: the policy has no buffer sizes; vLLM's own DeepEP behaviour is kept")
             return
-        from moepolicy.policy_file import read_policy
+        from moepolicy.policy_reader import read_policy
 
         self.expert_kernel = read_policy(self.path).doc.target.expert_kernel
         self.policy = policy
@@ -208,58 +208,72 @@ def _layer_quant(quant_config, experts: str, defer: bool, policy_kernel: str) ->
 
 
 def _patch_prepare_finalize(cls, state: PluginState) -> None:
-    original_prepare, original_receiver = cls.prepare_async, cls._receiver
-    original_dispatch_config, original_combine_config = cls._get_dispatch_config, cls._get_combine_config
+    cls.prepare_async = _patched_prepare(cls.prepare_async, state)
+    cls._receiver = _patched_receiver(cls._receiver)
+    cls._get_dispatch_config = _patched_config(cls._get_dispatch_config, state, "dispatch")
+    cls._get_combine_config = _patched_config(cls._get_combine_config, state, "combine")
 
+
+def _layer_action(instance, state: PluginState, tokens: int, quant_config, defer: bool) -> actions.Action:
+    """What the plugin does for this layer's dispatch at ``tokens`` agreed tokens (noted per layer)."""
+    index, experts = layer_of(instance)
+    decision = state.policy.layer(index) if index is not None else None
+    if decision is None or decision.kind != "moe":
+        return actions.Action(actions.VLLM, "the layer is not in vLLM's forward context")
+    chosen = decision.bucket_order(tokens)
+    scale = chosen.wire.scale.granularity if chosen.wire.scale else None
+    action = actions.action_for(chosen.order, chosen.wire.dtype, scale,
+                                _layer_quant(quant_config, experts, defer, state.expert_kernel))
+    state.note_layer(index, action)
+    return action
+
+
+def _patched_prepare(original, state: PluginState):
     def prepare_async(self, a1, topk_weights, topk_ids, num_experts, expert_map, apply_router_weight_on_input,
                       quant_config, defer_input_quant=False):
         args = (a1, topk_weights, topk_ids, num_experts, expert_map, apply_router_weight_on_input, quant_config,
                 defer_input_quant)
         if state.policy is None:
-            return original_prepare(self, *args)
+            return original(self, *args)
         from vllm.v1.worker.ubatching import dbo_current_ubatch_id
 
         tokens = agreed_tokens(a1)
-        index, experts = layer_of(self)
-        action = actions.Action(actions.VLLM, "the layer is not in vLLM's forward context")
-        decision = state.policy.layer(index) if index is not None else None
-        if decision is not None and decision.kind == "moe":
-            chosen = decision.bucket_order(tokens)
-            scale = chosen.wire.scale.granularity if chosen.wire.scale else None
-            action = actions.action_for(chosen.order, chosen.wire.dtype, scale,
-                                        _layer_quant(quant_config, experts, defer_input_quant, state.expert_kernel))
-            state.note_layer(index, action)
+        action = _layer_action(self, state, tokens, quant_config, defer_input_quant)
         runs = getattr(self, "_moepolicy_runs", None) or {}
         runs[dbo_current_ubatch_id()] = (action.kind, tokens)
         self._moepolicy_runs = runs
         if action.kind in (actions.VLLM, actions.BLOCK_FIRST):
-            return original_prepare(self, *args)
+            return original(self, *args)
         if apply_router_weight_on_input:
             assert topk_ids.size(1) == 1, "apply_router_weight_on_input is only implemented for topk=1"
             a1 = a1 * topk_weights.to(a1.dtype)
+        a1_scale, scales = quant_config.a1_scale, None
         if action.kind == actions.TOKEN_FIRST:
             from vllm.model_executor.layers.fused_moe.utils import moe_kernel_quantize_input
 
-            a1q, scales = moe_kernel_quantize_input(a1, None, quant_dtype=quant_config.quant_dtype,
-                                                    per_act_token_quant=True, block_shape=None)
-            return self._do_dispatch(tokens=a1q, token_scales=scales.view(-1, 1), rank_topk_ids=topk_ids,
-                                     rank_topk_weights=topk_weights, num_experts=num_experts, a1_scale=None,
-                                     quant_config=quant_config, defer_input_quant=defer_input_quant)
-        return self._do_dispatch(tokens=a1, token_scales=None, rank_topk_ids=topk_ids, rank_topk_weights=topk_weights,
-                                 num_experts=num_experts, a1_scale=quant_config.a1_scale, quant_config=quant_config,
-                                 defer_input_quant=defer_input_quant)
+            a1, scales = moe_kernel_quantize_input(a1, None, quant_dtype=quant_config.quant_dtype,
+                                                   per_act_token_quant=True, block_shape=None)
+            a1_scale, scales = None, scales.view(-1, 1)
+        return self._do_dispatch(tokens=a1, token_scales=scales, rank_topk_ids=topk_ids,
+                                 rank_topk_weights=topk_weights, num_experts=num_experts, a1_scale=a1_scale,
+                                 quant_config=quant_config, defer_input_quant=defer_input_quant)
 
-    def _receiver(self, event, has_scales, token_data, expert_topk_ids, num_experts,
-                  expert_num_tokens_per_expert_list, expert_topk_weights, a1_scale, quant_config,
-                  defer_input_quant):
+    return prepare_async
+
+
+def _patched_receiver(original):
+    def _receiver(self, *args, defer_input_quant=False):
+        # args as vLLM 0.33's _receiver: event, has_scales, token_data, expert_topk_ids, num_experts,
+        # expert_num_tokens_per_expert_list, expert_topk_weights, a1_scale, quant_config[, defer_input_quant]
+        if len(args) == 10:
+            args, defer_input_quant = args[:9], args[9]
         kind = _run(self)[0]
-        args = (event, has_scales, token_data, expert_topk_ids, num_experts, expert_num_tokens_per_expert_list,
-                expert_topk_weights, a1_scale, quant_config)
         if kind == actions.TOKEN_FIRST:  # the fp8 rows and their [T, 1] scales arrive as the experts read them
-            return original_receiver(self, *args, defer_input_quant=True)
+            return original(self, *args, defer_input_quant=True)
         if kind != actions.BF16_THEN_QUANT:
-            return original_receiver(self, *args, defer_input_quant=defer_input_quant)
-        expert_x, _, meta, topk_ids, topk_weights = original_receiver(self, *args, defer_input_quant=True)
+            return original(self, *args, defer_input_quant=defer_input_quant)
+        a1_scale, quant_config = args[7], args[8]
+        expert_x, _, meta, topk_ids, topk_weights = original(self, *args, defer_input_quant=True)
         scales = None
         if expert_x.numel() != 0:
             from vllm.model_executor.layers.fused_moe.utils import moe_kernel_quantize_input
@@ -270,24 +284,20 @@ def _patch_prepare_finalize(cls, state: PluginState) -> None:
                 is_scale_swizzled=quant_config.is_scale_swizzled)
         return expert_x, scales, meta, topk_ids, topk_weights
 
-    def _get_dispatch_config(self):
+    return _receiver
+
+
+def _patched_config(original, state: PluginState, part: str):
+    """``_get_dispatch_config`` / ``_get_combine_config``: the policy's bucket for the agreed tokens."""
+    def get_config(self):
         bucket = _bucket(self, state)
         if bucket is None:
-            return original_dispatch_config(self)
+            return original(self)
         import deep_ep
 
-        return deep_ep.Config(state.policy.deepep.num_sms, *bucket.dispatch)
+        return deep_ep.Config(state.policy.deepep.num_sms, *getattr(bucket, part))
 
-    def _get_combine_config(self):
-        bucket = _bucket(self, state)
-        if bucket is None:
-            return original_combine_config(self)
-        import deep_ep
-
-        return deep_ep.Config(state.policy.deepep.num_sms, *bucket.combine)
-
-    cls.prepare_async, cls._receiver = prepare_async, _receiver
-    cls._get_dispatch_config, cls._get_combine_config = _get_dispatch_config, _get_combine_config
+    return get_config
 
 
 def _run(instance) -> tuple[str, Optional[int]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from moepolicy.errors import PolicyError
 from moepolicy.schema.locations import yaml_path
@@ -18,9 +18,27 @@ from moepolicy.schema.policy_rules import READABLE_MAJORS, SCHEMA_VERSION
 READER_MAJOR, READER_MINOR = (int(x) for x in SCHEMA_VERSION.split("."))
 
 
+class PolicyView(Protocol):
+    """A validated policy with attribute access: the CLI's Pydantic ``PolicyDoc`` or the runtime's
+    light ``View`` over the validated tree; both have these sections."""
+
+    @property
+    def schema_version(self) -> str: ...
+    @property
+    def model(self) -> Any: ...
+    @property
+    def target(self) -> Any: ...
+    @property
+    def rules(self) -> Any: ...
+    @property
+    def deepep(self) -> Any: ...
+    @property
+    def layers(self) -> Any: ...
+
+
 @dataclass(frozen=True)
 class LoadedPolicy:
-    doc: Any  # PolicyDoc (CLI) or the validated dict (runtime)
+    doc: PolicyView
     raw: dict[str, Any]
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
@@ -41,7 +59,7 @@ def check_version(raw: dict[str, Any], source: str) -> None:
 
 
 def _parse_raw(text: str, source: str) -> dict[str, Any]:
-    from moepolicy.document import parse_text, yaml_problem
+    from moepolicy.policy_yaml import parse_text, yaml_problem
 
     import yaml
 

@@ -3,7 +3,7 @@ expert GEMMs.
 
 A measurement starts dispatch + combine on ``c`` SMs and the experts' GEMM on the other SMs together,
 for every token bucket, and times the pair in each launch order (medians of repeats, with spread;
-``measure/overlap.py``). The order the split is chosen for is ``order``: ``gemm-first`` (the GEMM
+``measure/overlapped_step.py``). The order the split is chosen for is ``order``: ``gemm-first`` (the GEMM
 holds its SMs when DeepEP launches; on H200 DeepEP's cooperative cluster launch then often waits for
 the whole unclustered GEMM, depending on the split), ``comm-first`` (with the full dispatch's host
 wait for its receive counts), ``comm-first-no-wait`` (the dispatch given ``num_worst_tokens``, no host
@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import statistics
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from moepolicy.deepep.configs import ChunkConfig
 from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
@@ -39,7 +39,11 @@ log = logging.getLogger("moepolicy.tuning")
 CHUNK_CANDIDATES = {"dispatch": (16, 20, 24, 32), "combine": (6, 8, 10, 12, 16)}
 
 Chunks = tuple[ChunkConfig, ChunkConfig]  # (dispatch, combine)
-Config = tuple[int, Chunks]  # (communication SMs, chunks)
+class SplitConfig(NamedTuple):
+    """One point of the overlap search: DeepEP's SM share and its (dispatch, combine) chunks."""
+
+    comm_sms: int
+    chunks: Chunks
 CONFIRM_SPLITS = 3  # splits whose best config is re-measured beside vLLM's
 # which launch order the split is chosen for (all are measured), and the pair of ``measure_overlap``'s
 # row that times it: the GEMM enqueued first; DeepEP's calls enqueued first, with the full dispatch's
@@ -91,9 +95,9 @@ class _Measurer:
         self.plan, self.bench, self.workload, self.gemm_kind, self.confine = plan, bench, workload, gemm_kind, confine
         self.order = order
         self.buckets, self.weight = buckets, dict(buckets)
-        self.seen: dict[Config, Optional[dict[int, dict]]] = {}
+        self.seen: dict[SplitConfig, Optional[dict[int, dict]]] = {}
 
-    def fresh(self, config: Config) -> Optional[dict[int, dict]]:
+    def fresh(self, config: SplitConfig) -> Optional[dict[int, dict]]:
         c, chunks = config
         rows = {}
         for tokens, _ in self.buckets:
@@ -105,7 +109,7 @@ class _Measurer:
                 return None
         return rows
 
-    def once(self, config: Config) -> Optional[dict[int, dict]]:
+    def once(self, config: SplitConfig) -> Optional[dict[int, dict]]:
         if config not in self.seen:
             self.seen[config] = self.fresh(config)
         return self.seen[config]
@@ -114,7 +118,7 @@ class _Measurer:
         return sum(self.weight[t] * objective_us(rows[t], self.order) for t in rows)
 
 
-def _say(config: Config, rows: dict[int, dict]) -> None:
+def _say(config: SplitConfig, rows: dict[int, dict]) -> None:
     c, chunks = config
     for tokens, r in rows.items():
         comm_first = (f", comm first {r['overlapped_comm_first']['median_us']:.1f}"
@@ -129,9 +133,9 @@ def _say(config: Config, rows: dict[int, dict]) -> None:
 def scan_splits(m: _Measurer, splits: list[int], default: Chunks) -> dict[int, float]:
     out = {}
     for c in splits:
-        rows = m.once((c, default))
+        rows = m.once(SplitConfig(c, default))
         if rows is not None:
-            _say((c, default), rows)
+            _say(SplitConfig(c, default), rows)
             out[c] = m.weighted(rows)
     return out
 
@@ -156,7 +160,7 @@ def joint_search(m: _Measurer, splits: list[int], default: Chunks, trials: int, 
                                                   value=m.weighted(rows) if rows is not None else None))
     for i in range(trials):
         trial = study.ask(dists)
-        config = (trial.params["c"], with_send_chunks(default, trial.params["dispatch"], trial.params["combine"]))
+        config = SplitConfig(trial.params["c"], with_send_chunks(default, trial.params["dispatch"], trial.params["combine"]))
         new = config not in m.seen
         rows = m.once(config)
         if rows is None:
@@ -164,24 +168,24 @@ def joint_search(m: _Measurer, splits: list[int], default: Chunks, trials: int, 
             continue
         study.tell(trial, m.weighted(rows))
         if new:
-            log.info(f"  joint {i + 1}/{trials}: c={config[0]} chunks {config[1][0][0]}/{config[1][1][0]}: "
+            log.info(f"  joint {i + 1}/{trials}: c={config.comm_sms} chunks {config.chunks[0][0]}/{config.chunks[1][0]}: "
                  f"weighted overlapped {m.weighted(rows):.1f} us")
 
 
-def best_per_split(measured: dict[Config, float], exclude: Config, splits: int) -> list[Config]:
+def best_per_split(measured: dict[SplitConfig, float], exclude: SplitConfig, splits: int) -> list[SplitConfig]:
     """The best config of each of the ``splits`` best splits (a lucky reading of one split cannot
     crowd the others out of the confirmation)."""
-    best: dict[int, Config] = {}
+    best: dict[int, SplitConfig] = {}
     for cfg in sorted(measured, key=measured.get):
-        if cfg != exclude and cfg[0] not in best:
-            best[cfg[0]] = cfg
+        if cfg != exclude and cfg.comm_sms not in best:
+            best[cfg.comm_sms] = cfg
     return list(best.values())[:splits]
 
 
-def confirm(m: _Measurer, candidates: list[Config], rounds: int) -> dict[Config, list[dict[int, dict]]]:
+def confirm(m: _Measurer, candidates: list[SplitConfig], rounds: int) -> dict[SplitConfig, list[dict[int, dict]]]:
     """Every candidate measured once per round, in turn, for ``rounds`` rounds. A round in which any
     candidate failed is dropped for all, so the i-th runs of two candidates stay side by side."""
-    out: dict[Config, list[dict[int, dict]]] = {cfg: [] for cfg in candidates}
+    out: dict[SplitConfig, list[dict[int, dict]]] = {cfg: [] for cfg in candidates}
     for r in range(rounds):
         got = {cfg: m.fresh(cfg) for cfg in candidates}
         if any(rows is None for rows in got.values()):
@@ -190,7 +194,7 @@ def confirm(m: _Measurer, candidates: list[Config], rounds: int) -> dict[Config,
         for cfg, rows in got.items():
             out[cfg].append(rows)
         log.info(f"  confirmation round {r + 1}/{rounds}: " + ", ".join(
-            f"c={cfg[0]} {cfg[1][0][0]}/{cfg[1][1][0]}: {m.weighted(rows):.1f} us" for cfg, rows in got.items()))
+            f"c={cfg.comm_sms} {cfg.chunks[0][0]}/{cfg.chunks[1][0]}: {m.weighted(rows):.1f} us" for cfg, rows in got.items()))
     return {cfg: runs for cfg, runs in out.items() if runs}
 
 
@@ -266,26 +270,39 @@ class OverlapSearch:
         return {k: v for k, v in out.items() if v is not None}
 
 
+@dataclass(frozen=True)
+class OverlapSettings:
+    """How the overlap search runs: its TPE trials, confirmation rounds and seed, the expert GEMM
+    stand-in (kind, how it is confined) and the launch order the split is chosen for."""
+
+    trials: int = 12
+    rounds: int = 5
+    seed: int = 0
+    gemm_kind: str = "persistent"
+    confine: str = "grid"
+    order: str = "gemm-first"
+
+
 def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, float]], grid: list[int],
-                   default: Chunks, trials: int = 12, rounds: int = 5, seed: int = 0,
-                   gemm_kind: str = "persistent", confine: str = "grid", order: str = "gemm-first") -> OverlapSearch:
+                   default: Chunks, settings: OverlapSettings = OverlapSettings()) -> OverlapSearch:
+    trials, rounds, order = settings.trials, settings.rounds, settings.order
     splits = sorted(set(grid) | {VLLM_DBO_COMM_SMS})
-    m = _Measurer(plan, bench, workload, buckets, gemm_kind, confine, order)
+    m = _Measurer(plan, bench, workload, buckets, settings.gemm_kind, settings.confine, order)
     log.info(f"overlap phase 1: {len(splits)} splits with DeepEP's default chunks")
     scanned = scan_splits(m, splits, default)
     if not scanned:
         raise TrialFailed("no split produced a measurement for every bucket")
     log.info(f"overlap phase 2: joint search of split and send chunks, {trials} trials")
-    joint_search(m, sorted(scanned), default, trials, seed)
+    joint_search(m, sorted(scanned), default, trials, settings.seed)
     measured = {cfg: m.weighted(rows) for cfg, rows in m.seen.items() if rows is not None}
-    vllm = (VLLM_DBO_COMM_SMS, default)
+    vllm = SplitConfig(VLLM_DBO_COMM_SMS, default)
     candidates = best_per_split(measured, exclude=vllm, splits=CONFIRM_SPLITS) + ([vllm] if vllm in measured else [])
     log.info(f"overlap phase 3: {len(candidates)} configs re-measured side by side, {rounds} rounds")
     complete = confirm(m, candidates, rounds)
     if not complete:
         raise TrialFailed("no configuration could be re-measured in the confirmation rounds")
 
-    def confirmed_weighted(cfg: Config) -> float:
+    def confirmed_weighted(cfg: SplitConfig) -> float:
         return sum(m.weight[t] * statistics.median(objective_us(run[t], order) for run in complete[cfg])
                    for t, _ in buckets)
 
@@ -301,7 +318,7 @@ def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, flo
         comm_sms=c, gemm_sms=first["gemm_sms"], chunks=chunks, rows=rows,
         gemm=first.get("gemm_kind", "fp8" if first.get("gemm_fp8") else "bf16"), order=order,
         gemm_fallback=first.get("gemm_fallback"), splits_us=splits_us, configs_measured=len(measured),
-        confirmed_us={f"c={cfg[0]} chunks {cfg[1][0][0]}/{cfg[1][1][0]}": round(confirmed_weighted(cfg), 1)
+        confirmed_us={f"c={cfg.comm_sms} chunks {cfg.chunks[0][0]}/{cfg.chunks[1][0]}": round(confirmed_weighted(cfg), 1)
                       for cfg in complete},
         why=(f"lowest weighted overlapped time ({order} launch order), median of {rounds} interleaved rounds, "
              f"among the best configs of the {CONFIRM_SPLITS} best splits of {len(measured)} configs (split "

@@ -1,4 +1,4 @@
-"""Load the data sheets in ``policies/`` (validated once, cached).
+"""Load the data sheets in ``moepolicy/data/sheets/`` (validated once, cached).
 
 Errors name the file, the YAML path and the field, with the nearest valid name where one exists.
 """
@@ -33,7 +33,7 @@ def read_yaml(path: Path) -> Any:
         text = read_bounded(path, MAX_DATA_FILE_BYTES, RulePackError).decode("utf-8")
     except UnicodeDecodeError:
         raise RulePackError(f"{path}: is not UTF-8 text") from None
-    from moepolicy.document import parse_text, yaml_problem
+    from moepolicy.policy_yaml import parse_text, yaml_problem
 
     try:
         return parse_text(text)
@@ -85,7 +85,7 @@ def load_model(path: Path, model: type[T]) -> T:
 
 @lru_cache(maxsize=None)
 def gpu_sheet() -> GpuSheet:
-    return load_model(data_dir("policies") / "gpus.yaml", GpuSheet)
+    return load_model(data_dir("sheets") / "gpus.yaml", GpuSheet)
 
 
 def gpu_profile(name: str) -> GpuProfile:
@@ -102,13 +102,13 @@ def gpu_profile(name: str) -> GpuProfile:
 
 @lru_cache(maxsize=None)
 def kernel_sheet() -> KernelSheet:
-    return load_model(data_dir("policies") / "expert_kernels.yaml", KernelSheet)
+    return load_model(data_dir("sheets") / "expert_kernels.yaml", KernelSheet)
 
 
 @lru_cache(maxsize=None)
 def deepep_sheets() -> dict[str, DeepEPSheet]:
     sheets = {}
-    for path in sorted((data_dir("policies") / "deepep").glob("*.yaml")):
+    for path in sorted((data_dir("sheets") / "deepep").glob("*.yaml")):
         sheet = load_model(path, DeepEPSheet)
         sheets[sheet.name] = sheet
     return sheets

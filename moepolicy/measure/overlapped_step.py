@@ -315,50 +315,13 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, timer, queued: bool = T
     - ``overlapped_comm_first_no_wait`` (when ``comm_no_wait`` is given: the same communication with
       a dispatch that does not wait on the host, ``num_worst_tokens``): DeepEP enqueued first, as
       vLLM's DBO and SGLang's TBO order it, without the host wait; ``comm_no_wait`` alone is timed too."""
-    device_stream = torch.cuda.current_stream()
-
-    def event():
-        return torch.cuda.Event(enable_timing=True)
-
-    def started():
-        timer.quiesce()
-        if queued:
-            timer.head_start()
-        start = event()
-        start.record(device_stream)
-        return start
-
-    def timed(fn, stream):
-        start, end = started(), event()
-        stream.wait_event(start)
-        with torch.cuda.stream(stream):
-            fn()
-        end.record(stream)
-        end.synchronize()
-        return start.elapsed_time(end) * 1000
-
-    def pair(comm_fn, comm_first: bool) -> tuple[float, float]:
-        start, end_comm, end_gemm = started(), event(), event()
-        gemm.stream.wait_event(start)
-        if comm_first:
-            comm_fn()
-            end_comm.record(device_stream)
-        with torch.cuda.stream(gemm.stream):
-            gemm.run()
-        end_gemm.record(gemm.stream)
-        if not comm_first:
-            comm_fn()
-            end_comm.record(device_stream)
-        end_comm.synchronize()
-        end_gemm.synchronize()
-        return start.elapsed_time(end_comm) * 1000, start.elapsed_time(end_gemm) * 1000
-
+    clock = _PairClock(gemm, timer, queued)
     # the communications timed alone, and the pairs (prefix, communication, DeepEP enqueued first)
     comms = {"comm": comm} if comm_no_wait is None else {"comm": comm, "comm_no_wait": comm_no_wait}
     pairs = [("overlapped", comm, False), ("comm_first", comm, True)]
     if comm_no_wait is not None:
         pairs.append(("comm_first_no_wait", comm_no_wait, True))
-    for _ in range(3):
+    for _ in range(3):  # warm-up
         for fn in comms.values():
             fn()
         with torch.cuda.stream(gemm.stream):
@@ -368,16 +331,68 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, timer, queued: bool = T
     xs.update({f"{prefix}_{side}_end": [] for prefix, _, _ in pairs for side in ("comm", "gemm")})
     for _ in range(reps):
         for name, fn in comms.items():
-            xs[name].append(timed(fn, device_stream))
-        xs["gemm"].append(timed(gemm.run, gemm.stream))
+            xs[name].append(clock.alone(fn, clock.stream))
+        xs["gemm"].append(clock.alone(gemm.run, gemm.stream))
         for prefix, comm_fn, comm_first in pairs:
-            end_comm, end_gemm = pair(comm_fn, comm_first)
+            end_comm, end_gemm = clock.pair(comm_fn, comm_first)
             xs[f"{prefix}_comm_end"].append(end_comm)
             xs[f"{prefix}_gemm_end"].append(end_gemm)
-    xs = timer.slowest_rank_per_rep(xs)
+    return _summary(timer.slowest_rank_per_rep(xs), [prefix for prefix, _, _ in pairs], gemm, queued)
+
+
+class _PairClock:
+    """Times a side alone, or the communication and the GEMM started together from one recorded
+    start; the start waits for a quiet GPU and (``queued``) gives the host a head start."""
+
+    def __init__(self, gemm: ConfinedGemm, timer, queued: bool):
+        self.gemm, self.timer, self.queued = gemm, timer, queued
+        self.stream = torch.cuda.current_stream()
+
+    @staticmethod
+    def _event():
+        return torch.cuda.Event(enable_timing=True)
+
+    def _started(self):
+        self.timer.quiesce()
+        if self.queued:
+            self.timer.head_start()
+        start = self._event()
+        start.record(self.stream)
+        return start
+
+    def alone(self, fn, stream) -> float:
+        start, end = self._started(), self._event()
+        stream.wait_event(start)
+        with torch.cuda.stream(stream):
+            fn()
+        end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end) * 1000
+
+    def pair(self, comm_fn, comm_first: bool) -> tuple[float, float]:
+        """(us until the communication ended, us until the GEMM ended), both from the same start."""
+        gemm = self.gemm
+        start, end_comm, end_gemm = self._started(), self._event(), self._event()
+        gemm.stream.wait_event(start)
+        if comm_first:
+            comm_fn()
+            end_comm.record(self.stream)
+        with torch.cuda.stream(gemm.stream):
+            gemm.run()
+        end_gemm.record(gemm.stream)
+        if not comm_first:
+            comm_fn()
+            end_comm.record(self.stream)
+        end_comm.synchronize()
+        end_gemm.synchronize()
+        return start.elapsed_time(end_comm) * 1000, start.elapsed_time(end_gemm) * 1000
+
+
+def _summary(xs: dict[str, list[float]], prefixes: list[str], gemm: ConfinedGemm, queued: bool) -> dict:
+    """Each series' spread, the serial sum, each pair until its later side ends, and the labels."""
     out = {k: spread(v) for k, v in xs.items()}
     out["serial"] = spread([a + b for a, b in zip(xs["comm"], xs["gemm"])])
-    for prefix, _, _ in pairs:  # a pair takes until its later side ends
+    for prefix in prefixes:  # a pair takes until its later side ends
         name = prefix if prefix == "overlapped" else f"overlapped_{prefix}"
         out[name] = spread([max(a, b) for a, b in zip(xs[f"{prefix}_comm_end"], xs[f"{prefix}_gemm_end"])])
     out["deepep_waited_for_gemm"] = deepep_waited(out["comm"]["median_us"], out["overlapped_comm_end"]["median_us"],

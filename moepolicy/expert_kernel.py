@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from moepolicy import sheets
+from moepolicy import datasheets
 from moepolicy.schema.capability import KernelMode
 from moepolicy.schema.facts import LayerFacts
 
@@ -27,7 +27,7 @@ class Execution:
 
 def default_kernel(layer: LayerFacts, arch: str) -> str:
     w, a = layer.weights, layer.activations
-    for rule in sheets.kernel_sheet().defaults:
+    for rule in datasheets.kernel_sheet().defaults:
         if rule.arch and arch not in rule.arch:
             continue
         if rule.weights and w.dtype not in rule.weights:
@@ -41,7 +41,7 @@ def default_kernel(layer: LayerFacts, arch: str) -> str:
 
 
 def find_mode(kernel: str, arch: str, layer: LayerFacts) -> Optional[KernelMode]:
-    per_arch = sheets.kernel_sheet().kernels.get(kernel, {})
+    per_arch = datasheets.kernel_sheet().kernels.get(kernel, {})
     modes = per_arch.get(arch) or per_arch.get("any") or []
     for mode in modes:
         if not mode.weights.matches(layer.weights.dtype, layer.weights.granularity):
