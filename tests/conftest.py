@@ -41,3 +41,24 @@ def write_config(tmp_path):
         return folder
 
     return _write
+
+
+# The fast profile (`pytest -m "not slow"`) runs the plan, rules, runtime, schema, export and CLI
+# tests; these modules run real tune subprocesses, fuzzing, kill/interrupt loops, worker groups or
+# spawned ranks, and stay in the full profile (.ci/run).
+SLOW_MODULES = {
+    "test_fuzz.py", "tuning/test_crash_safety.py", "tuning/test_scaleout.py", "tuning/test_live_supervisor.py",
+    "tuning/test_overlap.py", "tuning/test_tuning.py", "tuning/test_tune_serial.py", "moe_step/test_bench_cli.py",
+    "reference/test_prepare_finalize_cpu.py", "reference/test_packed_transport_cpu.py", "export/test_report_plots.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        try:
+            module = Path(str(item.fspath)).relative_to(tests).as_posix()
+        except ValueError:
+            continue
+        if module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

@@ -73,6 +73,7 @@ def test_a_storage_url_is_refused_or_opened_without_its_secret_in_any_message(ur
         assert MARK not in str(exc), str(exc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("url", ["postgresql://alice:p@ssw0rdX@localhost:1/db",
                                  "postgresql://alice:S3CRp%40ssw0rdX@localhost:1/db",
                                  "postgresql://:S3CROnlyPassPW@localhost:1/db",
@@ -181,6 +182,7 @@ def _special_inputs(tmp_path: Path) -> dict[str, str]:
             str(folder): "folder", str(tmp_path / "missing.yaml"): "cannot be read"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [("validate",), ("audit",), ("explain", "--layer", "3"),
                                      ("export", "--to", "sglang")])
 def test_special_files_as_policy_inputs_are_refused_in_one_line(tmp_path, command):
@@ -191,6 +193,7 @@ def test_special_files_as_policy_inputs_are_refused_in_one_line(tmp_path, comman
         assert last.startswith("moepolicy: ") and what in last, (path, last)
 
 
+@pytest.mark.slow
 def test_special_files_as_model_and_rule_inputs_are_refused(tmp_path):
     for path, _ in _special_inputs(tmp_path).items():
         for args in (("--model", path), ("--model", "DeepSeek-V3", "--rules", path)):
@@ -215,6 +218,7 @@ def test_the_safe_policy_says_the_engine_decides_where_no_hidden_size_is_known(t
     assert policy.is_fallback and policy.deepep.num_nvl_bytes is None and policy.deepep.num_rdma_bytes is None
 
 
+@pytest.mark.slow
 def test_special_files_and_bad_folders_as_outputs_are_refused_before_work(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -335,6 +339,7 @@ def test_rekey_never_writes_a_document_it_would_reject(tmp_path):
     assert result.returncode != 0 and "not written" in result.stderr and out.read_text() == before
 
 
+@pytest.mark.slow
 def test_low_latency_has_nothing_to_tune_and_audit_shows_no_chunks(tmp_path):
     tune = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "8", "--backend", "deepep_ll", "--bench", "model",
                    "-o", str(tmp_path / "t.yaml"))

@@ -9,7 +9,7 @@ from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
 from moepolicy.tuning.overlap_report import OverlapBucketRow
 
 
-# what the comm-first pair includes besides the GPU's sharing (BENCHMARKS.md, run 45)
+# what the comm-first pair includes besides the GPU's sharing (docs/BENCHMARKS.md, "Overlap": the launch order is the host's wait)
 COMM_FIRST_NOTE = "; the GEMM launches only after the dispatch's host wait for its receive counts"
 COMM_FIRST_NO_WAIT_NOTE = " (dispatch given num_worst_tokens, receive buffers sized for the worst case)"
 

@@ -3,7 +3,7 @@
 ``Config.get_nvl_buffer_size_hint`` / ``get_rdma_buffer_size_hint`` (csrc/config.hpp:52-104 at
 29d31c0) and ``Buffer.get_low_latency_rdma_size_hint`` (config.hpp:127-193). When ``deep_ep`` is
 imported the runtime asks DeepEP itself; these are used otherwise (and are checked against the
-worked values in research/deepep-source-notes.md §1.3-1.4 by the tests). Sized for bf16 rows,
+worked values of DeepEP's own hint formulas, checked by the tests). Sized for bf16 rows,
 since combine is bf16.
 """
 

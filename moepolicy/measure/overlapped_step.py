@@ -1,21 +1,21 @@
 """Overlapped execution: DeepEP dispatch + combine on ``c`` SMs beside the experts' GEMM given the
 other SMs (by its grid, or also by a CUDA green context: ``GemmShape.confine``), started together.
 
-FACTS.md: cuBLAS ignores torch's SM carveout but a green context confines it; DeepEP's normal
+Measured on H200: cuBLAS ignores torch's SM carveout but a green context confines it; DeepEP's normal
 kernels occupy ``num_sms`` SMs by construction (one block per SM). The GEMM is the experts' first
 GEMM for the bucket (gate and up: K = hidden, N = 2 × expert intermediate), grouped over the local
 experts with the row counts DeepEP's dispatch delivers to each. Kinds (``GemmShape.kind``):
 
 - ``persistent`` (default): block-128 fp8, a persistent Triton kernel whose grid is the GEMM's SM
   count — what DeepGEMM does when serving engines tell it the SMs DeepEP leaves (DeepGEMM itself does
-  not run on this CUDA 13 stack, FACTS.md);
+  not run on this CUDA 13 stack);
 - ``grouped``: torch's fp8 grouped GEMM (``torch._scaled_grouped_mm``, row-wise scales; SM90), groups
   padded to 16 rows; its grid does not follow the green context (measured: flat from 68 to 112 SMs);
 - ``dense``: one ``torch._scaled_mm`` over all rows (cuBLAS), or bf16 where fp8 is missing;
 - ``persistent-clustered``: the persistent kernel launched as 2-CTA clusters (Triton ``num_ctas=2``):
   it holds its SMs in pairs, as DeepGEMM's multicast launches do. DeepEP launches cooperatively in
   2-CTA clusters too; beside the unclustered kernel launched first it often finds no pair of free SMs
-  and waits for the whole GEMM, beside the clustered one it never did (runs 26-30).
+  and waits for the whole GEMM, beside the clustered one it never did (2026-11-30, docs/BENCHMARKS.md "Overlap").
 
 A kind that cannot run falls back to the next (persistent → grouped → dense) and says why; the kind
 used is recorded with every result.
@@ -38,7 +38,7 @@ GROUP_ROW_ALIGN = 16
 
 # Launch configs tried for the persistent kernel: (block_m, block_n, num_warps, num_stages, loads),
 # each in both tile orders. Like DeepGEMM, which picks its config for the SM count it is given, the
-# fastest is picked per GEMM SM count (runs 22-24 on H200: 64x256, 8 warps, 4-5 stages, TMA loads won
+# fastest is picked per GEMM SM count (measured on H200, 2026-11-30: 64x256, 8 warps, 4-5 stages, TMA loads won
 # everywhere, 17-24 % faster than through pointers; the best at 132 SMs is not always the best at 100).
 # Candidates that do not compile here (an older Triton, no TMA) are skipped and recorded.
 PERSISTENT_LAUNCHES = ((64, 256, 8, 4, "pointer"), (128, 128, 8, 5, "pointer"), (64, 128, 4, 4, "pointer"),
@@ -46,7 +46,7 @@ PERSISTENT_LAUNCHES = ((64, 256, 8, 4, "pointer"), (128, 128, 8, 5, "pointer"), 
                        (64, 256, 8, 4, "tma-ws"))
 # In 2-CTA clusters Triton splits each tile between the two CTAs, so the clustered candidates use
 # twice the tile (or twice the stages) of the plain ones: each CTA then needs more than half an SM's
-# shared memory, and no two fit on one SM, as with DeepGEMM (runs 26-27: with 99 KiB per CTA, two
+# shared memory, and no two fit on one SM, as with DeepGEMM (measured: with 99 KiB per CTA, two
 # clusters shared SMs beside DeepEP and the GEMM slowed down up to 1.5x)
 CLUSTERED_LAUNCHES = ((128, 256, 8, 4, "tma"), (128, 256, 8, 3, "tma"), (64, 256, 8, 8, "tma"),
                       (128, 256, 8, 4, "pointer"))

@@ -1,4 +1,4 @@
-"""The MoE shapes the GPU scripts measure (``scripts/``), by short name, read from the model catalog:
+"""The MoE shapes the GPU scripts measure (``benchmarks/``), by short name, read from the model catalog:
 one source for every script, and the same numbers ``tune`` reads."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from moepolicy.settings import triton_fast_launch
 # Triton's Python launcher (argument binding, specialization, cache key) costs tens of microseconds
 # per call, on the sender's critical path before dispatch. After the first launch of a given call
 # shape the compiled kernel is launched directly with the same arguments' layout, and the host-side
-# arithmetic (grid, constexprs) of each shape is computed once (scripts/diag_launch_cost.py measures
+# arithmetic (grid, constexprs) of each shape is computed once (benchmarks/diag_launch_cost.py measures
 # the host cost per call). MOEPOLICY_TRITON_FAST_LAUNCH=0 turns the direct launch off.
 FAST_LAUNCH = {"enabled": triton_fast_launch()}
 _COMPILED: dict = {}
@@ -101,14 +101,14 @@ def _group_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, num_groups, x_stride, q_str
 
 
 # How fp32 becomes fp8: 'direct' (one rtne conversion) or 'round_odd' (through fp16, round-to-odd).
-CONVERSION = {"mode": "direct"}  # both were bit-identical to torch on H200 (scripts/diag_fp8_conversion.py)
+CONVERSION = {"mode": "direct"}  # both were bit-identical to torch on H200 (benchmarks/diag_fp8_conversion.py)
 
 
 def _round_odd() -> bool:
     return CONVERSION["mode"] == "round_odd"
 
 
-# Launch shape: groups per program and warps (tuned at 8192x7168 on H200 by scripts/bench_dispatch.py).
+# Launch shape: groups per program and warps (tuned at 8192x7168 on H200 by benchmarks/bench_dispatch.py).
 LAUNCH = {"groups_per_prog": 8, "num_warps": 4}
 
 

@@ -3,9 +3,9 @@
 Serving processes load one policy at start-up; pydantic's first use (model classes, plugin discovery)
 costs most of that time, so the runtime validates with :mod:`pydantic_core` directly. Its schema and
 its table of known keys are built from the shipped JSON Schema, which is generated from the Pydantic
-models (``scripts/gen_schema.py``; a test keeps it current), so fields and bounds have one source;
+models (``tools/gen_schema.py``; a test keeps it current), so fields and bounds have one source;
 cross-field rules are shared too (:mod:`moepolicy.schema.policy_rules`).
-``tests/test_fast_validate.py`` checks the two validators accept and refuse the same documents.
+``tests/schema/test_fast_validate.py`` checks the two validators accept and refuse the same documents.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from moepolicy.errors import PolicyError
 from moepolicy.schema import policy_rules as rules
 from moepolicy.schema.locations import yaml_path
 
-SCHEMA_FILE = "policy.schema.json"  # generated from the Pydantic models (scripts/gen_schema.py)
+SCHEMA_FILE = "policy.schema.json"  # generated from the Pydantic models (tools/gen_schema.py)
 FREE_FORM = "x-free-form"  # an object whose keys are not checked (provenance details, facts, ...)
 
 

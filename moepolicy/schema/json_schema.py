@@ -1,5 +1,5 @@
 """The policy document's JSON Schema, generated from the Pydantic models (shipped as
-``moepolicy/data/policy.schema.json``; ``scripts/gen_schema.py`` writes it, a test keeps it current)."""
+``moepolicy/data/policy.schema.json``; ``tools/gen_schema.py`` writes it, a test keeps it current)."""
 
 from __future__ import annotations
 

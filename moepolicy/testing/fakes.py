@@ -39,7 +39,7 @@ class FakeBenchSource(BenchSource):
 class NoisyBench(Bench):
     """Known true times per point, times log-normal noise of ``sigma``, times a drift that grows with
     every measurement (the whole machine slowing down), as a shared GPU does: the re-measurement
-    protocol is checked against it (``tests/test_confirm.py``, ``scripts/protocol_false_claims.py``)."""
+    protocol is checked against it (``tests/tuning/test_confirm.py``, ``benchmarks/protocol_false_claims.py``)."""
 
     name = "noisy"
 

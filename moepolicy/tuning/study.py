@@ -62,7 +62,7 @@ class SmsResult:
 
 def make_sampler(seed: int):
     """TPE with 3 random start-up trials; constant_liar keeps parallel workers' proposals apart.
-    Chosen by replaying samplers over live-measured grids (scripts/sample_efficiency.py)."""
+    Chosen by replaying samplers over live-measured grids (benchmarks/sample_efficiency.py)."""
     import optuna
 
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=3, constant_liar=True)

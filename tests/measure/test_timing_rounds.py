@@ -1,0 +1,86 @@
+"""``rounds.rotated_rounds``, under ``interleaved_rounds`` (the expert GEMM's launch-config pick and
+``benchmarks/bench_dispatch.py``): every name timed once per round, each round starting one name further
+along. A scripted timer plays the GPU."""
+
+import statistics
+
+import pytest
+
+from moepolicy.measure.rounds import rotated_rounds
+
+
+class ScriptedTimer:
+    """Each name has a true time; the first timing of a round reads ``first_penalty`` slower (a
+    pause before it), and ``lucky``'s first timing ever reads 1 us."""
+
+    def __init__(self, true_us, first_penalty=0.0, lucky=None):
+        self.true_us, self.first_penalty, self.lucky = true_us, first_penalty, lucky
+        self.calls = []
+
+    def __call__(self, name):
+        first_of_round = len(self.calls) % len(self.true_us) == 0
+        first_ever = name not in self.calls
+        self.calls.append(name)
+        if name == self.lucky and first_ever:
+            return 1.0
+        return self.true_us[name] + (self.first_penalty if first_of_round else 0.0)
+
+
+def fastest(rounds):
+    medians = {name: statistics.median(xs) for name, xs in rounds.items()}
+    return min(medians, key=medians.get), medians
+
+
+def test_every_name_is_timed_once_per_round_and_the_median_ignores_a_lucky_timing():
+    timer = ScriptedTimer({"a": 100.0, "b": 90.0, "c": 95.0}, lucky="a")
+    rounds = rotated_rounds(["a", "b", "c"], timer, rounds=5)
+    assert {name: len(xs) for name, xs in rounds.items()} == {"a": 5, "b": 5, "c": 5}
+    assert rounds["a"][0] == 1.0  # the lucky timing is kept, and outvoted
+    assert fastest(rounds) == ("b", {"a": 100.0, "b": 90.0, "c": 95.0})
+
+
+def test_the_rotation_keeps_the_first_in_line_from_always_paying_the_pause():
+    true = {"a": 90.0, "b": 100.0, "c": 95.0}
+    timer = ScriptedTimer(true, first_penalty=20.0)
+    rounds = rotated_rounds(["a", "b", "c"], timer, rounds=5)
+    assert timer.calls[:6] == ["a", "b", "c", "b", "c", "a"]
+    assert fastest(rounds) == ("a", true)  # each was first in at most 2 of 5 rounds
+    # one timing each, as the pick did before: the penalty on the first in line picks the wrong one
+    assert fastest(rotated_rounds(["a", "b", "c"], ScriptedTimer(true, first_penalty=20.0), rounds=1))[0] == "c"
+
+
+def test_bad_arguments_say_what_was_wrong():
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        rotated_rounds(["a"], lambda name: 1.0, rounds=0)
+    with pytest.raises(ValueError, match="0 names"):
+        rotated_rounds([], lambda name: 1.0, rounds=3)
+
+
+def test_the_slowest_rank_is_taken_per_repetition_not_per_median():
+    from moepolicy.measure.timing import slowest_per_rep
+
+    # rank 1 is slow in repetitions 0-1, rank 0 in 2-3: each repetition's step waits for its slowest rank
+    rank0 = {"gemm": [100.0, 100.0, 150.0, 150.0], "comm": [50.0, 60.0, 50.0, 60.0]}
+    rank1 = {"gemm": [140.0, 140.0, 100.0, 100.0], "comm": [55.0, 55.0, 55.0, 55.0]}
+    out = slowest_per_rep([rank0, rank1])
+    assert out == {"comm": [55.0, 60.0, 55.0, 60.0], "gemm": [140.0, 140.0, 150.0, 150.0]}
+    # the median of the per-repetition maxima (145) is above either rank's median (125 and 120)
+    assert statistics.median(out["gemm"]) > max(statistics.median(rank0["gemm"]), statistics.median(rank1["gemm"]))
+
+
+def test_ranks_that_timed_different_repetitions_are_refused():
+    from moepolicy.measure.timing import slowest_per_rep
+
+    with pytest.raises(ValueError, match="same repetitions"):
+        slowest_per_rep([{"gemm": [1.0, 2.0]}, {"gemm": [1.0]}])
+    with pytest.raises(ValueError, match="same repetitions"):
+        slowest_per_rep([{"gemm": [1.0]}, {"comm": [1.0]}])
+
+
+def test_one_process_keeps_its_own_timings():
+    import torch
+
+    from moepolicy.measure.timing import Timer
+
+    samples = {"gemm": [1.0, 2.0]}
+    assert Timer(torch.device("cpu")).slowest_rank_per_rep(samples) is samples
