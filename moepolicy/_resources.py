@@ -19,3 +19,21 @@ def data_dir(name: str) -> Path:
 def data_file(name: str) -> Path:
     """A file directly under ``moepolicy/data`` (``policy.schema.json``)."""
     return DATA / name
+
+
+def sheet_files(deepep_sheet: str) -> list[Path]:
+    """The data sheets a plan for a target on ``deepep_sheet`` reads: that DeepEP capability sheet
+    (``deepep-legacy-29d31c0`` is ``sheets/deepep/legacy-29d31c0.yaml``), the expert kernels, the GPUs."""
+    sheets = data_dir("sheets")
+    return [sheets / "deepep" / f"{deepep_sheet.removeprefix('deepep-')}.yaml", sheets / "expert_kernels.yaml",
+            sheets / "gpus.yaml"]
+
+
+def sheets_sha256(deepep_sheet: str) -> str:
+    """One hash of those sheets' bytes (the decision key's ``sheets_sha256``); light: no YAML parsed."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sheet_files(deepep_sheet):
+        digest.update(path.name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"missing") + b"\0")
+    return digest.hexdigest()

@@ -1,7 +1,10 @@
 """The two key parts a policy carries and the runtime checks separately.
 
 - decision key: normalised model facts, rule packs, DeepEP capability sheet, GPU arch, expert
-  kernel(s), EP layout, backend, engine and opt-ins: anything that can change a layer's order;
+  kernel(s), EP layout, backend, engine and opt-ins: anything that can change a layer's order. From
+  2.1 the document also records the hash of the data sheets it read (``target.sheets_sha256``, under
+  the content key); the runtime compares it with its own sheets as a decision sub-check, and a 2.0
+  reader, which does not know the field, still verifies the same keys;
 - tuning key: hardware profile, EP size and DeepEP build, and (schema 2.0) the engine schedule and
   timing regime the configs were chosen for and the measured order timings the rules saw: anything
   that can change the tuned configs or a measured decision.

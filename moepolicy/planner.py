@@ -12,6 +12,7 @@ import datetime as _dt
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from moepolicy._resources import sheets_sha256
 from moepolicy._version import __version__
 from moepolicy.errors import InfeasibleError
 from moepolicy.expert_kernel import Execution, execution_for
@@ -256,6 +257,7 @@ def build_document(plan: Plan, deepep: Optional[dict[str, Any]] = None,
             "deep_ep": {"api": target.deepep.api, "version": target.deepep.version,
                         "evidence": target.deepep_evidence, "sheet": target.deepep.name},
             "options": sorted(target.options), "static_scale": target.static_scale,
+            "sheets_sha256": sheets_sha256(target.deepep.name),
         },
         "rules": {"packs": [pack.ref() for pack in plan.packs]},
         "deepep": dict(deepep or default_deepep_section(plan)),

@@ -38,9 +38,6 @@ class ChunkConfig(NamedTuple):
         """The policy document's form (with DeepEP's effective RDMA receive capacity)."""
         return dict(zip(DOC_KEYS, self.effective()))
 
-    def as_kwargs(self) -> dict[str, int]:
-        return dict(zip(DOC_KEYS, self))
-
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> "ChunkConfig":
         return cls(*(int(doc[key]) for key in DOC_KEYS))

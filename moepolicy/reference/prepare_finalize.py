@@ -118,11 +118,3 @@ class PrepareFinalize:
         """Combine bf16 rows (one per received token, already reduced over local experts)."""
         return self.transport.combine(expert_out.to(torch.bfloat16), handle)
 
-
-def low_latency_prepare(buffer, x: torch.Tensor, topk_idx: torch.Tensor, max_tokens: int,
-                        num_experts: int, ue8m0: bool = False):
-    """``in_kernel_quant``: DeepEP low-latency dispatch quantizes bf16 to fp8 inside the kernel.
-    Returns ((fp8 [E_local, ranks*max_tokens, H], scales), recv_count, handle)."""
-    recv, count, handle, _, _ = buffer.low_latency_dispatch(
-        x, topk_idx, max_tokens, num_experts, use_fp8=True, round_scale=ue8m0, use_ue8m0=ue8m0)
-    return recv, count, handle

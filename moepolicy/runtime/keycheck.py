@@ -81,6 +81,18 @@ def _packs_check(doc: PolicyView) -> SubCheck:
     return SubCheck("decision", "rule_packs", "matched", f"{checked} pack(s) unchanged")
 
 
+def _sheets_check(doc: PolicyView) -> SubCheck:
+    from moepolicy._resources import sheets_sha256
+
+    recorded = getattr(doc.target, "sheets_sha256", None)
+    if not recorded:
+        return SubCheck("decision", "data_sheets", "unchecked", "the policy does not record its sheets (before 2.1)")
+    status = "matched" if sheets_sha256(doc.target.deep_ep.sheet) == recorded else "mismatched"
+    detail = "unchanged since the plan" if status == "matched" else (
+        "the DeepEP, expert-kernel or GPU sheet changed since the plan (re-plan with this moepolicy)")
+    return SubCheck("decision", "data_sheets", status, detail)
+
+
 def _ep_check(doc: PolicyView, ep_size: Optional[int]) -> SubCheck:
     if ep_size is None:
         return SubCheck("tuning", "ep_size", "unchecked", "no ep_size given")
@@ -124,7 +136,7 @@ def _schedule_check(doc: PolicyView, schedule: Optional[str]) -> SubCheck:
 def check_keys(doc: PolicyView, *, ep_size: Optional[int], model: Optional[str],
                schedule: Optional[str] = None) -> list[SubCheck]:
     return [_facts_check(doc, model), _arch_check(doc), _layout_check(doc, ep_size),
-            _packs_check(doc), _ep_check(doc, ep_size), _gpu_check(doc), _deepep_check(doc),
+            _packs_check(doc), _sheets_check(doc), _ep_check(doc, ep_size), _gpu_check(doc), _deepep_check(doc),
             _schedule_check(doc, schedule)]
 
 

@@ -121,6 +121,7 @@ class TargetDoc(_Doc):
     deep_ep: DeepEPBuildDoc
     options: list[str] = Field(default_factory=list)
     static_scale: Literal["global-max", "per-expert"] = "global-max"
+    sheets_sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")  # 2.1: the sheets read
 
 
 class PackRefDoc(_Doc):

@@ -388,3 +388,24 @@ def test_loading_without_a_model_does_not_import_pydantic(ds_policy):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", out.stdout
+
+
+def test_a_data_sheet_changed_since_the_plan_is_a_decision_mismatch(tmp_path, monkeypatch):
+    """The document records the sheets it was planned from; a changed expert-kernel sheet (new kernel
+    modes can change an order) makes the runtime fall back, as a changed rule pack does."""
+    import shutil
+
+    from moepolicy import _resources
+
+    doc = plan_doc()
+    path = tmp_path / "p.yaml"
+    write_document(doc, path)
+    assert load_policy(path, ep_size=8).report["decision"] != "mismatched"
+    data = tmp_path / "data"
+    shutil.copytree(_resources.DATA, data)
+    sheet = data / "sheets" / "expert_kernels.yaml"
+    sheet.write_text(sheet.read_text() + "\n# edited\n")
+    monkeypatch.setattr(_resources, "DATA", data)
+    loader._WARNED.clear()
+    policy = load_policy(path, ep_size=8)
+    assert policy.is_fallback and "data_sheets: mismatched" in policy.fallback_reason

@@ -212,3 +212,17 @@ def test_a_2_0_document_with_a_2_1_value_is_refused_by_both_readers(tmp_path, wh
     for parse in (parse_policy, parse_policy_light):
         with pytest.raises(PolicyError, match=what + r" needs schema_version 2\.1"):
             read_policy(path, parse=parse)
+
+
+def test_the_keys_hold_contents_and_names_not_where_the_data_lives():
+    """Moving the packs and sheets inside the package keeps existing policies' keys: a key part is a
+    content hash, a name or a version, never a path."""
+    import json
+
+    from moepolicy._resources import DATA
+    from moepolicy.keys import decision_parts, tuning_parts
+
+    doc = build_document(nvfp4_plan())
+    text = json.dumps([decision_parts(doc), tuning_parts(doc)])
+    assert "/" not in text and str(DATA) not in text and "yaml" not in text
+    assert all(pack.get("path") is None for pack in doc["rules"]["packs"])  # the built-in packs go by name
