@@ -115,6 +115,8 @@ def layer_problems(hidden: int, experts: int, top_k: int, target: Target) -> lis
 
 def wire_problem(then: Then, facts: dict[str, Any], target: Target) -> Optional[str]:
     """Why ``then`` cannot run for this layer on ``target`` (None when it can)."""
+    if then.combine == "logfmt" and target.backend != "deepep_ll":
+        return "a LogFMT combine exists only in DeepEP's low-latency combine (use_logfmt)"
     if then.order not in ("quant_then_dispatch", "in_kernel_quant"):
         return None
     limits = target.deepep.limits

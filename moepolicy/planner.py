@@ -229,7 +229,7 @@ def _layer_entries(layers: Sequence[LayerPlan]) -> list[dict[str, Any]]:
                  "wire": share(d.wire), "numerics": d.numerics, "rule": d.rule,
                  "reason": d.reason, "facts": share(stored_facts(lp.facts))}
         if lp.layer.kind == "moe":
-            entry["combine"] = share({"dtype": "bf16"})
+            entry["combine"] = share({"dtype": d.combine})
         if lp.bucket_decisions:
             entry["orders"] = [{"max_tokens": bound, "order": b.order, "wire": share(b.wire), "rule": b.rule}
                                for bound, b in lp.bucket_decisions]

@@ -37,6 +37,8 @@ def render(index: int, facts: dict, decision: Decision, out=None) -> None:
     out = out or sys.stdout
     print(f"layer {index}: {decision.order}  (rule {decision.rule}, numerics {decision.numerics})", file=out)
     print(f"  wire: {decision.wire}", file=out)
+    if decision.combine != "bf16":
+        print(f"  combine: {decision.combine}", file=out)
     print(f"  why: {decision.reason}", file=out)
     print(f"  source: {decision.source}", file=out)
     for item in decision.evidence:

@@ -79,6 +79,9 @@ def launch(doc: PolicyDoc, model: str, tokens: Optional[int] = None) -> dict[str
             notes.append(f"SGLang takes one DeepEP config for every token count: the bucket "
                          f"{'for ' + str(tokens) + ' tokens' if tokens else 'for the largest batches'} is carried, "
                          f"not {bounds} (choose with --tokens)")
+    if any(layer.kind == "moe" and layer.combine.dtype != "bf16" for layer in doc.layers):
+        notes.append("a low-precision combine (the policy's layers' combine): SGLang 0.5.23 has no setting for it, so "
+                     "combine stays bf16")
     dtype, why = _dispatcher_dtype(doc)
     if dtype:
         args += ["--deepep-v2-dispatcher-output-dtype" if target.deep_ep.api == "v2"

@@ -68,6 +68,10 @@ def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
         env.pop("VLLM_DEEPEP_BUFFER_SIZE_MB")
         cannot.append("low-latency: the plugin applies nothing there (vLLM's own path: in-kernel fp8 and its buffer "
                       "sizing); the policy's decisions are information for it")
+    low = sorted(layer.index for layer in doc.layers if layer.kind == "moe" and layer.combine.dtype != "bf16")
+    if low:
+        cannot.append(f"layers {index_ranges(low)}: a {doc.layers[low[0]].combine.dtype} combine: vLLM 0.33 has no setting "
+                      "for it, so combine stays bf16")
     if target.ep_size > target.gpus_per_node:
         cannot.append(f"EP {target.ep_size} spans nodes: add vLLM's multi-node flags (--data-parallel-size-local, "
                       "--data-parallel-address) for your cluster")

@@ -67,6 +67,7 @@ class Decision:
     source: str
     trace: tuple[Step, ...]
     evidence: tuple[Evidence, ...] = ()
+    combine: str = "bf16"  # what combine sends back
 
     def evidence_level(self, role: str) -> Optional[str]:
         """The weakest level among this role's entries (None when the decision has none)."""
@@ -211,7 +212,7 @@ def decide(facts: dict[str, Any], packs: Sequence[RulePack], sheet: DeepEPSheet,
         return Decision(order=rule.then.order, wire=rule.then.wire.as_dict(),
                         numerics=rule.then.numerics, rule=rule.id, reason=rule.why,
                         source=rule.source, trace=tuple(steps),
-                        evidence=_evidence(rule, sheet, layout, facts))
+                        evidence=_evidence(rule, sheet, layout, facts), combine=rule.then.combine)
     raise RulePackError(
         f"no rule decided layer {facts.get('layer.index')}: every pack's rules failed "
         f"({len(steps)} considered); a pack needs a catch-all rule (when: {{all: []}})"

@@ -25,6 +25,8 @@ WIRE_DTYPES = ("bf16", "fp8_e4m3", "nvfp4", "none")
 SCALE_GRANULARITIES = ("block", "token", "tensor")
 SCALE_DTYPES = ("float32", "ue8m0", "e4m3")
 SCALE_LAYOUTS = ("row", "stride0")
+# what a rule may ask combine to send back; the capability a rule needs for it goes in its requires
+COMBINE_DTYPES = ("bf16", "logfmt")
 
 OPS_BY_KIND: dict[str, tuple[str, ...]] = {
     "int": ("eq", "ne", "lt", "le", "gt", "ge", "in", "not_in", "in_ranges"),
@@ -69,6 +71,7 @@ class Then:
     order: str
     wire: Wire
     numerics: str
+    combine: str = "bf16"  # what combine sends back: bf16, or logfmt (DeepEP low-latency's 10-bit LogFMT)
 
 
 @dataclass(frozen=True)
@@ -268,10 +271,14 @@ def parse_rule(ctx: _Ctx, raw: Any, path: str, pack: str) -> Rule:
     then_raw = raw["then"]
     if not isinstance(then_raw, dict):
         raise ctx.fail(f"{path}.then", "expected a mapping {order, wire, numerics}")
-    _no_extra(ctx, then_raw, ("order", "wire", "numerics"), f"{path}.then")
+    _no_extra(ctx, then_raw, ("order", "wire", "numerics", "combine"), f"{path}.then")
     order = _choice(ctx, then_raw, "order", ORDERS, f"{path}.then")
     wire = parse_wire(ctx, then_raw.get("wire"), order, f"{path}.then.wire")
     numerics = _choice(ctx, then_raw, "numerics", NUMERICS, f"{path}.then", "exact")
+    combine = _choice(ctx, then_raw, "combine", COMBINE_DTYPES, f"{path}.then", "bf16")
+    if combine != "bf16" and numerics == "exact":
+        raise ctx.fail(f"{path}.then.numerics", f"a {combine} combine rounds each expert's output: numerics is "
+                                                 "approximate")
     requires = raw.get("requires", [])
     if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
         raise ctx.fail(f"{path}.requires", "expected a list of capability ids")
@@ -281,7 +288,7 @@ def parse_rule(ctx: _Ctx, raw: Any, path: str, pack: str) -> Rule:
     for key in ("why", "source"):
         if not isinstance(raw[key], str) or not raw[key].strip():
             raise ctx.fail(f"{path}.{key}", "expected a non-empty sentence")
-    return Rule(id=raw["id"], priority=priority, when=when, then=Then(order, wire, numerics),
+    return Rule(id=raw["id"], priority=priority, when=when, then=Then(order, wire, numerics, combine),
                 why=" ".join(raw["why"].split()), source=raw["source"], requires=tuple(requires),
                 pack=pack)
 

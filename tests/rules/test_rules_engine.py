@@ -151,3 +151,50 @@ def test_a_failed_any_reports_every_branch():
     assert failure.render() == ("none of any held: ckpt.act_granularity eq group failed: saw token | "
                                 "target.ep_size ge 4 failed: saw 2")
     assert evaluate(cond, {"ckpt.act_granularity": "token", "target.ep_size": 8}) is None
+
+
+LOGFMT_PACK = """
+pack: lowcombine
+version: "1"
+rules:
+  - id: lowcombine/ll-block-fp8-logfmt
+    priority: 10
+    when:
+      all:
+        - {fact: layer.kind, op: eq, value: moe}
+        - {fact: kernel.act_dtype, op: eq, value: fp8_e4m3}
+        - {fact: kernel.act_group, op: eq, value: 128}
+        - {fact: kernel.scale_dtype, op: eq, value: float32}
+    requires: [ll.dispatch.in_kernel_fp8, ll.combine.logfmt]
+    then:
+      order: in_kernel_quant
+      wire: {dtype: fp8_e4m3, scale: {granularity: block, group: 128, dtype: float32, layout: row}}
+      numerics: approximate
+      combine: logfmt
+    why: Low-latency dispatch quantizes in the kernel and combine sends LogFMT back.
+    source: test
+"""
+
+
+@pytest.mark.parametrize("backend, version, combine, rule", [
+    ("deepep_ll", "29d31c0", "logfmt", "lowcombine/ll-block-fp8-logfmt"),
+    ("deepep_ht", "29d31c0", "bf16", "deepep-ht/block-fp8"),      # LogFMT is low-latency only: infeasible
+    ("deepep_ll", "v2-dd758ca", "bf16", "deepep-v2-ll/block-fp8-prequantized"),  # v2 has no LogFMT combine
+])
+def test_a_rule_may_choose_a_low_precision_combine_where_the_sheet_has_it(tmp_path, backend, version, combine, rule):
+    from moepolicy.checkpoint import read_model
+    from moepolicy.planner import build_document, make_plan
+    from moepolicy.target import TargetSpec, resolve_target
+
+    path = write_pack(tmp_path, LOGFMT_PACK)
+    target = resolve_target(TargetSpec(gpu="h200", ep_size=8, backend=backend, deep_ep_version=version), probe=False)
+    plan = make_plan(read_model("DeepSeek-V3"), target, pack_stack([str(path)]))
+    decision = plan.layers[3].decision
+    assert (decision.rule, decision.combine) == (rule, combine)
+    assert build_document(plan)["layers"][3]["combine"] == {"dtype": combine}
+
+
+def test_a_low_precision_combine_cannot_be_called_exact(tmp_path):
+    path = write_pack(tmp_path, LOGFMT_PACK.replace("numerics: approximate", "numerics: exact"))
+    with pytest.raises(RulePackError, match="numerics is approximate"):
+        load_pack(path, known_capabilities())
