@@ -132,12 +132,12 @@ def wire_problem(then: Then, facts: dict[str, Any], target: Target) -> Optional[
         return None
     if target.backend != "deepep_ht":
         return _ll_prequantized_problem(then, hidden, target)
-    packed = packed_scales(then, hidden)
-    if isinstance(packed, str):
-        return packed
+    packing = packing_problem(then, hidden)
+    if packing:
+        return packing
     elem_bytes = 0.5 if then.wire.dtype == "nvfp4" else 1
     label = "nvfp4" if then.wire.dtype == "nvfp4" else "fp8"
-    return ht_row_problem(limits, target.layout, hidden, elem_bytes, packed, top_k, label)
+    return ht_row_problem(limits, target.layout, hidden, elem_bytes, scale_columns(then, hidden), top_k, label)
 
 
 def _ll_prequantized_problem(then: Then, hidden: int, target: Target) -> Optional[str]:
@@ -160,27 +160,32 @@ def _ll_prequantized_problem(then: Then, hidden: int, target: Target) -> Optiona
                 "payload with scales")
     if hidden % limits.ll_fp8_hidden_multiple:
         return f"low-latency fp8 dispatch needs hidden % {limits.ll_fp8_hidden_multiple} == 0; hidden is {hidden}"
-    packed = packed_scales(then, hidden)
-    return packed if isinstance(packed, str) else None
+    return packing_problem(then, hidden)
 
 
 # 1-byte scales DeepEP carries four to a 4-byte pack: UE8M0 (packed UE8M0x4) and NVFP4's E4M3 (viewed as float32)
 _BYTE_SCALES = ("ue8m0", "e4m3")
 
 
-def packed_scales(then: Then, hidden: int):
-    """How many 4-byte scale columns a row of ``hidden`` carries, or why the scales cannot be packed."""
+def scale_columns(then: Then, hidden: int) -> int:
+    """How many 4-byte scale columns a row of ``hidden`` carries (1-byte scales four to a column)."""
     scale = then.wire.scale
     if scale is None:
         return 0
     if scale.granularity != "block":
         return 1
+    groups = -(-hidden // (scale.group or 128))
+    return -(-groups // 4) if scale.dtype in _BYTE_SCALES else groups
+
+
+def packing_problem(then: Then, hidden: int) -> Optional[str]:
+    """Why 1-byte scales of small blocks cannot be packed four to a column for this hidden, or None."""
+    scale = then.wire.scale
+    if scale is None or scale.granularity != "block" or scale.dtype not in _BYTE_SCALES:
+        return None
     group = scale.group or 128
-    groups = -(-hidden // group)
-    if scale.dtype not in _BYTE_SCALES:
-        return groups
-    if group < 128 and groups % 4:
+    if group < 128 and -(-hidden // group) % 4:
         # vllm 0.33.0 prepare_finalize/deepep_v2.py _pack_mxfp8_scale; TensorRT-LLM views NVFP4's scales as float32
         return (f"{scale.dtype} scales of 1x{group} blocks travel four to a 4-byte pack, so hidden must be a "
                 f"multiple of {4 * group}; hidden is {hidden}")
-    return -(-groups // 4)
+    return None
