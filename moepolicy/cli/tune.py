@@ -211,10 +211,13 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
         return source.build(choice, plan.target.gpu, args.max_buffer_mb * 1024 * 1024 // 128 * 128,
                             args.trial_timeout, int(objective.get("reps", 20)))
 
-    return _tune_and_write(args, choice, build)
+    return _tune_and_write(args, choice, build, lambda: source.build_v2(choice, args.trial_timeout, V2_REPS))
 
 
-def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench) -> int:
+V2_REPS = 20  # timings per DeepEP v2 measurement (their median counts)
+
+
+def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench, build_v2_bench=None) -> int:
     if args.backend == "deepep_ll":
         raise UsageError("--backend deepep_ll: low-latency mode has no SM count or chunk sizes to tune (its kernels "
                          "size themselves by num_max_dispatch_tokens_per_rank); 'moepolicy plan --backend deepep_ll' "
@@ -235,10 +238,7 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench) 
              "(pass --ep-size to choose)")
     plan = build_plan(args, default_ep=default_ep)
     if plan.target.deepep.api == "v2":
-        raise UsageError(
-            f"{plan.target.deepep.name}: DeepEP v2 sizes its own buffers and chunks; its settings are num_sms (0 = its "
-            "analytical count) and prefer_overlap_with_compute, which no bench here can time (v2 needs NCCL with "
-            "GIN; unverified here); 'moepolicy plan' writes them as deepep.v2 with DeepEP's defaults")
+        return _tune_v2(args, choice, plan, options, build_v2_bench)
     try:
         import optuna
     except ImportError:
@@ -256,6 +256,30 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench) 
     write_document(result.document, output)
     note(f"wrote {output}" + (" (a partial result, marked so in the file)" if result.interrupted else ""))
     return _after_interrupt(result)
+
+
+def _tune_v2(args: argparse.Namespace, choice: BenchChoice, plan, options, build_v2_bench) -> int:
+    """DeepEP v2: its SM count and prefer-overlap option, measured live (no model of v2 exists)."""
+    if choice.kind != "live" or build_v2_bench is None:
+        raise UsageError(
+            f"{plan.target.deepep.name}: DeepEP v2 sizes its own buffers and chunks; its settings (num_sms, 0 = its "
+            "analytical count, and prefer_overlap_with_compute) are measured only live, on GPUs with DeepEP v2 (it "
+            "needs NCCL with GIN; unverified on this project's machines), not with the model bench or torchrun; "
+            "'moepolicy plan' writes DeepEP's defaults as deepep.v2")
+    from moepolicy.tuning.v2_tune import tune_v2_plan
+
+    note("DeepEP v2: measuring its SM count and prefer-overlap option (unverified on this project's machines)")
+    document, chosen = tune_v2_plan(plan, build_v2_bench(), options)
+    note(f"DeepEP v2: kept {chosen.kept.name} ({chosen.why})")
+    for tokens, speedup in chosen.vs_default.items():
+        if speedup is not None:
+            note(f"  T={tokens}: {speedup.words()}")
+    if args.output == "-":
+        sys.stdout.write(dumps(document))
+    else:
+        write_document(document, args.output)
+        note(f"wrote {args.output}")
+    return 0
 
 
 def _after_interrupt(result) -> int:

@@ -61,7 +61,27 @@ def _serve(rank: int, commands, results, faults: Mapping[int, str]) -> None:
         misbehave(token)
         return modelled_overlap(bench, workload, point, gemm_shape) if rank == 0 else None
 
-    serve_commands(rank, commands, results, measure, overlap)
+    def v2(token, workload, point, tokens):
+        misbehave(token)
+        return modelled_v2(bench, workload, point, tokens) if rank == 0 else None
+
+    serve_commands(rank, commands, results, {"measure": measure, "overlap": overlap, "v2": v2})
+
+
+# a stand-in for DeepEP v2's analytical SM count (DeepEP computes it from the traffic; not modelled)
+FAKE_ANALYTICAL_SMS = 24
+
+
+def modelled_v2(bench, workload, point, tokens: int) -> float:
+    """DeepEP v2 dispatch + combine as the model bench times the legacy kernels at that SM count
+    (the analytical count a fixed stand-in; prefer-overlap off takes at least 64): a plumbing stand-in."""
+    from moepolicy.deepep.configs import ChunkConfig
+    from moepolicy.tuning.bench import TunePoint
+
+    sms = point.num_sms or (FAKE_ANALYTICAL_SMS if point.prefer_overlap else max(FAKE_ANALYTICAL_SMS, 64))
+    sms = min(sms, 48)  # inside the model bench's calibration
+    default = (ChunkConfig(24, 256, 6, 128), ChunkConfig(10, 256, 6, 128))
+    return bench.measure(workload, TunePoint(sms, tokens, *default)).objective("full")
 
 
 def modelled_overlap(bench, workload, point, gemm_shape, sm_count: int = 132) -> dict:

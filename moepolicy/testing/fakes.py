@@ -35,6 +35,12 @@ class FakeBenchSource(BenchSource):
         return LiveBench(choice.ranks, max_buffer_bytes, trial_timeout_s=trial_timeout_s, reps=reps,
                          worker=FakeWorker(self.faults))
 
+    def build_v2(self, choice: BenchChoice, trial_timeout_s: float, reps: int):
+        from moepolicy.testing.fake_deepep import FakeWorker
+        from moepolicy.tuning.v2_live import V2LiveBench
+
+        return V2LiveBench(choice.ranks, trial_timeout_s=trial_timeout_s, reps=reps, worker=FakeWorker(self.faults))
+
 
 class NoisyBench(Bench):
     """Known true times per point, times log-normal noise of ``sigma``, times a drift that grows with

@@ -50,3 +50,9 @@ class BenchSource:
         from moepolicy.tuning.live_bench import LiveBench
 
         return LiveBench(choice.ranks, max_buffer_bytes, trial_timeout_s=trial_timeout_s, reps=reps)
+
+    def build_v2(self, choice: BenchChoice, trial_timeout_s: float, reps: int):
+        """The live bench for DeepEP v2 on the visible GPUs (``tuning.v2_live``)."""
+        from moepolicy.tuning.v2_live import V2LiveBench
+
+        return V2LiveBench(choice.ranks, trial_timeout_s=trial_timeout_s, reps=reps)

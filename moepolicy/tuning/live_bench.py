@@ -35,27 +35,25 @@ def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands,
     device, buffer = join_rank(rank, world, rendezvous, buffer_bytes)
     state = RankState(buffer, rank, device, Timer(device), reps)
 
-    def measure(token, workload, point):
-        return measure_point(state, workload, point)
-
-    def overlap(token, workload, point, gemm_shape):
-        return _overlap(state, workload, point, gemm_shape)
-
-    serve_commands(rank, commands, results, measure, overlap)
+    serve_commands(rank, commands, results, {
+        "measure": lambda token, workload, point: measure_point(state, workload, point),
+        "overlap": lambda token, workload, point, gemm_shape: _overlap(state, workload, point, gemm_shape),
+    })
     dist.destroy_process_group()
 
 
-def serve_commands(rank: int, commands, results, measure, overlap) -> None:
-    """A worker's loop: answer each (token, workload, point[, gemm shape]) until ``None``. Every rank
-    measures (the measurement is collective); rank 0 answers; an error from any rank is reported."""
+def serve_commands(rank: int, commands, results, handlers) -> None:
+    """A worker's loop: answer each (token, kind, args) with ``handlers[kind](token, *args)`` until ``None``.
+    Every rank measures (the measurement is collective); rank 0 answers; an error from any rank is
+    reported."""
     results.put(("ready", rank, None))
     while True:
         command = commands.get()
         if command is None:
             return
-        token, workload, point, *extra = command
+        token, kind, args = command
         try:
-            value = overlap(token, workload, point, extra[0]) if extra else measure(token, workload, point)
+            value = handlers[kind](token, *args)
             if rank == 0 and value is not None:
                 results.put(("ok", token, value))
         except Exception as exc:  # noqa: BLE001 (reported as a FAIL trial)
@@ -231,38 +229,34 @@ class LiveBench(Bench):
             self.restarts += 1
         self._procs = []
 
-    def measure(self, workload: Workload, point: TunePoint) -> Measurement:
+    def _ask(self, kind: str, args: tuple, what: str):
+        """Every rank runs ``kind`` on ``args``; rank 0's answer (a failure kills the group: a failed
+        collective leaves peers in an unknown state)."""
         if not self._procs:
             self._start_group()
         self._token += 1
         for q in self._commands:
-            q.put((self._token, workload, point))
+            q.put((self._token, kind, args))
         deadline = time.monotonic() + self.trial_timeout_s
         while True:
-            kind, token, payload = self._get(deadline, f"measuring {point}")
+            answer, token, payload = self._get(deadline, what)
             if token != self._token:
                 continue  # a late answer from an earlier trial
-            if kind == "error":
-                self._kill_group(failed=True)  # a failed collective leaves peers in an unknown state
-                raise TrialFailed(payload)
-            return check_measurement(payload)
-
-    def measure_overlap(self, workload: Workload, point: TunePoint, gemm_shape) -> dict:
-        """Dispatch + combine on ``point.num_sms`` SMs beside a GEMM on the rest (green context)."""
-        if not self._procs:
-            self._start_group()
-        self._token += 1
-        for q in self._commands:
-            q.put((self._token, workload, point, gemm_shape))
-        deadline = time.monotonic() + self.trial_timeout_s
-        while True:
-            kind, token, payload = self._get(deadline, f"measuring overlap at {point.num_sms} SMs")
-            if token != self._token:
-                continue
-            if kind == "error":
+            if answer == "error":
                 self._kill_group(failed=True)
                 raise TrialFailed(payload)
             return payload
+
+    def measure(self, workload: Workload, point: TunePoint) -> Measurement:
+        return check_measurement(self._ask("measure", (workload, point), f"measuring {point}"))
+
+    def measure_overlap(self, workload: Workload, point: TunePoint, gemm_shape) -> dict:
+        """Dispatch + combine on ``point.num_sms`` SMs beside a GEMM on the rest (green context)."""
+        return self._ask("overlap", (workload, point, gemm_shape), f"measuring overlap at {point.num_sms} SMs")
+
+    def restart(self) -> None:
+        """The next measurement starts a fresh worker group (new processes, a new DeepEP buffer)."""
+        self._kill_group()
 
     def identity(self) -> str:
         from moepolicy.hardware import nvml_gpus
