@@ -23,16 +23,24 @@ from moepolicy.quant import triton_kernels
 REGIONS = ("full", "no-wait", "cached")
 
 
-def join_rank(rank: int, world: int, rendezvous: str, nvl_bytes: int):
-    """This process's GPU, its NCCL group (file rendezvous) and an intranode DeepEP buffer of
-    ``nvl_bytes`` (rounded down to 128): what every DeepEP worker process starts with."""
-    import deep_ep
+def join_group(rank: int, world: int, rendezvous: str):
+    """This process's GPU, joined to the NCCL group of ``world`` ranks (file rendezvous)."""
     import torch.distributed as dist
 
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"file://{rendezvous}",
                             device_id=device)
+    return device
+
+
+def join_rank(rank: int, world: int, rendezvous: str, nvl_bytes: int):
+    """This process's GPU in its NCCL group and an intranode DeepEP buffer of ``nvl_bytes`` (rounded
+    down to 128): what every legacy DeepEP worker process starts with."""
+    import deep_ep
+    import torch.distributed as dist
+
+    device = join_group(rank, world, rendezvous)
     return device, deep_ep.Buffer(dist.group.WORLD, int(nvl_bytes) // 128 * 128, 0)
 
 

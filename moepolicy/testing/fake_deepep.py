@@ -75,12 +75,13 @@ FAKE_ANALYTICAL_SMS = 24
 def modelled_v2(bench, workload, point, tokens: int) -> float:
     """DeepEP v2 dispatch + combine as the model bench times the legacy kernels at that SM count
     (the analytical count a fixed stand-in; prefer-overlap off takes at least 64): a plumbing stand-in."""
-    from moepolicy.deepep.configs import ChunkConfig
+    from moepolicy.datasheets import NEWEST_SHEET, deepep_sheet
+    from moepolicy.deepep.configs import default_configs
     from moepolicy.tuning.bench import TunePoint
 
     sms = point.num_sms or (FAKE_ANALYTICAL_SMS if point.prefer_overlap else max(FAKE_ANALYTICAL_SMS, 64))
     sms = min(sms, 48)  # inside the model bench's calibration
-    default = (ChunkConfig(24, 256, 6, 128), ChunkConfig(10, 256, 6, 128))
+    default = default_configs(deepep_sheet(NEWEST_SHEET), workload.ep_size)
     return bench.measure(workload, TunePoint(sms, tokens, *default)).objective("full")
 
 

@@ -75,15 +75,12 @@ def measure_v2_point(state: V2RankState, workload: Workload, point: V2Point, tok
 
 def _v2_worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands, results, reps: int) -> None:
     os.environ.update(SAFE_ENV)
-    import torch
     import torch.distributed as dist
 
+    from moepolicy.measure.deepep_ops import join_group
     from moepolicy.measure.timing import Timer
 
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"file://{rendezvous}",
-                            device_id=device)
+    device = join_group(rank, world, rendezvous)
     state = V2RankState(dist.group.WORLD, rank, device, Timer(device), reps)
     serve_commands(rank, commands, results, {
         "v2": lambda token, workload, point, tokens: measure_v2_point(state, workload, point, tokens)})
