@@ -38,11 +38,25 @@ def build_parser() -> argparse.ArgumentParser:
 _FLAGS = {"options": "--opt-in"}
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT), raised by the CLI's own handler rather than Python's.
+
+    Python's handler raises a plain ``KeyboardInterrupt``; when one escapes code run by ``exec`` (as
+    ``dataclasses`` does while the commands import), CPython marks the interpreter to end by SIGINT
+    at exit, even after the CLI caught the interrupt and returned 130. CPython checks the exact type,
+    so a subclass keeps the exit code the CLI chose.
+    """
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, handled as Ctrl-C is: work in progress is ended cleanly (a tune writes what it has)."""
 
 
-def _terminate_as_interrupt() -> None:
+_RECEIVED: list[int] = []  # the signals this process's handlers received, first first
+
+
+def install_signal_handlers() -> None:
+    """Ctrl-C and SIGTERM raise :class:`Interrupted` / :class:`Terminated` from here on (main thread)."""
     import signal
     import threading
 
@@ -50,9 +64,25 @@ def _terminate_as_interrupt() -> None:
         return
 
     def handler(signum, frame):
-        raise Terminated()
+        _RECEIVED.append(signum)
+        raise Terminated() if signum == signal.SIGTERM else Interrupted()
 
+    signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+
+
+def interrupt_exit(exc: BaseException) -> Optional[int]:
+    """For Ctrl-C or SIGTERM, one line on stderr and the shell's exit code (130 or 143); None for
+    anything else. An interrupt that lands while a module imports can surface as another exception
+    (a RuntimeError from a class being built, an ImportError, a panic in a compiled extension), so
+    once a signal was received any exception ends as that interrupt."""
+    import signal
+
+    if isinstance(exc, SystemExit) or not (_RECEIVED or isinstance(exc, KeyboardInterrupt)):
+        return None
+    terminated = isinstance(exc, Terminated) or (_RECEIVED[:1] == [signal.SIGTERM])
+    print(f"moepolicy: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+    return 143 if terminated else 130
 
 
 def flag_words(exc: MoePolicyError) -> str:
@@ -67,15 +97,16 @@ def flag_words(exc: MoePolicyError) -> str:
 def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
     """Run one command. ``bench_source`` (a ``tuning.bench_source.BenchSource``) replaces where
     ``tune`` gets its measurements (tests inject fakes here)."""
-    _terminate_as_interrupt()  # first: a SIGTERM while the commands load is handled as Ctrl-C is
+    install_signal_handlers()  # first: an interrupt while the commands load ends in one line too
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM before the command started: nothing to keep
-        print(f"moepolicy: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
-    from moepolicy.cli._output import SafeStream
-
+        from moepolicy.cli._output import SafeStream
+    except BaseException as exc:  # noqa: BLE001 (Ctrl-C or SIGTERM before the command started)
+        code = interrupt_exit(exc)
+        if code is None:
+            raise
+        return code
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
     try:
@@ -89,22 +120,21 @@ def _run(args: argparse.Namespace, bench_source) -> int:
         code = int(args.run(args, bench_source) if args.command == "tune" else args.run(args) or 0)
         sys.stdout.flush()
         return code
-    except MoePolicyError as exc:
-        print(f"moepolicy: {flag_words(exc)}", file=sys.stderr)
-        return exc.exit_code
-    except Terminated:
-        print("moepolicy: terminated", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print("moepolicy: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        _silence_stdout()
-        return 0
-    except OSError as exc:  # standard output on a full disk or a closed descriptor
-        _silence_stdout()
-        print(f"moepolicy: cannot write to standard output ({exc.strerror or exc})", file=sys.stderr)
-        return 1
+    except BaseException as exc:  # noqa: BLE001 (each expected kind ends in one line; others re-raised)
+        interrupted = interrupt_exit(exc)
+        if interrupted is not None:
+            return interrupted
+        if isinstance(exc, MoePolicyError):
+            print(f"moepolicy: {flag_words(exc)}", file=sys.stderr)
+            return exc.exit_code
+        if isinstance(exc, BrokenPipeError):
+            _silence_stdout()
+            return 0
+        if isinstance(exc, OSError):  # standard output on a full disk or a closed descriptor
+            _silence_stdout()
+            print(f"moepolicy: cannot write to standard output ({exc.strerror or exc})", file=sys.stderr)
+            return 1
+        raise
 
 
 def _silence_stdout() -> None:

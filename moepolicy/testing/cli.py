@@ -10,16 +10,24 @@ from typing import Optional, Sequence
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from moepolicy.cli.main import main as cli_main
-    from moepolicy.testing.fakes import FakeBenchSource
+    from moepolicy.cli.main import install_signal_handlers, interrupt_exit, main as cli_main
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(prog="moepolicy.testing.cli")
-    p.add_argument("--fake-deepep", type=int, default=0, help="fake DeepEP ranks for --bench live")
-    p.add_argument("--model-bench-delay", type=float, default=0.0, help="seconds per model-bench measurement")
-    own = p.parse_args(argv[:split])
-    source = FakeBenchSource(fake_ranks=own.fake_deepep, model_delay_s=own.model_bench_delay)
+    install_signal_handlers()  # before the fakes import, as the real CLI does before its commands load
+    try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        split = argv.index("--") if "--" in argv else len(argv)
+        p = argparse.ArgumentParser(prog="moepolicy.testing.cli")
+        p.add_argument("--fake-deepep", type=int, default=0, help="fake DeepEP ranks for --bench live")
+        p.add_argument("--model-bench-delay", type=float, default=0.0, help="seconds per model-bench measurement")
+        own = p.parse_args(argv[:split])
+        from moepolicy.testing.fakes import FakeBenchSource
+
+        source = FakeBenchSource(fake_ranks=own.fake_deepep, model_delay_s=own.model_bench_delay)
+    except BaseException as exc:  # noqa: BLE001 (Ctrl-C or SIGTERM while the fakes load)
+        code = interrupt_exit(exc)
+        if code is None:
+            raise
+        return code
     return cli_main(argv[split + 1:], bench_source=source)
 
 
