@@ -62,6 +62,7 @@ def install_signal_handlers() -> None:
 
     if threading.current_thread() is not threading.main_thread():
         return
+    _RECEIVED.clear()  # a new command (tests run several in one process)
 
     def handler(signum, frame):
         _RECEIVED.append(signum)
@@ -69,6 +70,24 @@ def install_signal_handlers() -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+
+
+def _log_to_stderr() -> None:
+    """Library log records (SQLAlchemy's, optuna's warnings) on stderr as Python's last-resort
+    handler prints them, except a record of an interrupt: the CLI reports that itself in one line
+    (SQLAlchemy logs "Exception during reset or similar" with a traceback when Ctrl-C lands while a
+    database connection is checked in). A root logger configured by whoever embeds the CLI stands."""
+    import logging
+
+    class LastResortWithoutInterrupts(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+                return
+            logging.lastResort.handle(record)  # sys.stderr at emit time, as when unconfigured
+
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(LastResortWithoutInterrupts(logging.WARNING))
 
 
 def interrupt_exit(exc: BaseException) -> Optional[int]:
@@ -99,6 +118,7 @@ def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
     ``tune`` gets its measurements (tests inject fakes here)."""
     install_signal_handlers()  # first: an interrupt while the commands load ends in one line too
     try:
+        _log_to_stderr()
         parser = build_parser()
         args = parser.parse_args(argv)
         from moepolicy.cli._output import SafeStream
