@@ -63,13 +63,33 @@ def install_signal_handlers() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     _RECEIVED.clear()  # a new command (tests run several in one process)
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    sys.unraisablehook = _on_unraisable
 
-    def handler(signum, frame):
-        _RECEIVED.append(signum)
-        raise Terminated() if signum == signal.SIGTERM else Interrupted()
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+def _on_signal(signum: int, frame) -> None:
+    import signal
+
+    _RECEIVED.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else Interrupted()
+
+
+def _on_unraisable(event) -> None:
+    """An interrupt that landed in a weakref callback or a ``__del__`` (where Python cannot raise: it
+    prints the exception and goes on) is sent again, from another thread once this hook has
+    returned, so that it lands in the command's own code."""
+    import os
+    import signal
+    import threading
+
+    if not isinstance(event.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(event)
+        return
+    again = signal.SIGTERM if isinstance(event.exc_value, Terminated) else signal.SIGINT
+    resend = threading.Timer(0.01, os.kill, args=(os.getpid(), again))
+    resend.daemon = True
+    resend.start()
 
 
 def _log_to_stderr() -> None:

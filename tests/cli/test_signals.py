@@ -92,3 +92,22 @@ def test_other_library_records_still_reach_stderr(run_driver):
     """)
     assert done.returncode == 0, done.stderr
     assert "a library warning" in done.stderr
+
+
+def test_an_interrupt_that_lands_in_a_weakref_callback_is_delivered_again(run_driver):
+    """Python cannot raise from a weakref callback or ``__del__`` (it prints 'Exception ignored' and
+    goes on): the interrupt must still end the command, in one line."""
+    done = run_driver("""
+        import os, signal, weakref
+        class Owner:
+            pass
+        def callback(ref):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10 ** 6): pass
+        owner = Owner()
+        ref = weakref.ref(owner, callback)
+        del owner
+        for _ in range(10 ** 8): pass
+    """)
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert done.stderr.strip().splitlines() == ["moepolicy: interrupted"]
