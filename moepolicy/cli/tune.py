@@ -197,7 +197,7 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
     if args.launcher == "torchrun":
         return _torchrun(args, source)
     try:
-        choice = source.choose(args.bench)
+        choice = source.choose(args.bench, args.ep_size)
     except TuningError as exc:
         raise UsageError(f"--bench {args.bench}: {exc}") from None
     if args.overlap and choice.kind != "live":
@@ -248,6 +248,8 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench, 
 
     with progress_to_stderr(verbose=args.verbose):
         result = tune_plan(plan, build_bench(plan, objective), options, space, objective)
+    if choice.shared:
+        mark_functional(result.document, choice)
     render(result)
     if args.output == "-":
         sys.stdout.write(dumps(result.document))
@@ -280,6 +282,19 @@ def _tune_v2(args: argparse.Namespace, choice: BenchChoice, plan, options, build
         write_document(document, args.output)
         note(f"wrote {args.output}")
     return 0
+
+
+def mark_functional(document: dict, choice: BenchChoice) -> None:
+    """A tune whose ranks shared GPUs checked the live path's function only: its document says so
+    where the runtime looks (``deepep.partial``: the serving runtime uses DeepEP's defaults for it)."""
+    from moepolicy.measure.placement import SHARED_LABEL
+
+    from moepolicy.keys import compute_keys
+
+    note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
+    document["deepep"]["partial"] = {"reason": f"functional run, {SHARED_LABEL} ({choice.why}); its times "
+                                               "measure no communication and its configs are not for serving"}
+    document["key"] = compute_keys(document)
 
 
 def _after_interrupt(result) -> int:

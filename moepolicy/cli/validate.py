@@ -1,4 +1,4 @@
-"""``moepolicy validate POLICY [--strict] [--rekey]``."""
+"""``moepolicy validate POLICY... [--strict] [--rekey] [--live]``."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ from moepolicy.errors import PolicyError
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check a policy: schema, version, DeepEP rules, key integrity")
-    p.add_argument("policy")
+    p.add_argument("policy", nargs="+", help="policy file(s) written by plan or tune")
     p.add_argument("--strict", action="store_true", help="refuse unknown keys (from a newer minor version)")
     p.add_argument("--rekey", action="store_true",
                    help="after a deliberate hand edit: recompute the keys and rewrite the file")
+    p.add_argument("--live", action="store_true",
+                   help="also run the policy's DeepEP settings through real DeepEP on the GPUs visible, at its EP "
+                        "size (ranks share a GPU where there are fewer GPUs: a functional check, not a speed one): "
+                        "buffer, configs, every bucket and wire format, dispatch and combine against the reference")
     p.set_defaults(run=run)
 
 
@@ -40,18 +44,57 @@ def _rekey(path: str, strict: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rekey and len(args.policy) > 1:
+        from moepolicy.errors import UsageError
+
+        raise UsageError("--rekey rewrites one policy at a time; name one file")
+    for path in args.policy:
+        _validate(path, args)
+    if args.live:
+        _live(args.policy)
+    return 0
+
+
+def _validate(path: str, args: argparse.Namespace) -> None:
     from moepolicy.policy_reader import read_policy
 
     if args.rekey:
-        _rekey(args.policy, args.strict)
-    loaded = read_policy(args.policy, strict=args.strict)
+        _rekey(path, args.strict)
+    loaded = read_policy(path, strict=args.strict)
     for warning in loaded.warnings:
         note(f"warning: {warning}")
     doc = loaded.doc
     if doc.deepep.partial is not None:
-        raise PolicyError(f"{args.policy}: a partial result ({doc.deepep.partial.reason}); load_policy uses DeepEP's "
+        raise PolicyError(f"{path}: a partial result ({doc.deepep.partial.reason}); load_policy uses DeepEP's "
                           "default configs and the decisions without measured facts for it; re-run the tune")
-    print(f"ok: {args.policy}: schema {doc.schema_version}, {doc.model.name}, {len(doc.layers)} layers, "
+    print(f"ok: {path}: schema {doc.schema_version}, {doc.model.name}, {len(doc.layers)} layers, "
           f"{doc.target.gpu} EP{doc.target.ep_size} {doc.target.backend}, deepep {doc.deepep.provenance.source}, "
           f"keys intact")
-    return 0
+
+
+def _live(paths: list[str]) -> None:
+    """``--live``: the preflight on the GPUs visible, the policies of one EP size in one group of
+    ranks; a failed case is an error (exit 6)."""
+    from moepolicy.errors import UsageError
+    from moepolicy.measure.placement import visible_placement
+    from moepolicy.preflight import describe_failure, plan_preflight, render, run_preflight
+    from moepolicy.tuning.live_bench import deep_ep_importable
+
+    plans = [plan_preflight(path) for path in paths]
+    missing = deep_ep_importable()
+    failures = []
+    for ep_size in sorted({plan.ep_size for plan in plans}):
+        try:
+            placement = visible_placement(ep_size)
+        except (ImportError, ValueError) as exc:
+            raise UsageError(f"--live runs DeepEP on CUDA GPUs: {exc}") from None
+        if missing:
+            raise UsageError(f"--live runs DeepEP on CUDA GPUs: {missing}")
+        note(f"validate --live: EP {ep_size}: {placement.describe()}")
+        for report in run_preflight([plan for plan in plans if plan.ep_size == ep_size], placement):
+            for line in render(report):
+                print(line)
+            failures += [describe_failure(report)] if not report.ok else []
+    if failures:
+        raise PolicyError(failures[0] + (f" (and {len(failures) - 1} more polic(ies) failed)" if len(failures) > 1
+                                         else ""))

@@ -18,29 +18,34 @@ from typing import Optional
 
 import torch
 
+from moepolicy.measure.placement import RankPlacement, visible_placement
 from moepolicy.quant import triton_kernels
 
 REGIONS = ("full", "no-wait", "cached")
 
 
-def join_group(rank: int, world: int, rendezvous: str):
-    """This process's GPU, joined to the NCCL group of ``world`` ranks (file rendezvous)."""
+def join_group(rank: int, world: int, rendezvous: str, placement: Optional[RankPlacement] = None):
+    """This process's GPU, joined to the group of ``world`` ranks (file rendezvous): NCCL with a GPU
+    per rank, gloo where ranks share a GPU (``placement``; by default over the GPUs visible)."""
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"file://{rendezvous}",
-                            device_id=device)
+    placement = placement or visible_placement(world)
+    device = torch.device("cuda", placement.device_index(rank))
+    torch.cuda.set_device(device)
+    extra = {} if placement.shared else {"device_id": device}
+    dist.init_process_group(placement.backend, rank=rank, world_size=world, init_method=f"file://{rendezvous}",
+                            **extra)
     return device
 
 
-def join_rank(rank: int, world: int, rendezvous: str, nvl_bytes: int):
-    """This process's GPU in its NCCL group and an intranode DeepEP buffer of ``nvl_bytes`` (rounded
+def join_rank(rank: int, world: int, rendezvous: str, nvl_bytes: int,
+              placement: Optional[RankPlacement] = None):
+    """This process's GPU in its group and an intranode DeepEP buffer of ``nvl_bytes`` (rounded
     down to 128): what every legacy DeepEP worker process starts with."""
     import deep_ep
     import torch.distributed as dist
 
-    device = join_group(rank, world, rendezvous)
+    device = join_group(rank, world, rendezvous, placement)
     return device, deep_ep.Buffer(dist.group.WORLD, int(nvl_bytes) // 128 * 128, 0)
 
 

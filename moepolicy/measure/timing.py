@@ -33,11 +33,28 @@ class Timer:
         self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
         self._cycles_per_us: float | None = None
 
+    def _gloo(self) -> bool:
+        import torch.distributed as dist
+
+        return dist.get_backend(self.group) == "gloo"
+
     def _barrier(self) -> None:
         import torch.distributed as dist
 
         if self.collective and dist.is_initialized():
-            dist.barrier(group=self.group, device_ids=[self.device.index])
+            if self._gloo():  # ranks that share a GPU (measure.placement): no device to name
+                dist.barrier(group=self.group)
+            else:
+                dist.barrier(group=self.group, device_ids=[self.device.index])
+
+    def _all_gather(self, values: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``values`` (gloo gathers host tensors, NCCL device tensors)."""
+        import torch.distributed as dist
+
+        local = values.cpu() if self._gloo() else values.to(self.device)
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(gathered, local, group=self.group)
+        return gathered
 
     def quiesce(self) -> None:
         """Flush L2, meet the other ranks, and wait until this GPU is idle (the barrier's own
@@ -91,11 +108,9 @@ class Timer:
 
         xs = self.samples(fn, reps, warmup, mode)
         med = statistics.median(xs)
-        stats = torch.tensor([med, min(xs), max(xs)], dtype=torch.float64, device=self.device)
+        stats = torch.tensor([med, min(xs), max(xs)], dtype=torch.float64)
         if self.collective and dist.is_initialized():
-            gathered = [torch.empty_like(stats) for _ in range(dist.get_world_size(self.group))]
-            dist.all_gather(gathered, stats, group=self.group)
-            slowest = max(gathered, key=lambda t: float(t[0]))
+            slowest = max(self._all_gather(stats), key=lambda t: float(t[0]))
         else:
             slowest = stats
         return {"median_us": float(slowest[0]), "min_us": float(slowest[1]), "max_us": float(slowest[2]),
@@ -109,9 +124,7 @@ class Timer:
         if not (self.collective and dist.is_initialized()):
             return samples
         keys = sorted(samples)
-        mine = torch.tensor([samples[k] for k in keys], dtype=torch.float64, device=self.device)
-        gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather(gathered, mine, group=self.group)
+        gathered = self._all_gather(torch.tensor([samples[k] for k in keys], dtype=torch.float64))
         return slowest_per_rep([{k: row.tolist() for k, row in zip(keys, g)} for g in gathered])
 
 

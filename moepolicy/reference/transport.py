@@ -4,8 +4,9 @@ correctness tests run in CI without GPUs.
 
 Semantics (DeepEP high-throughput, intranode): each token goes once to every rank that hosts at least
 one of its top-k experts; a rank receives rows grouped by source rank (in rank order), each source's
-rows in token order; received top-k indices are local expert ids, -1 where the expert lives elsewhere;
-scales travel with their rows and arrive row-major. Combine sends each row back and sums per token.
+rows in token order; received top-k indices are local expert ids, -1 where the expert lives elsewhere,
+and their weights 0 there (DeepEP 29d31c0 intranode.cu:366-378); scales travel with their rows and
+arrive row-major. Combine sends each row back and sums per token.
 """
 
 from __future__ import annotations
@@ -56,6 +57,38 @@ def local_topk(topk_idx: torch.Tensor, rank: int, num_experts: int, world: int) 
     return torch.where(inside, topk_idx - lo, torch.full_like(topk_idx, -1))
 
 
+@dataclass(frozen=True)
+class Sent:
+    """What one rank hands to dispatch: rows, their scales (or None), top-k experts and weights."""
+
+    x: torch.Tensor
+    scales: Optional[torch.Tensor]
+    topk_idx: torch.Tensor
+    topk_weights: torch.Tensor
+
+
+def receive(sent: list[Sent], rank: int, num_experts: int) -> Dispatched:
+    """What ``rank`` receives when every rank ``s`` dispatches ``sent[s]`` (the semantics above);
+    the handle is the caller's."""
+    world = len(sent)
+    rows, srows, ridx, rwts, src_rank, src_tok = [], [], [], [], [], []
+    for s, part in enumerate(sent):
+        tokens = torch.nonzero(destination_mask(part.topk_idx, num_experts, world)[:, rank]).flatten()
+        rows.append(part.x[tokens])
+        if part.scales is not None:
+            srows.append(part.scales[tokens])
+        local = local_topk(part.topk_idx[tokens], rank, num_experts, world)
+        ridx.append(local)
+        weights = part.topk_weights[tokens]  # 0 where the expert lives elsewhere, as DeepEP sends them
+        rwts.append(torch.where(local >= 0, weights, torch.zeros_like(weights)))
+        src_rank.append(torch.full((tokens.numel(),), s, dtype=torch.int64))
+        src_tok.append(tokens.to(torch.int64).cpu())
+    recv_idx = torch.cat(ridx)
+    per_expert = [int((recv_idx == e).sum().item()) for e in range(num_experts // world)]
+    return Dispatched(torch.cat(rows), torch.cat(srows) if srows else None, recv_idx, torch.cat(rwts),
+                      per_expert, torch.cat(src_rank), torch.cat(src_tok), None)
+
+
 class GatherTransport:
     """Emulated all-to-all over a torch.distributed group (any backend with all_gather)."""
 
@@ -82,27 +115,12 @@ class GatherTransport:
         counts_t = [torch.empty_like(count) for _ in range(self.world)]
         self.dist.all_gather(counts_t, count, group=self.group)
         counts = [int(c.item()) for c in counts_t]
-        xs = self._gather(x, counts)
-        ss = self._gather(scales.contiguous(), counts) if scales is not None else None
-        idx = self._gather(topk_idx, counts)
-        wts = self._gather(topk_weights, counts)
-        rows, srows, ridx, rwts, src_rank, src_tok = [], [], [], [], [], []
-        for s in range(self.world):
-            keep = destination_mask(idx[s], self.num_experts, self.world)[:, self.rank]
-            tokens = torch.nonzero(keep).flatten()
-            rows.append(xs[s][tokens])
-            if ss is not None:
-                srows.append(ss[s][tokens])
-            ridx.append(local_topk(idx[s][tokens], self.rank, self.num_experts, self.world))
-            rwts.append(wts[s][tokens])
-            src_rank.append(torch.full((tokens.numel(),), s, dtype=torch.int64))
-            src_tok.append(tokens.to(torch.int64))
-        recv_idx = torch.cat(ridx)
-        local = self.num_experts // self.world
-        per_expert = [int((recv_idx == e).sum().item()) for e in range(local)]
-        handle = (torch.cat(src_rank), torch.cat(src_tok), counts)
-        return Dispatched(torch.cat(rows), torch.cat(srows) if ss is not None else None, recv_idx,
-                          torch.cat(rwts), per_expert, handle[0], handle[1], handle)
+        sent = [Sent(*parts) for parts in zip(
+            self._gather(x, counts), self._gather(scales.contiguous(), counts) if scales is not None
+            else [None] * self.world, self._gather(topk_idx, counts), self._gather(topk_weights, counts))]
+        got = receive(sent, self.rank, self.num_experts)
+        got.handle = (got.src_rank, got.src_token, counts)
+        return got
 
     def combine(self, y: torch.Tensor, handle: Any) -> torch.Tensor:
         src_rank, src_tok, counts = handle

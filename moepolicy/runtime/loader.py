@@ -188,3 +188,10 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
     layers = tuple(_layer(entry) for entry in data["layers"])
     return Policy(layers, _settings_from_doc(data["deepep"]),
                   LoadReport(source, report, details, doc.model.name, loaded.warnings))
+
+
+def policy_as_written(data: dict, source: str = "") -> Policy:
+    """The policy exactly as its validated document ``data`` says: no key checks, no fallback (what
+    ``validate --live`` runs through DeepEP). Serving processes use :func:`load_policy`."""
+    return Policy(tuple(_layer(entry) for entry in data["layers"]), _settings_from_doc(data["deepep"]),
+                  LoadReport(source, {"decision": "unchecked", "tuning": "unchecked"}))

@@ -37,25 +37,51 @@ def per_expert_static_scales(num_experts: int) -> torch.Tensor:
     return 0.02 + 0.03 * torch.rand(num_experts, generator=g)
 
 
-def join(rank: int, world: int, outdir: str, transport_kind: str, num_experts: int):
-    """This rank in the group (NCCL and DeepEP's normal kernels, or gloo and the emulated
-    all-to-all) and its transport and device."""
+def join(rank: int, world: int, outdir: str, transport_kind: str, num_experts: int, hidden: int = 7168):
+    """This rank in the group and its transport and device: DeepEP's normal kernels on the GPUs
+    visible (NCCL, or gloo where ranks share a GPU: ``measure.placement``), or gloo and the
+    emulated all-to-all on CPUs."""
     import torch.distributed as dist
 
-    gpu = transport_kind == "deepep"
-    if gpu:
-        torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
-                            init_method=f"file://{outdir}/rendezvous")
-    if gpu:
+    if transport_kind == "deepep":
         import deep_ep
 
+        from moepolicy.measure.deepep_ops import join_group
         from moepolicy.reference.transport import DeepEPTransport
 
-        return DeepEPTransport(deep_ep.Buffer(dist.group.WORLD, int(2e8), 0), num_experts), torch.device("cuda", rank)
+        device = join_group(rank, world, f"{outdir}/rendezvous")
+        buffer = deep_ep.Buffer(dist.group.WORLD, deepep_nvl_bytes(hidden, world), 0)
+        return DeepEPTransport(buffer, num_experts), device
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"file://{outdir}/rendezvous")
     from moepolicy.reference.transport import GatherTransport
 
     return GatherTransport(None, num_experts), torch.device("cpu")
+
+
+def deepep_nvl_bytes(hidden: int, world: int) -> int:
+    """The NVLink buffer DeepEP's own hint asks for bf16 rows of ``hidden`` at its default configs
+    for ``world`` ranks (a fixed size trips DeepEP's buffer-size assert at 8 ranks)."""
+    import deep_ep
+
+    configs = (deep_ep.Buffer.get_dispatch_config(world), deep_ep.Buffer.get_combine_config(world))
+    return max(c.get_nvl_buffer_size_hint(hidden * 2, world) for c in configs)
+
+
+def run_ranks(entry, args: tuple, world: int, timeout_s: float = 300.0) -> None:
+    """Spawn ``world`` ranks of ``entry(rank, *args)``; a rank that fails, or a group that is not
+    done within ``timeout_s`` (a hung collective), ends every rank and raises with why."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(entry, args=args, nprocs=world, start_method="spawn", join=False)
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                if p.is_alive():
+                    p.kill()
+            raise TimeoutError(f"{world} ranks not done within {timeout_s:.0f} s (a hung collective?)")
 
 
 @dataclass(frozen=True)
@@ -77,7 +103,7 @@ def worker(rank: int, world: int, transport_kind: str, outdir: str, shape: A2ASh
     from moepolicy.quant.reference import global_static_scale
     from moepolicy.reference.prepare_finalize import PrepareFinalize, QuantSpec
 
-    transport, device = join(rank, world, outdir, transport_kind, num_experts)
+    transport, device = join(rank, world, outdir, transport_kind, num_experts, hidden)
     x, topk_idx, topk_w = make_inputs(rank, tokens, hidden, num_experts, top_k, device)
     static = float(global_static_scale(per_expert_static_scales(num_experts)))
     results = {}
@@ -102,11 +128,8 @@ def worker(rank: int, world: int, transport_kind: str, outdir: str, shape: A2ASh
 
 
 def spawn(world: int, transport_kind: str, outdir: str, **kwargs) -> list[dict]:
-    import torch.multiprocessing as mp
-
     os.makedirs(outdir, exist_ok=True)
-    mp.start_processes(_entry, args=(world, transport_kind, outdir, kwargs), nprocs=world,
-                       start_method="spawn", join=True)
+    run_ranks(_entry, (world, transport_kind, outdir, kwargs), world)
     return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -151,12 +174,13 @@ def low_latency_worker(rank: int, world: int, outdir: str, tokens: int = 64, hid
     import deep_ep
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"file://{outdir}/rendezvous-ll")
+    from moepolicy.measure.deepep_ops import join_group
+
+    device = join_group(rank, world, f"{outdir}/rendezvous-ll")
     hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, world, num_experts)
     buffer = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True,
                             num_qps_per_rank=num_experts // world)
-    x, topk_idx, _ = make_inputs(rank, tokens, hidden, num_experts, top_k, torch.device("cuda", rank))
+    x, topk_idx, _ = make_inputs(rank, tokens, hidden, num_experts, top_k, device)
     (q, scales), counts, handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, tokens, num_experts, use_fp8=True)
     torch.cuda.synchronize()
     src_info, layout = handle[0], handle[1]
@@ -178,10 +202,8 @@ def _ll_entry(rank, world, outdir, kwargs):
 
 
 def spawn_low_latency(world: int, outdir: str, **kwargs) -> list:
-    import torch.multiprocessing as mp
-
     os.makedirs(outdir, exist_ok=True)
-    mp.start_processes(_ll_entry, args=(world, outdir, kwargs), nprocs=world, start_method="spawn", join=True)
+    run_ranks(_ll_entry, (world, outdir, kwargs), world)
     return [torch.load(Path(outdir) / f"ll-rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -229,13 +251,26 @@ def packed_payload(rank: int, tokens: int, hidden: int, fmt: str):
     return x, scale_bytes.view(scale_dtype)
 
 
+def check_packed_arrived(results: list[dict], fmt: str, tokens: int, hidden: int) -> None:
+    """Every row each rank received in ``fmt``, and its scales, equal the bytes its sender sent
+    (AssertionError naming the format, rank and row otherwise)."""
+    sent = {r: packed_payload(r, tokens, hidden, fmt) for r in range(len(results))}
+    for rank, per_rank in enumerate(results):
+        got = per_rank[fmt]
+        assert got["x"].shape[0] > 0
+        for row, (src, token) in enumerate(zip(got["src_rank"].tolist(), got["src_token"].tolist())):
+            x, scales = sent[src]
+            assert torch.equal(got["x"][row], x[token]), (fmt, rank, row)
+            assert torch.equal(got["s"][row].view(torch.uint8), scales[token].view(torch.uint8)), (fmt, rank, row)
+
+
 def packed_worker(rank: int, world: int, outdir: str, tokens: int, hidden: int, num_experts: int, top_k: int,
                   transport_kind: str = "deepep") -> None:
     """Dispatch NVFP4 and MXFP8 payloads (DeepEP's normal dispatch on GPUs, or the emulated
     all-to-all on CPUs, which checks the harness itself); save what arrived."""
     import torch.distributed as dist
 
-    transport, device = join(rank, world, outdir, transport_kind, num_experts)
+    transport, device = join(rank, world, outdir, transport_kind, num_experts, hidden)
     _, topk_idx, topk_w = make_inputs(rank, tokens, hidden, num_experts, top_k, device)
     results = {}
     for fmt in PACKED_FORMATS:
@@ -253,8 +288,6 @@ def _packed_entry(rank, world, outdir, kwargs):
 
 
 def spawn_packed(world: int, outdir: str, **kwargs) -> list[dict]:
-    import torch.multiprocessing as mp
-
     os.makedirs(outdir, exist_ok=True)
-    mp.start_processes(_packed_entry, args=(world, outdir, kwargs), nprocs=world, start_method="spawn", join=True)
+    run_ranks(_packed_entry, (world, outdir, kwargs), world)
     return [torch.load(Path(outdir) / f"packed{r}.pt", weights_only=False) for r in range(world)]

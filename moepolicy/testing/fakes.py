@@ -18,10 +18,10 @@ class FakeBenchSource(BenchSource):
     model_delay_s: float = 0.0
     faults: Mapping[int, str] = field(default_factory=dict)
 
-    def choose(self, asked: Optional[str]) -> BenchChoice:
+    def choose(self, asked: Optional[str], ep_size: Optional[int] = None) -> BenchChoice:
         if self.fake_ranks and asked == "live":
             return BenchChoice("live", "fake DeepEP workers (moepolicy.testing)", self.fake_ranks)
-        return super().choose(asked)
+        return super().choose(asked, ep_size)
 
     def build(self, choice: BenchChoice, gpu: str, max_buffer_bytes: int, trial_timeout_s: float,
               reps: int) -> Bench:

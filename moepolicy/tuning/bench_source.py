@@ -6,6 +6,7 @@ The CLI asks a :class:`BenchSource` which bench to use and builds it; tests pass
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -13,17 +14,26 @@ from moepolicy.errors import TuningError
 from moepolicy.tuning.bench import Bench
 
 
+# Test-only: lets the live bench run EP ranks that share a GPU, to check its plumbing end to end on
+# one GPU. What such ranks time is not communication, so the policy is marked not for serving.
+SHARED_RANKS_ENV = "MOEPOLICY_FUNCTIONAL_SHARED_RANKS"
+SHARED_REFUSAL = ("ranks that share a GPU cannot measure communication (they share its SMs and memory and "
+                  "cross no NVLink); tune with --bench model here, or check a policy's DeepEP settings on this "
+                  "GPU with 'moepolicy validate POLICY --live'")
+
+
 @dataclass(frozen=True)
 class BenchChoice:
     kind: str  # live | model
     why: str
-    ranks: int  # GPUs (live) the bench measures on; 0 when none are visible
+    ranks: int  # ranks (live) the bench measures with; GPUs visible otherwise (0 when none)
+    shared: bool = False  # live ranks share GPUs: a functional run, never a deployable policy
 
 
 class BenchSource:
     """Live DeepEP on the visible GPUs when deep_ep imports, else the calibrated model bench."""
 
-    def choose(self, asked: Optional[str]) -> BenchChoice:
+    def choose(self, asked: Optional[str], ep_size: Optional[int] = None) -> BenchChoice:
         from moepolicy.tuning.live_bench import deep_ep_importable, visible_gpus
 
         if asked == "model":
@@ -31,15 +41,27 @@ class BenchSource:
         gpus = visible_gpus()
         missing = deep_ep_importable()
         if asked == "live":
-            if gpus < 2:
-                raise TuningError(f"the live bench needs at least 2 CUDA GPUs (visible: {gpus})")
             if missing:
                 raise TuningError(f"the live bench needs DeepEP: {missing}")
-            return BenchChoice("live", "asked for the live bench", gpus)
+            if gpus >= 2 and (ep_size is None or ep_size == gpus):
+                return BenchChoice("live", "asked for the live bench", gpus)
+            return self._shared(gpus, ep_size)
         if gpus >= 2 and not missing:
             return BenchChoice("live", f"deep_ep imports and {gpus} GPUs are visible", gpus)
         why = f"{gpus} CUDA GPU(s) visible" if gpus < 2 else missing
         return BenchChoice("model", f"{why}: using the calibrated model bench", gpus)
+
+    @staticmethod
+    def _shared(gpus: int, ep_size: Optional[int]) -> BenchChoice:
+        """EP ranks on fewer GPUs: refused, except as the test-only functional run."""
+        if gpus < 1:
+            raise TuningError("the live bench needs CUDA GPUs (none visible)")
+        if os.environ.get(SHARED_RANKS_ENV) != "1" or not ep_size or ep_size <= gpus:
+            asked = f" for EP {ep_size}" if ep_size else ""
+            raise TuningError(f"{gpus} GPU(s) visible{asked}: the live bench needs one GPU per EP rank, at least 2; "
+                              f"{SHARED_REFUSAL}")
+        return BenchChoice("live", f"{ep_size} ranks on {gpus} GPU(s) ({SHARED_RANKS_ENV}=1): a functional run, "
+                                   "not for serving", ep_size, shared=True)
 
     def build(self, choice: BenchChoice, gpu: str, max_buffer_bytes: int, trial_timeout_s: float,
               reps: int) -> Bench:

@@ -262,7 +262,13 @@ class LiveBench(Bench):
         from moepolicy.hardware import nvml_gpus
 
         names = nvml_gpus()
-        return f"{names[0]} x{self.world}" if names else f"{self.world} GPUs (NVML unavailable)"
+        if not names:
+            return f"{self.world} ranks (NVML unavailable)"
+        if len(names) < self.world:
+            from moepolicy.measure.placement import SHARED_LABEL
+
+            return f"{names[0]} x{len(names)}, {self.world} ranks ({SHARED_LABEL})"
+        return f"{names[0]} x{self.world}"
 
     def close(self) -> None:
         for q in self._commands:

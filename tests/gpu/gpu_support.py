@@ -1,4 +1,8 @@
-"""Skip reasons for GPU tests, stated once."""
+"""Skip reasons for GPU tests, stated once.
+
+Multi-rank tests need one GPU: where fewer GPUs than ranks are visible, the ranks share them
+(``moepolicy.measure.placement``: gloo, DeepEP's intranode buffer over IPC on one device). Such runs
+check function; nothing they time is a performance number."""
 
 import pytest
 
@@ -28,3 +32,14 @@ def require(min_gpus: int = 1, need_deep_ep: bool = False):
     reason = gpu_skip_reason(min_gpus, need_deep_ep)
     if reason:
         pytest.skip(reason)
+
+
+# EP sizes the multi-rank DeepEP tests run at (ranks share the GPUs where fewer are visible)
+WORLDS = (2, 4, 8)
+
+
+def shared(world: int) -> bool:
+    """Do ``world`` ranks share GPUs here (then timing relations are not checked)."""
+    import torch
+
+    return torch.cuda.device_count() < world

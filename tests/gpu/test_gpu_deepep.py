@@ -1,57 +1,63 @@
-"""Every order on 2 GPUs through DeepEP, against quantizing the same tokens on one device.
+"""Every order through DeepEP at EP 2, 4 and 8, against quantizing the same tokens on one device.
 
 Runs the harness of test_prepare_finalize_cpu.py over DeepEP's normal kernels with the Triton
-quantizers, and measures low-latency in-kernel quantization against the reference.
+quantizers (ranks share the GPU where fewer are visible), and measures low-latency in-kernel
+quantization against the reference.
 """
 
 import pytest
 
-from gpu_support import require
+from gpu_support import WORLDS, require
 
 pytestmark = pytest.mark.gpu
 
-WORLD, TOKENS, HIDDEN, EXPERTS, TOPK = 2, 256, 7168, 32, 8
+TOKENS, HIDDEN, EXPERTS, TOPK = 256, 7168, 32, 8
+WORLD = 2  # low-latency
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    require(2, need_deep_ep=True)
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"ep{w}")
+def ranks(request, tmp_path_factory):
+    require(1, need_deep_ep=True)
     from moepolicy.testing import a2a_harness as H
 
-    return H.spawn(WORLD, "deepep", str(tmp_path_factory.mktemp("deepep")), tokens=TOKENS, hidden=HIDDEN,
-                   num_experts=EXPERTS, top_k=TOPK)
+    world = request.param
+    return world, H.spawn(world, "deepep", str(tmp_path_factory.mktemp(f"deepep{world}")), tokens=TOKENS,
+                          hidden=HIDDEN, num_experts=EXPERTS, top_k=TOPK)
 
 
 @pytest.mark.parametrize("name", ["block128", "block128_ue8m0", "token", "tensor_static"])
-def test_deepep_both_orders_bit_identical(results, name):
+def test_deepep_both_orders_bit_identical(ranks, name):
     import torch
 
     from moepolicy.testing import a2a_harness as H
 
+    world, results = ranks
     for order in ("quant_then_dispatch", "dispatch_then_quant"):
-        expected = H.reference_rows(results, name, (name, order), WORLD, TOKENS, HIDDEN, EXPERTS, TOPK)
-        for r in range(WORLD):
+        expected = H.reference_rows(results, name, (name, order), world, TOKENS, HIDDEN, EXPERTS, TOPK)
+        for r in range(world):
             got = results[r][(name, order)]
             assert got["q"].shape[0] > 0
             assert torch.equal(got["q"], expected[r][0]), (name, order, r)
             assert torch.equal(got["s"], expected[r][1]), (name, order, r)
 
 
-def test_deepep_dynamic_tensor_receiver_scale_differs(results):
+def test_deepep_dynamic_tensor_receiver_scale_differs(ranks):
     from moepolicy.testing import a2a_harness as H
 
-    senders_exact, differ = H.dynamic_tensor_outcome(results, WORLD, TOKENS, HIDDEN, EXPERTS, TOPK)
+    world, results = ranks
+    senders_exact, differ = H.dynamic_tensor_outcome(results, world, TOKENS, HIDDEN, EXPERTS, TOPK)
     assert senders_exact and differ > 0
 
 
-def test_deepep_combine(results):
+def test_deepep_combine(ranks):
     from moepolicy.testing import a2a_harness as H
 
-    assert H.combine_is_exact(results, WORLD, EXPERTS)
+    world, results = ranks
+    assert H.combine_is_exact(results, world, EXPERTS)
 
 
 def test_low_latency_in_kernel_quant_measured_against_reference(tmp_path, record_property):
-    require(2, need_deep_ep=True)
+    require(1, need_deep_ep=True)
     import torch
 
     from moepolicy.quant import reference

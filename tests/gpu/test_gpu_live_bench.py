@@ -1,4 +1,5 @@
-"""The shared bench contract, run against the live DeepEP bench on 2 GPUs."""
+"""The shared bench contract, run against the live DeepEP bench with 2 ranks (sharing the GPU where
+one is visible: the contract's relations hold there too; its numbers are no measurement)."""
 
 import pytest
 
@@ -11,7 +12,7 @@ pytestmark = pytest.mark.gpu
 class TestLiveBenchContract(BenchContract):
     @pytest.fixture(scope="class")
     def bench(self):
-        require(2, need_deep_ep=True)
+        require(1, need_deep_ep=True)
         pytest.importorskip("optuna")
         from moepolicy.tuning.live_bench import LiveBench
 

@@ -1,15 +1,17 @@
-"""Overlapped measurement on 2 × H200: DeepEP on c SMs beside the experts' GEMM on the others
-(held by its grid, as serving runs it), in both launch orders."""
+"""Overlapped measurement: DeepEP on c SMs beside the experts' GEMM on the others (held by its grid,
+as serving runs it), in both launch orders. With a GPU per rank the timings' relations are checked;
+where the 2 ranks share one GPU (its SMs are split between two ranks' DeepEP and GEMMs) only that
+every part is measured and reported."""
 
 import pytest
 
-from gpu_support import require
+from gpu_support import require, shared
 
 pytestmark = pytest.mark.gpu
 
 
 def test_overlap_measurement_is_consistent():
-    require(2, need_deep_ep=True)
+    require(1, need_deep_ep=True)
     pytest.importorskip("optuna")
     from moepolicy.measure.overlapped_step import GemmShape
     from moepolicy.tuning.bench import TunePoint, Workload
@@ -44,6 +46,8 @@ def test_overlap_measurement_is_consistent():
                                                         r["overlapped_gemm_end"]["median_us"])
     for part in ("comm", "gemm", "serial", "overlapped"):
         assert r[part]["median_us"] > 0 and r[part]["min_us"] <= r[part]["median_us"] <= r[part]["max_us"]
+    if shared(2):
+        return  # ranks on one GPU: the relations below are about a GPU per rank
     assert r["overlapped"]["median_us"] >= 0.9 * r["floor_us"]  # cannot beat the slower side by much
     assert r["overlapped"]["median_us"] <= 1.5 * r["serial"]["median_us"]
 
@@ -51,8 +55,9 @@ def test_overlap_measurement_is_consistent():
 def test_deepep_runs_beside_a_clustered_gemm():
     """DeepEP launches cooperatively in 2-CTA clusters. Beside the experts' GEMM launched first in
     2-CTA clusters too, it ran beside the GEMM in every measurement on H200 (2026-11-30), instead of
-    waiting for it as it often does beside the unclustered kernel."""
-    require(2, need_deep_ep=True)
+    waiting for it as it often does beside the unclustered kernel. Where the ranks share a GPU, only
+    that the clustered GEMM runs beside DeepEP and both are timed."""
+    require(1, need_deep_ep=True)
     pytest.importorskip("optuna")
     import torch
 
@@ -70,6 +75,9 @@ def test_deepep_runs_beside_a_clustered_gemm():
     finally:
         bench.close()
     assert "2-CTA clusters" in r["gemm_kind"], (r["gemm_kind"], r.get("gemm_fallback"))
+    assert r["overlapped_comm_end"]["median_us"] > 0 and r["overlapped_gemm_end"]["median_us"] > 0
+    if shared(2):
+        return
     assert not r["deepep_waited_for_gemm"]
     assert r["overlapped_comm_end"]["median_us"] < 0.5 * r["overlapped_gemm_end"]["median_us"]
 

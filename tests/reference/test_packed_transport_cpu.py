@@ -6,7 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the emulated all-to-all needs torch (the CPU build is enough)")
 
-from test_gpu_packed_transport import EXPERTS, HIDDEN, TOKENS, TOPK, WORLD, check_arrived  # noqa: E402
+from moepolicy.testing.a2a_harness import check_packed_arrived  # noqa: E402
+
+WORLD, TOKENS, HIDDEN, EXPERTS, TOPK = 2, 256, 7168, 32, 8
 
 
 def test_the_layouts_are_nvfp4_and_mxfp8():
@@ -24,8 +26,8 @@ def test_the_emulated_transport_carries_them_and_the_check_sees_every_row(tmp_pa
 
     results = H.spawn_packed(WORLD, str(tmp_path), tokens=TOKENS, hidden=HIDDEN, num_experts=EXPERTS, top_k=TOPK,
                              transport_kind="emulated")
-    check_arrived(results, fmt)
+    check_packed_arrived(results, fmt, TOKENS, HIDDEN)
     broken = [{**r, fmt: {**r[fmt], "x": r[fmt]["x"].clone()}} for r in results]
     broken[0][fmt]["x"][0, 0] ^= 1  # one flipped bit in one received row
     with pytest.raises(AssertionError):
-        check_arrived(broken, fmt)
+        check_packed_arrived(broken, fmt, TOKENS, HIDDEN)

@@ -1,0 +1,84 @@
+"""Which bench a tune uses: the live bench needs a GPU per EP rank; ranks that share a GPU are refused
+with what to run instead, except as the test-only functional run (whose policy is not for serving)."""
+
+import pytest
+
+from moepolicy.errors import TuningError
+from moepolicy.tuning import bench_source, live_bench
+from moepolicy.tuning.bench_source import SHARED_RANKS_ENV, BenchSource
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """This process's view of the machine: ``gpus`` visible, deep_ep importable or not."""
+
+    def set_machine(gpus: int, deep_ep: bool = True):
+        monkeypatch.setattr(live_bench, "visible_gpus", lambda: gpus)
+        monkeypatch.setattr(live_bench, "deep_ep_importable", lambda: None if deep_ep else "no module named deep_ep")
+
+    monkeypatch.delenv(SHARED_RANKS_ENV, raising=False)
+    return set_machine
+
+
+def test_one_gpu_live_is_refused_with_why_and_what_to_run_instead(machine):
+    machine(1)
+    with pytest.raises(TuningError) as info:
+        BenchSource().choose("live")
+    message = str(info.value)
+    assert "cannot measure communication" in message
+    assert "--bench model" in message and "validate POLICY --live" in message
+
+
+def test_fewer_gpus_than_the_ep_size_is_refused_too(machine):
+    machine(2)
+    with pytest.raises(TuningError, match="for EP 8"):
+        BenchSource().choose("live", 8)
+
+
+def test_the_functional_switch_runs_shared_ranks_and_says_so(machine, monkeypatch):
+    machine(1)
+    monkeypatch.setenv(SHARED_RANKS_ENV, "1")
+    choice = BenchSource().choose("live", 8)
+    assert choice.kind == "live" and choice.ranks == 8 and choice.shared
+    assert "not for serving" in choice.why
+    with pytest.raises(TuningError):  # the switch needs the EP size to place ranks on
+        BenchSource().choose("live")
+
+
+def test_a_gpu_per_rank_is_the_ordinary_live_bench(machine):
+    machine(2)
+    choice = BenchSource().choose("live", 2)
+    assert (choice.kind, choice.ranks, choice.shared) == ("live", 2, False)
+    assert BenchSource().choose(None).kind == "live"
+
+
+def test_without_deep_ep_or_gpus_the_default_is_the_model_bench(machine):
+    machine(1)
+    assert BenchSource().choose(None).kind == "model"
+    machine(0, deep_ep=False)
+    assert BenchSource().choose(None).kind == "model"
+    with pytest.raises(TuningError, match="DeepEP"):
+        BenchSource().choose("live")
+
+
+def test_the_functional_policy_is_marked_not_for_serving(tmp_path):
+    """The marked document still reads (its keys recomputed), validate refuses it and serving
+    uses DeepEP's defaults for it."""
+    import yaml
+
+    from conftest import run_cli
+    from moepolicy import load_policy
+    from moepolicy.cli.tune import mark_functional
+    from moepolicy.policy_reader import read_policy
+
+    path = tmp_path / "p.yaml"
+    assert run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200",
+                   "-o", str(path)).returncode == 0
+    document = yaml.safe_load(path.read_text())
+    mark_functional(document, bench_source.BenchChoice("live", "2 ranks on 1 GPU(s)", 2, shared=True))
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    assert "functional run" in read_policy(path).doc.deepep.partial.reason
+    policy = load_policy(path, ep_size=2)
+    assert policy.is_fallback and policy.deepep.is_default
+    done = run_cli("validate", str(path))
+    assert done.returncode == 6 and "functional run" in done.stderr
