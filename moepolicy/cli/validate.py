@@ -91,9 +91,15 @@ def _live(paths: list[str]) -> None:
         if missing:
             raise UsageError(f"--live runs DeepEP on CUDA GPUs: {missing}")
         note(f"validate --live: EP {ep_size}: {placement.describe()}")
-        for report in run_preflight([plan for plan in plans if plan.ep_size == ep_size], placement):
-            for line in render(report):
-                print(line)
+
+        def show(report) -> None:
+            print("\n".join(render(report)), flush=True)
+
+        shown = []
+        for report in run_preflight([plan for plan in plans if plan.ep_size == ep_size], placement,
+                                    on_report=lambda r: (show(r), shown.append(r))):
+            if not any(report is r for r in shown):  # failed or not run: shown at the end
+                show(report)
             failures += [describe_failure(report)] if not report.ok else []
     if failures:
         raise PolicyError(failures[0] + (f" (and {len(failures) - 1} more polic(ies) failed)" if len(failures) > 1

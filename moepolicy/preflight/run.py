@@ -6,7 +6,7 @@ from __future__ import annotations
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from moepolicy.measure.placement import RankPlacement
 from moepolicy.preflight.plan import PreflightPlan, PreflightReport
@@ -16,10 +16,11 @@ START_TIMEOUT_S = 300.0  # spawning, importing torch and DeepEP, joining the gro
 
 
 def run_preflight(plans: Sequence[PreflightPlan], placement: RankPlacement, step_timeout_s: float = STEP_TIMEOUT_S,
-                  link=None) -> list[PreflightReport]:
+                  link=None, on_report: Optional[Callable[[PreflightReport], None]] = None) -> list[PreflightReport]:
     """Run every plan (one EP size) on ``placement.ranks`` spawned ranks, one after the other in the
     same group, each step under ``step_timeout_s``; ``link`` is how a rank reaches the others
-    (``preflight.rank.DeepEPLink`` by default)."""
+    (``preflight.rank.DeepEPLink`` by default); ``on_report`` sees each plan's report as soon as
+    every rank is done with it (progress on long runs)."""
     import tempfile
 
     import torch.multiprocessing as mp
@@ -37,7 +38,7 @@ def run_preflight(plans: Sequence[PreflightPlan], placement: RankPlacement, step
     for p in procs:
         p.start()
     try:
-        _Watch(reports, procs, events, step_timeout_s).run()
+        _Watch(reports, procs, events, step_timeout_s, on_report).run()
     finally:
         for p in procs:
             if p.is_alive():
@@ -54,6 +55,7 @@ class _Watch:
     procs: list
     events: object
     step_timeout_s: float
+    on_report: Optional[Callable[[PreflightReport], None]] = None
     steps: dict = field(default_factory=dict)
     finished: dict = field(default_factory=dict)  # rank -> policies done
     done: set = field(default_factory=set)
@@ -84,6 +86,8 @@ class _Watch:
             self.reports[index].rows.append(row)
         elif kind == "plan-done":
             self.finished[rank] = payload + 1
+            if self.on_report and min(self.finished.values()) == payload + 1:
+                self.on_report(self.reports[payload])
         elif kind == "done":
             self.done.add(rank)
 

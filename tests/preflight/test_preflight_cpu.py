@@ -109,3 +109,14 @@ def test_several_policies_of_one_ep_size_run_in_one_group(policy, tmp_path):
     reports = run_preflight(plans, RankPlacement(2, 2), step_timeout_s=120, link=EmulatedLink())
     assert [r.ok for r in reports] == [True, True], [(r.error, r.rows) for r in reports]
     assert reports[1].plan.hidden == 7168 and reports[0].plan.hidden == 2048
+
+
+def test_each_policys_report_is_seen_as_soon_as_it_is_done(policy):
+    from moepolicy.preflight import plan_preflight, run_preflight
+    from moepolicy.preflight.rank import EmulatedLink
+
+    plans = [small(plan_preflight(policy))] * 2
+    seen = []
+    reports = run_preflight(plans, RankPlacement(2, 2), step_timeout_s=120, link=EmulatedLink(),
+                            on_report=seen.append)
+    assert seen == reports and all(r.ok for r in seen)
