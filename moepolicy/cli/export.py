@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from moepolicy.cli.validate import add_serving_flags, serving_note
 from moepolicy.policy_yaml import atomic_write
 
 
@@ -18,6 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="vllm: shell (default) or json; sglang: json (the --deepep-config, default) or launch "
                         "(a launch_server command with every flag SGLang can take)")
     p.add_argument("-o", "--output", help="write here instead of stdout")
+    add_serving_flags(p)
     p.set_defaults(run=run)
 
 
@@ -25,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from moepolicy.policy_reader import read_policy
 
     doc = read_policy(args.policy).doc
+    serving_note(args)
     if args.to == "sglang":
         from moepolicy.export.sglang import SGLANG_CHECKED, export, launch
 

@@ -14,7 +14,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strict", action="store_true", help="refuse unknown keys (from a newer minor version)")
     p.add_argument("--rekey", action="store_true",
                    help="after a deliberate hand edit: recompute the keys and rewrite the file")
+    add_serving_flags(p)
     p.set_defaults(run=run)
+
+
+def add_serving_flags(p: argparse.ArgumentParser) -> None:
+    """--model / --ep-size: predict load_policy's decision for the served model and EP size."""
+    p.add_argument("--model", help="the model serving will load (catalog name, Hugging Face id, folder): "
+                                   "checked as load_policy checks it, from the HF cache only")
+    p.add_argument("--ep-size", type=int, help="the EP size serving will run with, checked as load_policy checks it")
+
+
+def serving_outcome(args: argparse.Namespace):
+    """load_policy's decision in this process (the installed rule packs and sheets); exit 6 when
+    serving would fall back."""
+    from moepolicy.runtime.outcome import predict
+
+    outcome = predict(args.policy, ep_size=args.ep_size, model=args.model)
+    if outcome.falls_back:
+        raise PolicyError(f"{args.policy}: {outcome.summary()}")
+    return outcome
 
 
 def _rekey(path: str, strict: bool) -> None:
@@ -39,6 +58,18 @@ def _rekey(path: str, strict: bool) -> None:
     note(f"rekeyed {path}")
 
 
+def serving_note(args: argparse.Namespace) -> None:
+    """For export: the vLLM plugin runs load_policy, so a policy it would not apply is refused (exit 6);
+    SGLang takes the exported settings as they are, and a note says what load_policy would decide."""
+    from moepolicy.runtime.outcome import SAFE, predict
+
+    outcome = predict(args.policy, ep_size=args.ep_size, model=args.model)
+    if args.to == "vllm" and outcome.state == SAFE:
+        raise PolicyError(f"{args.policy}: the plugin would apply nothing: {outcome.summary()}")
+    if outcome.falls_back:
+        note(f"warning: {outcome.summary()}")
+
+
 def run(args: argparse.Namespace) -> int:
     from moepolicy.policy_reader import read_policy
 
@@ -51,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     if doc.deepep.partial is not None:
         raise PolicyError(f"{args.policy}: a partial result ({doc.deepep.partial.reason}); load_policy uses DeepEP's "
                           "default configs and the decisions without measured facts for it; re-run the tune")
+    outcome = serving_outcome(args)
     print(f"ok: {args.policy}: schema {doc.schema_version}, {doc.model.name}, {len(doc.layers)} layers, "
           f"{doc.target.gpu} EP{doc.target.ep_size} {doc.target.backend}, deepep {doc.deepep.provenance.source}, "
           f"keys intact")
+    print(outcome.summary())
     return 0
