@@ -6,8 +6,10 @@ import argparse
 import json
 import sys
 
+from moepolicy.cli._output import note
 from moepolicy.cli.validate import add_serving_flags, serving_note
 from moepolicy.policy_yaml import atomic_write
+from moepolicy.weights_memory import fit_note
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
 
     doc = read_policy(args.policy).doc
     serving_note(args)
+    fits = fit_note(args.model or doc.model.name, doc.target.gpu, doc.target.ep_size, doc.target.engine)
+    if fits:
+        note(f"warning: {fits}")
     if args.to == "sglang":
         from moepolicy.export.sglang import SGLANG_CHECKED, export, launch
 

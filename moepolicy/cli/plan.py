@@ -13,6 +13,7 @@ from moepolicy.files import write_target
 from moepolicy.redact import redact_command
 from moepolicy.planner import Plan, build_document, make_plan
 from moepolicy.rules.packs import builtin_pack, pack_stack
+from moepolicy.weights_memory import fit_note
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +32,9 @@ def build_plan(args: argparse.Namespace, default_ep=None) -> Plan:
     packs = pack_stack(args.rules)
     plan = make_plan(facts, target, packs)
     note(target.describe(plan.kernel_label))
+    fits = fit_note(args.model, target.gpu, target.ep_size, target.engine)
+    if fits:
+        note(f"warning: {fits}")
     return plan
 
 
