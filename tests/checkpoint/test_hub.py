@@ -233,3 +233,24 @@ def test_the_cli_resolves_an_id_and_offline_asks_nothing(hub, tmp_path):
     missing = run_cli("plan", "--model", "missing/model", "--ep-size", "8", env=env)
     assert missing.returncode == 3 and len(missing.stderr.strip().splitlines()) == 1
     assert "has no such repository (HTTP 404)" in missing.stderr
+
+
+def test_huggingface_hub_is_imported_only_for_an_id_outside_the_catalog(hub, tmp_path):
+    import subprocess
+    import sys
+
+    policy_path = _policy(tmp_path)
+    fake_cache(tmp_path / "hf-cache", "org/served", {"config.json": (QWEN_FP8 / "config.json").read_bytes()})
+    code = (
+        "import sys\n"
+        "from moepolicy import load_policy\n"
+        f"assert not load_policy({str(policy_path)!r}, ep_size=8, model='Qwen3-30B-A3B-FP8').is_fallback\n"
+        "before = 'huggingface_hub' in sys.modules\n"
+        f"assert not load_policy({str(policy_path)!r}, ep_size=8, model='org/served').is_fallback\n"
+        "print(before, 'huggingface_hub' in sys.modules, [m for m in ('torch', 'optuna') if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "hf-cache")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "[]"]
+    assert hub.requests == []
