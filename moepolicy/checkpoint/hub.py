@@ -102,7 +102,6 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
         quant, notes = _quant_from_cache(hf, hub_id, common)
         return HubFiles(config=config, quant=quant, commit=config.parent.name, notes=notes)
     common.update(endpoint=hub_endpoint(), etag_timeout=ETAG_TIMEOUT_S)
-    hf.utils.disable_progress_bars()  # two small files: no bar on the user's terminal
     with _quiet(hf):
         try:
             config = Path(hf.hf_hub_download(hub_id.repo_id, "config.json", **common))
@@ -120,15 +119,19 @@ def _cached(hf, hub_id: HubId, filename: str, common: dict) -> Optional[Path]:
 
 @contextmanager
 def _quiet(hf) -> Iterator[None]:
-    """huggingface_hub's own warnings (its retries while the hub does not answer) are not printed:
-    what failed is said once, in moepolicy's one line."""
+    """huggingface_hub's own warnings (its retries while the hub does not answer) and progress bars
+    (two small files) are not shown: what failed is said once, in moepolicy's one line. Both are
+    restored after."""
     logger = logging.getLogger(hf.__name__)
-    level = logger.level
+    level, bars_off = logger.level, hf.utils.are_progress_bars_disabled()
     logger.setLevel(logging.ERROR)
+    hf.utils.disable_progress_bars()
     try:
         yield
     finally:
         logger.setLevel(level)
+        if not bars_off:
+            hf.utils.enable_progress_bars()
 
 
 def _huggingface_hub(hub_id: HubId):
