@@ -18,7 +18,8 @@ from moepolicy.weights_memory import fit_note
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="decide quant-before/after dispatch per layer; write the policy")
-    p.add_argument("--model", required=True, help="catalog name, Hugging Face id (org/name[@rev]), config.json, or model folder")
+    p.add_argument("--model", required=True,
+                   help="catalog name, Hugging Face id (org/name[@rev]), config.json, or model folder")
     add_target_flags(p)
     p.add_argument("-o", "--output", help="write the policy here (default, or '-': standard output); a symbolic "
                                           "link is written through")
