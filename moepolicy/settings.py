@@ -2,18 +2,58 @@
 
 | variable | effect |
 |---|---|
-| ``MOEPOLICY_OFFLINE`` (or ``HF_HUB_OFFLINE``) | a model name not in the catalog is never fetched from the Hugging Face hub |
+| ``MOEPOLICY_OFFLINE`` | never ask the network for a model: a Hugging Face id is read from the HF cache only |
+| ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) | the same, as huggingface_hub means it ("1", "ON", "YES", "TRUE") |
+| ``HF_ENDPOINT``, ``HF_HUB_CACHE``, ``HF_HOME``, ``HF_TOKEN`` | read by huggingface_hub for model ids (the hub, its cache, the token) |
+| ``MOEPOLICY_CACHE_DIR`` | where moepolicy keeps its own cache (the rule-pack lint); default ``$XDG_CACHE_HOME/moepolicy`` or ``~/.cache/moepolicy`` |
 | ``MOEPOLICY_TRITON_FAST_LAUNCH=0`` | the fp8 quantization kernels launch through Triton's binder (no direct launch) |
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Optional
+
+_HF_TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's own reading of a boolean variable
+_OFF = {"", "0", "false", "no", "off"}
+
+
+def moepolicy_offline() -> bool:
+    """``MOEPOLICY_OFFLINE`` is set to anything but empty, 0, false, no or off."""
+    return os.environ.get("MOEPOLICY_OFFLINE", "").strip().lower() not in _OFF
+
+
+def hf_offline() -> bool:
+    """huggingface_hub's offline mode: ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is true."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in _HF_TRUE
 
 
 def offline() -> bool:
-    """True when the hub must not be contacted for a model name outside the catalog."""
-    return bool(os.environ.get("MOEPOLICY_OFFLINE") or os.environ.get("HF_HUB_OFFLINE"))
+    """True when the network must not be asked for a model (the Hugging Face cache is still read)."""
+    return moepolicy_offline() or hf_offline()
+
+
+def hub_endpoint() -> Optional[str]:
+    """``HF_ENDPOINT`` as set now (None: huggingface_hub's default, https://huggingface.co)."""
+    value = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/")
+    return value or None
+
+
+def hub_cache_dir() -> Optional[str]:
+    """``HF_HUB_CACHE`` as set now (None: huggingface_hub decides, from ``HF_HOME`` or its default)."""
+    value = os.environ.get("HF_HUB_CACHE", "").strip()
+    return value or None
+
+
+def cache_dir() -> Path:
+    """moepolicy's own cache folder (it may not exist yet)."""
+    explicit = os.environ.get("MOEPOLICY_CACHE_DIR", "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "moepolicy"
 
 
 def triton_fast_launch() -> bool:

@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Never reach the network from tests: unknown names must fail fast and offline.
 os.environ.setdefault("MOEPOLICY_OFFLINE", "1")
+# moepolicy's own cache (the rule-pack lint) in a folder of this run, not the user's
+os.environ.setdefault("MOEPOLICY_CACHE_DIR", tempfile.mkdtemp(prefix="moepolicy-test-cache-"))
 
 
 def cli_command(*args: str, fake_deepep: int = 0, model_bench_delay: float = 0.0) -> list[str]:

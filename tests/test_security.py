@@ -291,12 +291,13 @@ def test_a_user_pack_cannot_replace_a_built_in_one(tmp_path):
 
 def test_an_unresolvable_model_is_a_mismatch_and_never_contacts_the_hub(tmp_path, monkeypatch):
     from moepolicy import load_policy
-    from moepolicy.checkpoint import source
+    from moepolicy.checkpoint import hub
 
     out = tmp_path / "p.yaml"
     assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out)).returncode == 0
     monkeypatch.delenv("MOEPOLICY_OFFLINE", raising=False)
-    monkeypatch.setattr(source, "_fetch_from_hub", lambda repo: pytest.fail("the runtime asked the hub"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+    monkeypatch.setattr(hub, "_failure", lambda *args: pytest.fail("the runtime asked the hub"))
     policy = load_policy(out, ep_size=8, model="no/such-model")
     assert policy.is_fallback and policy.report["decision"] == "mismatched"
     with pytest.raises(Exception, match="model could not be read"):

@@ -21,6 +21,23 @@ class CatalogEntry:
     def short_name(self) -> str:
         return self.repo_id.split("/", 1)[-1]
 
+    @property
+    def partial(self) -> bool:
+        """The copy lacks part of the real config (SOURCE.md: ``complete quantization_config: False``):
+        plans from it can differ from plans from the checkpoint (GLM-4.6-FP8-dynamic: no weight
+        strategy, so every MoE layer falls back)."""
+        return PARTIAL_MARK in _source_text(self.folder)
+
+
+PARTIAL_MARK = "complete quantization_config: False"
+
+
+def _source_text(folder: Path) -> str:
+    try:
+        return (folder / "SOURCE.md").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
+
 
 @lru_cache(maxsize=1)
 def entries() -> tuple[CatalogEntry, ...]:

@@ -84,6 +84,7 @@ def facts_from_raw(raw: RawCheckpoint, engine: str = "vllm") -> ModelFacts:
 
 
 def read_model(spec: str, engine: str = "vllm", hub: bool = True) -> ModelFacts:
-    """Resolve ``spec`` (catalog name, config.json, folder; with ``hub``, a Hugging Face name whose
-    two config files are fetched) and normalise it."""
+    """Resolve ``spec`` (catalog name, config.json, folder, Hugging Face id ``org/name[@rev]``) and
+    normalise it. An id's two config files come from the Hugging Face cache, downloaded first unless
+    ``hub`` is False (the runtime) or moepolicy is offline (``MOEPOLICY_OFFLINE``, ``HF_HUB_OFFLINE``)."""
     return facts_from_raw(resolve(spec, hub=hub), engine=engine)

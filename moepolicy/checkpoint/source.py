@@ -1,27 +1,22 @@
 """Resolve a model argument to the raw JSON of its config files.
 
 A model is named by a catalog name (``Qwen3-30B-A3B-FP8`` or ``Qwen/Qwen3-30B-A3B-FP8``), a path to
-a ``config.json``, or a folder holding ``config.json`` and, where the checkpoint has one,
-``hf_quant_config.json``. A name that is not in the catalog is fetched from the Hugging Face hub
-(those two small files only) when ``MOEPOLICY_OFFLINE`` is unset and the hub answers.
+a ``config.json``, a folder holding ``config.json`` and, where the checkpoint has one,
+``hf_quant_config.json`` (a snapshot of the Hugging Face cache included), or a Hugging Face id
+(``org/name[@revision]``) read through huggingface_hub (:mod:`moepolicy.checkpoint.hub`): those two
+small files only, from the HF cache, downloaded first unless offline.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from moepolicy.checkpoint import catalog
+from moepolicy.checkpoint import catalog, hub
 from moepolicy.errors import CheckpointError
-
-_HUB = "https://huggingface.co/{repo}/resolve/main/{file}"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass(frozen=True)
@@ -73,40 +68,47 @@ def _from_folder(folder: Path, name: str, source: str) -> RawCheckpoint:
 
 
 def _name_from_path(config_path: Path) -> str:
-    """A local checkpoint's name: its folder's, as the user named it (``org__name`` → ``org/name``);
-    never the config's ``_name_or_path``, which is often the uploader's own path."""
-    parent = config_path.resolve().parent.name
+    """A local checkpoint's name: ``org/name`` for a snapshot of the Hugging Face cache
+    (``models--org--name/snapshots/<commit>``), else its folder's, as the user named it (``org__name`` →
+    ``org/name``); never the config's ``_name_or_path``, which is often the uploader's own path. The
+    folder is taken as written (a cache snapshot's files are links into ``blobs/``)."""
+    folder = Path(os.path.abspath(config_path)).parent
+    from_cache = hub.snapshot_repo_id(folder)
+    if from_cache is not None:
+        return from_cache
+    parent = folder.resolve().name
     return parent.replace("__", "/", 1) if "__" in parent else parent
 
 
-def _fetch_from_hub(repo_id: str) -> Optional[RawCheckpoint]:
-    from moepolicy.settings import offline
-
-    if offline():
-        return None
-    files: dict[str, dict[str, Any]] = {}
-    for filename in ("config.json", "hf_quant_config.json"):
-        url = _HUB.format(repo=repo_id, file=filename)
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (fixed https host)
-                files[filename] = json.loads(response.read().decode("utf-8"))
-        except (urllib.error.URLError, OSError, ValueError, TimeoutError):
-            if filename == "config.json":
-                return None
+def _from_hub(hub_id: hub.HubId, network: bool, why_offline: str) -> RawCheckpoint:
+    files = hub.fetch(hub_id, network=network, why_offline=why_offline)
+    quant = _read_json(files.quant) if files.quant is not None else None
     return RawCheckpoint(
-        name=repo_id, source=f"hub:{repo_id}", config=files["config.json"],
-        hf_quant_config=files.get("hf_quant_config.json"),
-        config_path=f"{repo_id}/config.json", hf_quant_path=f"{repo_id}/hf_quant_config.json",
+        name=hub_id.repo_id, source=f"hub:{hub_id.repo_id}@{files.commit}", config=_read_json(files.config),
+        hf_quant_config=quant, config_path=str(files.config),
+        hf_quant_path=str(files.quant or files.config.parent / "hf_quant_config.json"), notes=files.notes,
     )
 
 
-def resolve(spec: str, hub: bool = True) -> RawCheckpoint:
-    """Turn a model argument into a :class:`RawCheckpoint`, or raise :class:`CheckpointError`."""
-    if not spec or not str(spec).strip():
-        raise CheckpointError("no model given: pass a catalog name, a config.json or a model folder")
-    path = Path(spec).expanduser()
+def _why_offline(hub_allowed: bool) -> str:
+    from moepolicy.settings import hf_offline, moepolicy_offline
+
+    if not hub_allowed:
+        return "a serving process never asks the network for a model"
+    if moepolicy_offline():
+        return "MOEPOLICY_OFFLINE is set: the hub was not asked"
+    if hf_offline():
+        return "HF_HUB_OFFLINE is set: the hub was not asked"
+    return ""
+
+
+def _from_local(path: Path) -> Optional[RawCheckpoint]:
+    """A folder (a model folder, a cache snapshot, or a cache repo folder ``models--org--name``) or a
+    ``config.json`` path; None when ``path`` is neither."""
     if path.is_dir():
-        return _from_folder(path, _name_from_path(path / "config.json"), str(path))
+        snapshot = hub.repo_snapshot(path) if not (path / "config.json").exists() else None
+        folder = snapshot or path
+        return _from_folder(folder, _name_from_path(folder / "config.json"), str(path))
     if path.is_file():
         config = _read_json(path)
         sibling = path.parent / "hf_quant_config.json"
@@ -115,19 +117,43 @@ def resolve(spec: str, hub: bool = True) -> RawCheckpoint:
             name=_name_from_path(path), source=str(path), config=config,
             hf_quant_config=quant, config_path=str(path), hf_quant_path=str(sibling),
         )
-    entry = catalog.lookup(spec)
+    return None
+
+
+def resolve(spec: str, hub: bool = True) -> RawCheckpoint:
+    """Turn a model argument into a :class:`RawCheckpoint`, or raise :class:`CheckpointError`.
+
+    In order: a folder or ``config.json``; a catalog name (the catalog stays first for its names); a
+    Hugging Face id ``org/name[@revision]`` through huggingface_hub. With ``hub`` False (the runtime)
+    or offline (``MOEPOLICY_OFFLINE``, ``HF_HUB_OFFLINE``) an id is read from the Hugging Face cache
+    only, never from the network.
+    """
+    return _resolve(spec, hub)
+
+
+def _resolve(spec: str, hub_allowed: bool) -> RawCheckpoint:
+    from moepolicy.settings import offline
+
+    if not spec or not str(spec).strip():
+        raise CheckpointError("no model given: pass a catalog name, a Hugging Face id (org/name), a config.json "
+                              "or a model folder")
+    local = _from_local(Path(spec).expanduser())
+    if local is not None:
+        return local
+    if spec.endswith(".json"):
+        raise CheckpointError(f"{spec}: no such file")
+    hub_id = hub.parse_id(spec)
+    entry = catalog.lookup(spec) if hub_id is None or hub_id.revision is None else None
     if entry is not None:
         return _from_folder(entry.folder, entry.repo_id, f"catalog:{entry.repo_id}")
-    if spec.endswith(".json") or os.sep in spec and not _REPO_ID.match(spec):
+    if hub_id is not None:
+        network = hub_allowed and not offline()
+        return _from_hub(hub_id, network, _why_offline(hub_allowed))
+    if os.sep in spec:
         raise CheckpointError(f"{spec}: no such file or folder")
-    if hub and _REPO_ID.match(spec):
-        fetched = _fetch_from_hub(spec)
-        if fetched is not None:
-            return fetched
     close = catalog.close_names(spec)
-    hint = f"; close catalog names: {', '.join(close)}" if close else ""
+    hint = f"; did you mean: {', '.join(close)}" if close else ""
     raise CheckpointError(
-        f"unknown model '{spec}': not a file, a folder or a catalog name"
-        + (", and the Hugging Face hub could not be reached" if hub else " (the hub is not asked here)")
-        + f"{hint} (see 'moepolicy models')"
+        f"unknown model '{spec}': not a file, a folder, a catalog name or a Hugging Face id (org/name){hint} "
+        "(see 'moepolicy models')"
     )

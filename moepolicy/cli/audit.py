@@ -93,10 +93,10 @@ def _per_bucket_lines(doc) -> list[str]:
 
 
 def print_lint(doc, args) -> None:
-    from moepolicy.rules.lint import lint_packs
+    from moepolicy.rules.lint import lint_packs_cached
 
     packs, notes = packs_for_lint(doc, args.rules)
-    findings = lint_packs(packs) if packs else []
+    findings = lint_packs_cached(packs) if packs else []
     names = ", ".join(p.name for p in packs) or "none"
     print(f"\nrule packs ({names}): " + (f"{len(findings)} finding(s)" if findings else "no shadowed rules, "
                                           "no same-priority overlaps"))

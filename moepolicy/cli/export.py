@@ -6,7 +6,10 @@ import argparse
 import json
 import sys
 
+from moepolicy.cli._output import note
+from moepolicy.cli.validate import add_serving_flags, serving_note
 from moepolicy.policy_yaml import atomic_write
+from moepolicy.weights_memory import fit_note
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="vllm: shell (default) or json; sglang: json (the --deepep-config, default) or launch "
                         "(a launch_server command with every flag SGLang can take)")
     p.add_argument("-o", "--output", help="write here instead of stdout")
+    add_serving_flags(p)
     p.set_defaults(run=run)
 
 
@@ -25,6 +29,10 @@ def run(args: argparse.Namespace) -> int:
     from moepolicy.policy_reader import read_policy
 
     doc = read_policy(args.policy).doc
+    serving_note(args)
+    fits = fit_note(args.model or doc.model.name, doc.target.gpu, doc.target.ep_size, doc.target.engine)
+    if fits:
+        note(f"warning: {fits}")
     if args.to == "sglang":
         from moepolicy.export.sglang import SGLANG_CHECKED, export, launch
 

@@ -39,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
         rows.append([
             entry.repo_id, _scheme(facts), len(facts.moe_layers), len(facts.dense_layers),
             moe.num_experts if moe else 0, moe.top_k if moe else 0, facts.hidden_size,
+            "partial" if entry.partial else "complete",
         ])
-    table(["model", "quant scheme (experts)", "moe", "dense", "experts", "top-k", "hidden"], rows)
+    table(["model", "quant scheme (experts)", "moe", "dense", "experts", "top-k", "hidden", "config"], rows)
+    if any(entry.partial for entry in catalog.entries()):
+        print("partial: the catalog's copy lacks part of the real config (see its SOURCE.md); plan from the "
+              "checkpoint instead: its folder, or its id with a revision (org/name@main) from the hub")
     return 0

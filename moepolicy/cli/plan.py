@@ -13,11 +13,13 @@ from moepolicy.files import write_target
 from moepolicy.redact import redact_command
 from moepolicy.planner import Plan, build_document, make_plan
 from moepolicy.rules.packs import builtin_pack, pack_stack
+from moepolicy.weights_memory import fit_note
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="decide quant-before/after dispatch per layer; write the policy")
-    p.add_argument("--model", required=True, help="catalog name, config.json, or model folder")
+    p.add_argument("--model", required=True,
+                   help="catalog name, Hugging Face id (org/name[@rev]), config.json, or model folder")
     add_target_flags(p)
     p.add_argument("-o", "--output", help="write the policy here (default, or '-': standard output); a symbolic "
                                           "link is written through")
@@ -31,6 +33,9 @@ def build_plan(args: argparse.Namespace, default_ep=None) -> Plan:
     packs = pack_stack(args.rules)
     plan = make_plan(facts, target, packs)
     note(target.describe(plan.kernel_label))
+    fits = fit_note(args.model, target.gpu, target.ep_size, target.engine)
+    if fits:
+        note(f"warning: {fits}")
     return plan
 
 

@@ -18,7 +18,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also run the policy's DeepEP settings through real DeepEP on the GPUs visible, at its EP "
                         "size (ranks share a GPU where there are fewer GPUs: a functional check, not a speed one): "
                         "buffer, configs, every bucket and wire format, dispatch and combine against the reference")
+    add_serving_flags(p)
     p.set_defaults(run=run)
+
+
+def add_serving_flags(p: argparse.ArgumentParser) -> None:
+    """--model / --ep-size: predict load_policy's decision for the served model and EP size."""
+    p.add_argument("--model", help="the model serving will load (catalog name, Hugging Face id, folder): "
+                                   "checked as load_policy checks it, from the HF cache only")
+    p.add_argument("--ep-size", type=int, help="the EP size serving will run with, checked as load_policy checks it")
+
+
+def serving_outcome(path: str, args: argparse.Namespace):
+    """load_policy's decision in this process (the installed rule packs and sheets); exit 6 when
+    serving would fall back."""
+    from moepolicy.runtime.outcome import predict
+
+    outcome = predict(path, ep_size=args.ep_size, model=args.model)
+    if outcome.falls_back:
+        raise PolicyError(f"{path}: {outcome.summary()}")
+    return outcome
 
 
 def _rekey(path: str, strict: bool) -> None:
@@ -41,6 +60,18 @@ def _rekey(path: str, strict: bool) -> None:
     parse_policy(text, f"{path} (rekeyed, not written)", strict=strict)  # refuses before anything is written
     atomic_write(path, text)
     note(f"rekeyed {path}")
+
+
+def serving_note(args: argparse.Namespace) -> None:
+    """For export: the vLLM plugin runs load_policy, so a policy it would not apply is refused (exit 6);
+    SGLang takes the exported settings as they are, and a note says what load_policy would decide."""
+    from moepolicy.runtime.outcome import SAFE, predict
+
+    outcome = predict(args.policy, ep_size=args.ep_size, model=args.model)
+    if args.to == "vllm" and outcome.state == SAFE:
+        raise PolicyError(f"{args.policy}: the plugin would apply nothing: {outcome.summary()}")
+    if outcome.falls_back:
+        note(f"warning: {outcome.summary()}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,9 +98,11 @@ def _validate(path: str, args: argparse.Namespace) -> None:
     if doc.deepep.partial is not None:
         raise PolicyError(f"{path}: a partial result ({doc.deepep.partial.reason}); load_policy uses DeepEP's "
                           "default configs and the decisions without measured facts for it; re-run the tune")
+    outcome = serving_outcome(path, args)
     print(f"ok: {path}: schema {doc.schema_version}, {doc.model.name}, {len(doc.layers)} layers, "
           f"{doc.target.gpu} EP{doc.target.ep_size} {doc.target.backend}, deepep {doc.deepep.provenance.source}, "
           f"keys intact")
+    print(outcome.summary())
 
 
 def _live(paths: list[str]) -> None:

@@ -142,3 +142,74 @@ def lint_packs(packs: Sequence[RulePack]) -> list[Finding]:
                         f"can both hold with different decisions: file order picks '{first.id}'; give one a "
                         f"higher priority or make their conditions exclusive"))
     return findings
+
+
+# ------------------------------------------------------------------------------- the cache
+_LINT_CODE = ("lint.py", "engine.py", "grammar.py", "vocabulary.py")  # what decides the findings, besides the packs
+
+
+def lint_key(packs: Sequence[RulePack]) -> str:
+    """What the findings depend on: each pack's sha256, in order, and this linter's own source."""
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    code = hashlib.sha256(b"".join(hashlib.sha256((here / name).read_bytes()).digest() for name in _LINT_CODE))
+    blob = "\n".join([code.hexdigest(), *(pack.sha256 for pack in packs)]).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def lint_packs_cached(packs: Sequence[RulePack], cache_dir=None) -> list[Finding]:
+    """:func:`lint_packs`, remembered per :func:`lint_key` in a small file of moepolicy's cache
+    (``MOEPOLICY_CACHE_DIR``, else ``$XDG_CACHE_HOME/moepolicy``): the lint is about a million rule
+    evaluations (seconds) and depends only on the packs' contents. A cache that cannot be read or
+    written is ignored: the lint then runs as without it."""
+    from pathlib import Path
+
+    from moepolicy.settings import cache_dir as default_cache_dir
+
+    key = lint_key(packs)
+    path = Path(cache_dir or default_cache_dir()) / "lint" / f"{key}.json"
+    cached = _read_cached(path, key)
+    if cached is not None:
+        return cached
+    findings = lint_packs(packs)
+    _write_cached(path, key, findings)
+    return findings
+
+
+def _read_cached(path, key: str) -> Optional[list[Finding]]:
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("key") != key:
+            return None
+        findings = [Finding(*entry) for entry in data["findings"]]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if not all(isinstance(v, str) for f in findings for v in (f.kind, f.rule, f.other, f.message)):
+        return None
+    return findings
+
+
+def _write_cached(path, key: str, findings: list[Finding]) -> None:
+    import json
+    import os
+    import tempfile
+
+    text = json.dumps({"key": key, "findings": [[f.kind, f.rule, f.other, f.message] for f in findings]})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".lint-", suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)  # whole or not at all: a reader never sees half a file
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

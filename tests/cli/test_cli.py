@@ -24,7 +24,7 @@ def test_models_lists_catalog():
     assert result.returncode == 0
     assert "deepseek-ai/DeepSeek-V3" in result.stdout and "fp8_e4m3/1x128 dynamic" in result.stdout
     row = next(line for line in result.stdout.splitlines() if line.startswith("deepseek-ai/DeepSeek-V3 "))
-    assert row.split()[-5:] == ["59", "3", "256", "8", "7168"]
+    assert row.split()[-6:] == ["59", "3", "256", "8", "7168", "complete"]
 
 
 def test_plan_to_stdout_names_target_first():

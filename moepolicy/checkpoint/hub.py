@@ -1,0 +1,274 @@
+"""Model ids on the Hugging Face hub, read through ``huggingface_hub`` (imported only when needed).
+
+An id (``org/name``, or ``org/name@revision``) is resolved to its ``config.json`` and, where the
+repository has one, ``hf_quant_config.json``, with huggingface_hub's own cache, token (``HF_TOKEN``),
+endpoint (``HF_ENDPOINT``) and offline mode. ``network=False`` (the runtime, ``MOEPOLICY_OFFLINE``,
+``HF_HUB_OFFLINE``) reads the cache only. Each way of failing has its own one-line message: not in
+the cache while offline, no such repository (404), gated or needs a token (401/403), the hub could
+not be reached; "could not be reached" is said only when the hub was asked.
+
+Folders of the cache name their model: ``.../models--org--name/snapshots/<commit>/`` is ``org/name``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+from moepolicy.checkpoint import catalog
+from moepolicy.errors import CheckpointError
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+ETAG_TIMEOUT_S = 10.0
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_REVISION = re.compile(r"^[\w./-]+$")
+_TRANSPORT_MODULES = ("httpx", "httpcore", "requests", "urllib3", "socket", "ssl")
+
+
+@dataclass(frozen=True)
+class HubId:
+    """``org/name`` and the revision asked for (None: the repository's default branch)."""
+
+    repo_id: str
+    revision: Optional[str] = None
+
+    def __str__(self) -> str:
+        return self.repo_id + (f"@{self.revision}" if self.revision else "")
+
+
+@dataclass(frozen=True)
+class HubFiles:
+    """Where the two config files lie in the cache (``quant`` None: the repository has none)."""
+
+    config: Path
+    quant: Optional[Path]
+    commit: str
+    notes: tuple[str, ...] = ()
+
+
+def parse_id(spec: str) -> Optional[HubId]:
+    """``org/name`` or ``org/name@rev`` as a :class:`HubId`; None for anything else (huggingface_hub
+    refuses ``--`` and ``..`` in an id)."""
+    name, at, revision = spec.strip().partition("@")
+    if not _REPO_ID.match(name) or "--" in name or ".." in name:
+        return None
+    if at and not _REVISION.match(revision):
+        return None
+    return HubId(name, revision or None)
+
+
+def snapshot_repo_id(folder: Path) -> Optional[str]:
+    """``org/name`` for a folder of the Hugging Face cache (``models--org--name/snapshots/<commit>``)."""
+    folder = Path(folder).expanduser().absolute()
+    repo = folder.parent.parent
+    if folder.parent.name != "snapshots" or not repo.name.startswith("models--"):
+        return None
+    parts = repo.name[len("models--"):].split("--")
+    return "/".join(parts) if len(parts) == 2 and all(parts) else None
+
+
+def repo_snapshot(folder: Path) -> Optional[Path]:
+    """The snapshot ``refs/main`` points at, for a cache folder ``models--org--name`` itself."""
+    ref = folder / "refs" / "main"
+    if not folder.name.startswith("models--") or not ref.is_file():
+        return None
+    try:
+        commit = ref.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    snapshot = folder / "snapshots" / commit
+    return snapshot if commit and snapshot.is_dir() else None
+
+
+def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
+    """The config files of ``hub_id`` from the cache, downloading them first when ``network``.
+
+    ``why_offline`` says why the network is not asked (for the message when the cache lacks them).
+    Raises :class:`CheckpointError` with one line per way of failing.
+    """
+    hf = _huggingface_hub(hub_id)
+    from moepolicy.settings import hub_cache_dir, hub_endpoint
+
+    common = {"revision": hub_id.revision, "cache_dir": hub_cache_dir()}
+    if not network:  # the cache's files only: hf_hub_download would still build request headers, and
+        # huggingface_hub 2.x fetches its agent registry from the endpoint while doing so
+        config = _cached(hf, hub_id, "config.json", common)
+        if config is None:
+            raise CheckpointError(_not_cached(hub_id, why_offline))
+        quant, notes = _quant_from_cache(hf, hub_id, common)
+        return HubFiles(config=config, quant=quant, commit=config.parent.name, notes=notes)
+    common.update(endpoint=hub_endpoint(), etag_timeout=ETAG_TIMEOUT_S)
+    with _quiet(hf):
+        try:
+            config = Path(hf.hf_hub_download(hub_id.repo_id, "config.json", **common))
+        except Exception as exc:  # noqa: BLE001 (every failure becomes one line, by what caused it)
+            raise CheckpointError(_failure(hub_id, exc)) from None
+        quant, notes = _quant_config(hf, hub_id, common)
+    return HubFiles(config=config, quant=quant, commit=config.parent.name, notes=notes)
+
+
+def _cached(hf, hub_id: HubId, filename: str, common: dict) -> Optional[Path]:
+    found = hf.try_to_load_from_cache(hub_id.repo_id, filename, cache_dir=common["cache_dir"],
+                                      revision=hub_id.revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+@contextmanager
+def _quiet(hf) -> Iterator[None]:
+    """huggingface_hub's own warnings (its retries while the hub does not answer) and progress bars
+    (two small files) are not shown: what failed is said once, in moepolicy's one line. Both are
+    restored after."""
+    logger = logging.getLogger(hf.__name__)
+    level, bars_off = logger.level, hf.utils.are_progress_bars_disabled()
+    logger.setLevel(logging.ERROR)
+    hf.utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if not bars_off:
+            hf.utils.enable_progress_bars()
+
+
+def _huggingface_hub(hub_id: HubId):
+    try:
+        import huggingface_hub
+        import huggingface_hub.utils  # noqa: F401 (disable_progress_bars, the error classes)
+    except ImportError:
+        raise CheckpointError(
+            f"model '{hub_id}': not a file, a folder or a catalog name; reading Hugging Face ids needs "
+            "huggingface_hub, which is not installed here (pip install 'huggingface_hub>=0.34')"
+        ) from None
+    return huggingface_hub
+
+
+def _quant_config(hf, hub_id: HubId, common: dict) -> tuple[Optional[Path], tuple[str, ...]]:
+    """``hf_quant_config.json`` where the repository has one: a 404 means it has none; when the hub
+    does not answer, the cache decides (config.json came from it)."""
+    try:
+        return Path(hf.hf_hub_download(hub_id.repo_id, "hf_quant_config.json", **common)), ()
+    except Exception as exc:  # noqa: BLE001
+        if _is_missing_file(exc):
+            return None, ()
+        if any(_status(cause) is not None for cause in _chain(exc)):  # the hub answered: say what
+            raise CheckpointError(_failure(hub_id, exc, "hf_quant_config.json")) from None
+    return _quant_from_cache(hf, hub_id, common)
+
+
+def _quant_from_cache(hf, hub_id: HubId, common: dict) -> tuple[Optional[Path], tuple[str, ...]]:
+    found = hf.try_to_load_from_cache(hub_id.repo_id, "hf_quant_config.json", cache_dir=common["cache_dir"],
+                                      revision=hub_id.revision)
+    if isinstance(found, str):
+        return Path(found), ()
+    if found is None:  # not the 'known absent' marker: never downloaded
+        return None, ("hf_quant_config.json is not in the Hugging Face cache: read as absent",)
+    return None, ()
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _status(exc: BaseException) -> Optional[int]:
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def _is_missing_file(exc: BaseException) -> bool:
+    """The hub answered that the repository exists but has no such file (EntryNotFound)."""
+    from huggingface_hub import utils
+
+    local = utils.LocalEntryNotFoundError
+    return isinstance(exc, utils.EntryNotFoundError) and not isinstance(exc, local) and _status(exc) == 404
+
+
+def _failure(hub_id: HubId, exc: BaseException, filename: str = "config.json") -> str:
+    """The one line for a failed download, by the first cause huggingface_hub recorded."""
+    from huggingface_hub import utils
+
+    from moepolicy.settings import hub_endpoint
+
+    endpoint = hub_endpoint() or DEFAULT_ENDPOINT
+    for cause in _chain(exc):
+        status = _status(cause)
+        if isinstance(cause, utils.GatedRepoError):
+            return _needs_access(hub_id, endpoint, status, gated=True)
+        if isinstance(cause, utils.RevisionNotFoundError):
+            return (f"model '{hub_id}': the Hugging Face hub ({endpoint}) has no revision "
+                    f"'{hub_id.revision or 'main'}' of {hub_id.repo_id} (HTTP {status})")
+        if isinstance(cause, utils.RepositoryNotFoundError) and status == 404:
+            return _not_found(hub_id, endpoint)
+        if _is_missing_file(cause):
+            return (f"model '{hub_id}': the repository has no {filename} on the Hugging Face hub ({endpoint}); "
+                    "moepolicy reads a transformers checkpoint's config.json")
+        if status in (401, 403):
+            return _needs_access(hub_id, endpoint, status, gated=False)
+        if type(cause).__name__ == "FileMetadataError":  # it answered, but not as a hub does
+            return (f"model '{hub_id}': the server at {endpoint} does not answer as a Hugging Face hub (no "
+                    "commit or ETag header); check HF_ENDPOINT and any proxy")
+        if status is not None:
+            return (f"model '{hub_id}': the Hugging Face hub ({endpoint}) answered HTTP {status} and the model "
+                    "is not in the Hugging Face cache; retry later, or pass the model folder")
+    return _unreachable(hub_id, endpoint, exc)
+
+
+def _did_you_mean(hub_id: HubId) -> str:
+    close = catalog.close_names(hub_id.repo_id) or catalog.close_names(hub_id.repo_id.split("/", 1)[1])
+    return f"did you mean: {', '.join(close)} (see 'moepolicy models')" if close else (
+        "check the name ('moepolicy models' lists the built-in catalog)")
+
+
+def _not_found(hub_id: HubId, endpoint: str) -> str:
+    return (f"unknown model '{hub_id}': not a file, a folder or a catalog name, and the Hugging Face hub "
+            f"({endpoint}) has no such repository (HTTP 404); {_did_you_mean(hub_id)}")
+
+
+def _needs_access(hub_id: HubId, endpoint: str, status: Optional[int], gated: bool) -> str:
+    """401/403: gated, private, or (without a token, as the hub answers) a name it does not have."""
+    from huggingface_hub import get_token
+
+    page = f"{endpoint}/{hub_id.repo_id}"
+    token = "a token was sent" if get_token() else "no token was sent"
+    if gated:
+        fix = (f"accept its terms at {page} with an account whose token can read it" if get_token() else
+               f"accept its terms at {page}, then set HF_TOKEN (or run 'hf auth login')")
+        return f"model '{hub_id}' is gated on the Hugging Face hub (HTTP {status}, {token}); {fix}"
+    return (f"model '{hub_id}': the Hugging Face hub refused it (HTTP {status}, {token}): the repository is "
+            f"private or gated, or no such name exists (the hub does not say which); if it is gated, accept its "
+            f"terms at {page} and set HF_TOKEN; {_did_you_mean(hub_id)}")
+
+
+def _not_cached(hub_id: HubId, why_offline: str) -> str:
+    from huggingface_hub import constants
+
+    from moepolicy.settings import hub_cache_dir
+
+    cache = hub_cache_dir() or constants.HF_HUB_CACHE
+    why = f" ({why_offline})" if why_offline else ""
+    revision = f" --revision {hub_id.revision}" if hub_id.revision else ""
+    close = catalog.close_names(hub_id.repo_id)
+    hint = f"; close catalog names: {', '.join(close)}" if close else ""
+    return (f"unknown model '{hub_id}': not a file, a folder or a catalog name, and its config.json is not in "
+            f"the Hugging Face cache ({cache}){why}; download it first (hf download {hub_id.repo_id} "
+            f"config.json{revision}) or pass the model folder{hint}")
+
+
+def _unreachable(hub_id: HubId, endpoint: str, exc: BaseException) -> str:
+    causes = list(_chain(exc))
+    transport = [c for c in causes if type(c).__module__.split(".")[0] in _TRANSPORT_MODULES
+                 or isinstance(c, (ConnectionError, TimeoutError))]
+    innermost = (transport or causes)[-1]
+    reason = " ".join(str(innermost).split())[:160] or type(innermost).__name__
+    return (f"model '{hub_id}': the Hugging Face hub at {endpoint} could not be reached "
+            f"({type(innermost).__name__}: {reason}) and the model is not in the Hugging Face cache; check the "
+            "network, a proxy or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to read the cache only")

@@ -1,0 +1,256 @@
+"""Models by Hugging Face id, through huggingface_hub, against a fake HF cache (HF_HUB_CACHE in tmp_path)
+and a hub stand-in on 127.0.0.1 (HF_ENDPOINT): each way of failing has its own one-line message, and
+nothing reaches the network when it must not."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from moepolicy.checkpoint import read_model
+from moepolicy.checkpoint.catalog import lookup
+from moepolicy.errors import CheckpointError
+from fake_hub import COMMIT, FakeHub
+from conftest import run_cli
+
+QWEN_FP8 = lookup("Qwen3-30B-A3B-FP8").folder
+QWEN_NVFP4 = lookup("Qwen3-30B-A3B-NVFP4").folder
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """The hub stand-in, an empty HF cache, no token, online (the conftest sets MOEPOLICY_OFFLINE)."""
+    server = FakeHub().start()
+    server.add("ok/model", "config.json", _json(QWEN_FP8 / "config.json"))
+    for name in ("config.json", "hf_quant_config.json"):
+        server.add("ok/nvfp4", name, _json(QWEN_NVFP4 / name))
+    for name in ("MOEPOLICY_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def no_backoff(monkeypatch):
+    """huggingface_hub waits 1+2+4+8+8 s between its retries when nothing is cached; not here."""
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+
+
+def fake_cache(root: Path, repo_id: str, files: dict[str, bytes], commit: str = COMMIT) -> Path:
+    """huggingface_hub's cache layout: blobs by hash, a snapshot of links to them, refs/main."""
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for name, content in files.items():
+        blob = repo / "blobs" / hashlib.sha1(content).hexdigest()
+        blob.write_bytes(content)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / name)
+    return snapshot
+
+
+def _message(spec: str) -> str:
+    with pytest.raises(CheckpointError) as err:
+        read_model(spec)
+    return str(err.value)
+
+
+# ------------------------------------------------------------------------------- the cache
+def test_an_id_in_the_cache_is_read_offline_without_asking_the_network(hub, monkeypatch, tmp_path):
+    fake_cache(tmp_path / "hf-cache", "org/cached", {"config.json": (QWEN_FP8 / "config.json").read_bytes()})
+    monkeypatch.setenv("MOEPOLICY_OFFLINE", "1")
+    facts = read_model("org/cached")
+    assert facts.name == "org/cached" and facts.sha256() == read_model("Qwen3-30B-A3B-FP8").sha256()
+    assert hub.requests == []
+
+
+def test_hf_hub_offline_means_the_cache_only(hub, monkeypatch, tmp_path):
+    fake_cache(tmp_path / "hf-cache", "org/cached", {"config.json": (QWEN_FP8 / "config.json").read_bytes()})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert read_model("org/cached").name == "org/cached"
+    message = _message("org/elsewhere")
+    assert "not in the Hugging Face cache" in message and "HF_HUB_OFFLINE is set" in message
+    assert "could not be reached" not in message
+    assert hub.requests == []
+
+
+def test_offline_and_not_cached_names_the_cache_and_the_download(hub, monkeypatch, tmp_path):
+    monkeypatch.setenv("MOEPOLICY_OFFLINE", "1")
+    message = _message("Qwen/Qwen3-30B-A3B-FP9")
+    assert str(tmp_path / "hf-cache") in message and "hf download Qwen/Qwen3-30B-A3B-FP9 config.json" in message
+    assert "MOEPOLICY_OFFLINE is set: the hub was not asked" in message and "Qwen3-30B-A3B-FP8" in message
+    assert "could not be reached" not in message and hub.requests == []
+
+
+def test_hf_hub_offline_zero_is_not_offline(hub, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    assert read_model("ok/model").name == "ok/model"
+
+
+def test_a_snapshot_folder_is_named_by_its_repository_not_its_hash(tmp_path):
+    content = (QWEN_FP8 / "config.json").read_bytes()
+    snapshot = fake_cache(tmp_path / "hub", "Qwen/Qwen3-30B-A3B-FP8", {"config.json": content})
+    assert read_model(str(snapshot)).name == "Qwen/Qwen3-30B-A3B-FP8"
+    assert read_model(str(snapshot / "config.json")).name == "Qwen/Qwen3-30B-A3B-FP8"
+    repo_folder = snapshot.parent.parent  # models--Qwen--Qwen3-30B-A3B-FP8: refs/main picks the snapshot
+    assert read_model(str(repo_folder)).name == "Qwen/Qwen3-30B-A3B-FP8"
+
+
+def test_a_cached_snapshot_keeps_its_quant_config(tmp_path):
+    files = {name: (QWEN_NVFP4 / name).read_bytes() for name in ("config.json", "hf_quant_config.json")}
+    snapshot = fake_cache(tmp_path / "hub", "nvidia/Qwen3-30B-A3B-NVFP4", files)
+    assert read_model(str(snapshot)).sha256() == read_model("Qwen3-30B-A3B-NVFP4").sha256()
+
+
+# ------------------------------------------------------------------------------- the hub
+def test_an_id_is_downloaded_into_the_hf_cache_then_read_from_it(hub, monkeypatch, tmp_path):
+    facts = read_model("ok/nvfp4")
+    assert facts.name == "ok/nvfp4" and facts.sha256() == read_model("Qwen3-30B-A3B-NVFP4").sha256()
+    snapshot = tmp_path / "hf-cache" / "models--ok--nvfp4" / "snapshots" / COMMIT
+    assert (snapshot / "config.json").is_file() and (snapshot / "hf_quant_config.json").is_file()
+    asked = len(hub.requests)
+    monkeypatch.setenv("MOEPOLICY_OFFLINE", "1")
+    assert read_model("ok/nvfp4").sha256() == facts.sha256() and len(hub.requests) == asked
+
+
+def test_a_repository_without_a_quant_config_is_read_without_one(hub):
+    assert read_model("ok/model").sha256() == read_model("Qwen3-30B-A3B-FP8").sha256()
+
+
+def test_a_revision_is_asked_for(hub):
+    assert read_model(f"ok/model@{COMMIT}").name == "ok/model"
+    assert any(f"/resolve/{COMMIT}/config.json" in path for _method, path, _token in hub.requests)
+    assert "has no revision 'nope' of ok/model" in _message("ok/model@nope")
+
+
+def test_not_found_is_a_404_with_did_you_mean(hub):
+    message = _message("Qwen/Qwen3-30B-A3B-FP9")
+    assert "has no such repository (HTTP 404)" in message and "did you mean: Qwen3-30B-A3B-FP8" in message
+    assert "could not be reached" not in message
+
+
+def test_a_catalog_name_is_never_asked_of_the_hub(hub):
+    assert read_model("Qwen/Qwen3-30B-A3B-FP8").source == "catalog:Qwen/Qwen3-30B-A3B-FP8"
+    assert hub.requests == []
+
+
+def test_gated_without_a_token_says_set_hf_token(hub):
+    message = _message("gated/model")
+    assert "is gated on the Hugging Face hub (HTTP 401, no token was sent)" in message
+    assert "set HF_TOKEN" in message and f"{hub.endpoint}/gated/model" in message
+
+
+def test_gated_with_a_token_sends_it_and_says_it_has_no_access(hub, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    assert "is gated on the Hugging Face hub (HTTP 403, a token was sent)" in _message("gated/model")
+    assert all(token for _method, path, token in hub.requests if path.startswith("/gated/"))
+
+
+def test_a_401_without_a_token_says_private_gated_or_missing(hub):
+    message = _message("private/model")
+    assert "refused it (HTTP 401, no token was sent)" in message and "does not say which" in message
+    assert "could not be reached" not in message
+
+
+def test_a_dropped_connection_is_could_not_be_reached(hub, no_backoff):
+    message = _message("drop/model")
+    assert f"the Hugging Face hub at {hub.endpoint} could not be reached" in message
+    assert "Remote" in message or "Connection" in message  # the client's own words: httpx or requests
+
+
+def test_nothing_listening_is_could_not_be_reached(hub, monkeypatch, no_backoff):
+    import socket
+
+    with socket.socket() as sock:  # a port that was free a moment ago
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    assert f"the Hugging Face hub at http://127.0.0.1:{port} could not be reached" in _message("ok/model")
+
+
+def test_a_cached_model_is_read_when_the_hub_cannot_be_reached(hub, monkeypatch, no_backoff):
+    read_model("ok/nvfp4")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    assert read_model("ok/nvfp4").sha256() == read_model("Qwen3-30B-A3B-NVFP4").sha256()
+
+
+def test_a_server_error_says_the_status(hub, no_backoff):
+    message = _message("down/model")
+    assert "answered HTTP 503" in message and "could not be reached" not in message
+
+
+def test_a_name_that_is_no_id_never_asks_the_hub(hub):
+    message = _message("Qwen3-30B-A3B-FP9")
+    assert "not a file, a folder, a catalog name or a Hugging Face id" in message
+    assert "could not be reached" not in message and hub.requests == []
+
+
+# ------------------------------------------------------------------------------- the runtime
+def _policy(tmp_path: Path) -> Path:
+    out = tmp_path / "p.yaml"
+    result = run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_the_runtime_reads_an_id_from_the_cache_and_never_the_network(hub, tmp_path):
+    from moepolicy import load_policy
+
+    policy_path = _policy(tmp_path)
+    fake_cache(tmp_path / "hf-cache", "org/served", {"config.json": (QWEN_FP8 / "config.json").read_bytes()})
+    policy = load_policy(policy_path, ep_size=8, model="org/served")
+    assert not policy.is_fallback and policy.report["decision"] == "matched"
+    absent = load_policy(policy_path, ep_size=8, model="ok/model")  # on the hub, not in the cache
+    assert absent.is_fallback and "not in the Hugging Face cache" in absent.fallback_reason
+    assert "a serving process never asks the network" in absent.fallback_reason
+    assert hub.requests == []
+
+
+def test_the_cli_resolves_an_id_and_offline_asks_nothing(hub, tmp_path):
+    env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_HOME": str(tmp_path / "home"),
+           "MOEPOLICY_OFFLINE": ""}
+    online = run_cli("plan", "--model", "ok/model", "--ep-size", "8", "-o", str(tmp_path / "a.yaml"), env=env)
+    assert online.returncode == 0, online.stderr
+    assert "name: ok/model" in (tmp_path / "a.yaml").read_text()
+    hub.requests.clear()
+    offline = run_cli("plan", "--model", "ok/model", "--ep-size", "8", "-o", str(tmp_path / "b.yaml"),
+                      env={**env, "MOEPOLICY_OFFLINE": "1", "HF_HOME": str(tmp_path / "fresh-home")})
+    assert offline.returncode == 0, offline.stderr
+    assert hub.requests == []
+    missing = run_cli("plan", "--model", "missing/model", "--ep-size", "8", env=env)
+    assert missing.returncode == 3 and len(missing.stderr.strip().splitlines()) == 1
+    assert "has no such repository (HTTP 404)" in missing.stderr
+
+
+def test_huggingface_hub_is_imported_only_for_an_id_outside_the_catalog(hub, tmp_path):
+    import subprocess
+    import sys
+
+    policy_path = _policy(tmp_path)
+    fake_cache(tmp_path / "hf-cache", "org/served", {"config.json": (QWEN_FP8 / "config.json").read_bytes()})
+    code = (
+        "import sys\n"
+        "from moepolicy import load_policy\n"
+        f"assert not load_policy({str(policy_path)!r}, ep_size=8, model='Qwen3-30B-A3B-FP8').is_fallback\n"
+        "before = 'huggingface_hub' in sys.modules\n"
+        f"assert not load_policy({str(policy_path)!r}, ep_size=8, model='org/served').is_fallback\n"
+        "print(before, 'huggingface_hub' in sys.modules, [m for m in ('torch', 'optuna') if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "hf-cache")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "[]"]
+    assert hub.requests == []
