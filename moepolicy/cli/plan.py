@@ -39,20 +39,30 @@ def build_plan(args: argparse.Namespace, default_ep=None) -> Plan:
     return plan
 
 
-def vllm_difference(plan: Plan) -> str:
-    """How many MoE layers vLLM's current rule decides differently (empty if the plan is vLLM's)."""
+def vllm_difference(plan: Plan, deepep: str = "DeepEP: its default configs, as vLLM runs it") -> str:
+    """One line: how this plan's MoE layers differ from what vLLM decides today (its ``vllm`` pack on
+    the same target), and what the DeepEP section changes; empty when the plan is vLLM's own."""
     if any(p.name == "vllm" for p in plan.packs):
         return ""
     vllm = [builtin_pack("vllm"), *plan.packs[-1:]]
     vllm_plan = make_plan(plan.model, plan.target, vllm)
     moe = [(a, b) for a, b in zip(plan.layers, vllm_plan.layers) if a.layer.kind == "moe"]
-    differ = [a.layer.index for a, b in moe if (a.decision.order, a.decision.wire) != (b.decision.order, b.decision.wire)]
     if not moe:
         return ""
+    differ = [(a, b) for a, b in moe if (a.decision.order, a.decision.wire) != (b.decision.order, b.decision.wire)]
     if not differ:
-        return f"vLLM today decides all {len(moe)} MoE layers the same way"
-    return (f"vLLM today decides {len(differ)} of {len(moe)} MoE layers differently "
-            f"(e.g. layer {differ[0]}: see 'moepolicy plan --rules vllm')")
+        return f"this policy matches vLLM's own choice on all {len(moe)} MoE layers; {deepep}"
+    a, b = differ[0]
+    return (f"this policy differs from vLLM's own choice on {len(differ)} of {len(moe)} MoE layers (layer "
+            f"{a.layer.index}: {_sends(a.decision)} where vLLM {_sends(b.decision)}; 'moepolicy plan --rules vllm' "
+            f"shows vLLM's); {deepep}")
+
+
+def _sends(decision) -> str:
+    wire = decision.wire.get("dtype", "bf16") if isinstance(decision.wire, dict) else getattr(decision.wire, "dtype", "bf16")
+    where = {"quant_then_dispatch": "quantized before dispatch", "in_kernel_quant": "quantized in the dispatch kernel",
+             "dispatch_then_quant": "quantized after dispatch"}.get(decision.order, "not quantized")
+    return f"sends {wire} ({where})"
 
 
 def run(args: argparse.Namespace) -> int:
