@@ -44,7 +44,12 @@ def run(args: argparse.Namespace) -> int:
             result = launch(doc, doc.model.name, args.tokens)
             lines = [f"# SGLang {SGLANG_CHECKED}; moepolicy's policy as far as SGLang's flags carry it"]
             lines += [f"export {k}={shlex.quote(v)}" for k, v in result["env"].items()]
-            lines.append(" ".join(["python", "-m", "sglang.launch_server", *(shlex.quote(a) for a in result["args"])]))
+            if result["node_args"]:
+                nodes = result["node_args"][1]
+                lines.append(f"# on each of the {nodes} nodes: NODE_RANK=0..{int(nodes) - 1} (0 on the head node), "
+                             "HEAD_ADDR=the head node's address")
+            lines.append(" ".join(["python", "-m", "sglang.launch_server", *(shlex.quote(a) for a in result["args"]),
+                                   *result["node_args"]]))
             lines += [f"# not carried: {' '.join(printable(n).split())}" for n in result["notes"]]
             text = "\n".join(lines) + "\n"
         else:

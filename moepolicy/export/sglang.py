@@ -59,6 +59,7 @@ def launch(doc: PolicyDoc, model: str, tokens: Optional[int] = None) -> dict[str
     args = ["--model-path", model, "--tp", str(ep), "--dp", str(ep), "--enable-dp-attention", "--ep-size", str(ep)]
     notes: list[str] = []
     env: dict[str, str] = {}
+    node_args = _nodes(ep, target.gpus_per_node)
     if target.deep_ep.api == "v2":
         args += ["--moe-a2a-backend", "deepep_v2", "--deepep-v2-mode", "direct"]
         v2 = doc.deepep.v2
@@ -88,7 +89,15 @@ def launch(doc: PolicyDoc, model: str, tokens: Optional[int] = None) -> dict[str
                  else "--deepep-dispatcher-output-dtype", dtype]
     if why:
         notes.append(why)
-    return {"args": args, "env": env, "notes": notes}
+    return {"args": args, "env": env, "notes": notes, "node_args": node_args}
+
+
+def _nodes(ep: int, gpus_per_node: int) -> list[str]:
+    """SGLang's multi-node flags where EP spans nodes (the same command on every node, each with its
+    own NODE_RANK, 0 on the head node, and HEAD_ADDR the head node's address); none on one node."""
+    if ep <= gpus_per_node:
+        return []
+    return ["--nnodes", str(-(-ep // gpus_per_node)), "--node-rank", "$NODE_RANK", "--dist-init-addr", "$HEAD_ADDR:5000"]
 
 
 def _dispatcher_dtype(doc: PolicyDoc) -> tuple[Optional[str], str]:
