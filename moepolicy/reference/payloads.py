@@ -116,8 +116,18 @@ def patterned_payload(fmt: PayloadFormat, tokens: int, hidden: int, source: int)
 
 
 def _pattern(source: int, token_ids, width: int, salt: int):
+    """Byte ``c`` of the row for ``token`` is ``column(c) * a + b`` (mod 256), ``a`` odd and ``b``
+    drawn from (source, token): a row moved to another token or sender, or bytes moved along it,
+    changes it. Byte arithmetic keeps a preflight's reference cheap on the CPU."""
     import torch
 
-    columns = torch.arange(width, dtype=torch.int64)
-    mixed = (token_ids[:, None] * 1_000_003 + columns[None, :] * 7_919 + source * 104_729 + salt) * 2_654_435_761
-    return ((mixed >> 17) & 0xFF).to(torch.uint8)
+    mixed = (token_ids * 1_000_003 + source * 104_729 + salt) * 2_654_435_761
+    a = ((mixed >> 17) & 0x7F).to(torch.uint8) * 2 + 1  # odd: a bijection on byte values
+    b = ((mixed >> 29) & 0xFF).to(torch.uint8)
+    return _columns(width, salt)[None, :] * a[:, None] + b[:, None]
+
+
+def _columns(width: int, salt: int):
+    import torch
+
+    return ((((torch.arange(width, dtype=torch.int64) * 7_919 + salt) * 2_654_435_761) >> 13) & 0xFF).to(torch.uint8)
