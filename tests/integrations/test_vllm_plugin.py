@@ -42,8 +42,7 @@ PLUGIN_LOG = "vllm.moepolicy"
 @pytest.fixture
 def vllm_env(monkeypatch, caplog):
     """vLLM's DeepEP modules over the stand-in deep_ep; the plugin uninstalled afterwards."""
-    if importlib.util.find_spec("deep_ep") is None or sys.modules.get("deep_ep") is h.fake_deep_ep():
-        monkeypatch.setitem(sys.modules, "deep_ep", h.fake_deep_ep())
+    monkeypatch.setitem(sys.modules, "deep_ep", h.fake_deep_ep())  # CPU: the stand-in, even where DeepEP is installed
     h.Buffer.num_sms = 20
     h.cpu_runtime(monkeypatch)
     h.torch_fp8_ops(monkeypatch)
