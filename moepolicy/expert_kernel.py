@@ -1,7 +1,8 @@
 """What the expert kernel consumes for a layer on the target GPU (the 'exec' facts rules see).
 
 On Hopper, NVFP4/MXFP4 experts run weight-only (bf16 activations); on Blackwell NVFP4 runs W4A4.
-The kernel is ``--expert-kernel`` when given, else what vLLM picks for the GPU and scheme.
+The kernel is ``--expert-kernel`` when given, else what the engine picks for the GPU, the scheme and
+the all-to-all path (the sheet's ``defaults``, read from vLLM 0.33.0's fp8 oracle for vLLM).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from moepolicy import datasheets
-from moepolicy.schema.capability import KernelMode
+from moepolicy.schema.capability import KernelDefault, KernelMode
 from moepolicy.schema.facts import LayerFacts
 
 
@@ -25,19 +26,32 @@ class Execution:
         return self.mode is not None
 
 
-def default_kernel(layer: LayerFacts, arch: str) -> str:
+@dataclass(frozen=True)
+class Deployment:
+    """What, besides the GPU and the checkpoint, decides an engine's expert kernel: the engine, the
+    all-to-all path (DeepEP high-throughput or low-latency) and DeepEP's API (legacy or v2)."""
+
+    engine: str = "vllm"
+    backend: str = "deepep_ht"
+    deepep_api: str = "legacy"
+
+
+def _matches(rule: KernelDefault, layer: LayerFacts, arch: str, where: Deployment) -> bool:
     w, a = layer.weights, layer.activations
-    for rule in datasheets.kernel_sheet().defaults:
-        if rule.arch and arch not in rule.arch:
-            continue
-        if rule.weights and w.dtype not in rule.weights:
-            continue
-        if rule.granularity and w.granularity not in rule.granularity:
-            continue
-        if rule.acts and a.dtype not in rule.acts:
-            continue
-        return rule.kernel
-    return "triton"
+    wanted = ((rule.arch, arch), (rule.weights, w.dtype), (rule.granularity, w.granularity), (rule.acts, a.dtype),
+              (rule.act_granularity, a.granularity), (rule.act_dynamic, a.dynamic), (rule.engine, where.engine),
+              (rule.backend, where.backend), (rule.deepep_api, where.deepep_api))
+    return all(not allowed or value in allowed for allowed, value in wanted)
+
+
+def default_rule(layer: LayerFacts, arch: str, where: Deployment = Deployment()) -> Optional[KernelDefault]:
+    """The sheet's first ``defaults`` entry that matches (None: none does; the kernel is Triton)."""
+    return next((rule for rule in datasheets.kernel_sheet().defaults if _matches(rule, layer, arch, where)), None)
+
+
+def default_kernel(layer: LayerFacts, arch: str, where: Deployment = Deployment()) -> str:
+    rule = default_rule(layer, arch, where)
+    return rule.kernel if rule is not None else "triton"
 
 
 def find_mode(kernel: str, arch: str, layer: LayerFacts) -> Optional[KernelMode]:
@@ -53,8 +67,10 @@ def find_mode(kernel: str, arch: str, layer: LayerFacts) -> Optional[KernelMode]
     return None
 
 
-def execution_for(layer: LayerFacts, arch: str, kernel: Optional[str]) -> Execution:
+def execution_for(layer: LayerFacts, arch: str, kernel: Optional[str],
+                  where: Deployment = Deployment()) -> Execution:
     if kernel is None:
-        chosen = default_kernel(layer, arch)
-        return Execution(chosen, find_mode(chosen, arch, layer), "vLLM's pick for this GPU and scheme")
+        chosen = default_kernel(layer, arch, where)
+        return Execution(chosen, find_mode(chosen, arch, layer),
+                         f"{'vLLM' if where.engine == 'vllm' else where.engine}'s pick for this GPU, scheme and path")
     return Execution(kernel, find_mode(kernel, arch, layer), "asked for (expert_kernel)")

@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 from moepolicy._resources import sheets_sha256
 from moepolicy._version import __version__
 from moepolicy.errors import InfeasibleError
-from moepolicy.expert_kernel import Execution, execution_for
+from moepolicy.expert_kernel import Deployment, Execution, execution_for
 from moepolicy.feasibility import model_problems, wire_problem
 from moepolicy.keys import compute_keys
 from moepolicy.rules.engine import Decision, decide
@@ -81,7 +81,8 @@ class Plan:
 
 def decide_layer(layer: LayerFacts, target: Target, packs: Sequence[RulePack],
                  faster_order: str = UNMEASURED) -> LayerPlan:
-    execution = execution_for(layer, target.arch, target.expert_kernel)
+    execution = execution_for(layer, target.arch, target.expert_kernel,
+                              Deployment(target.engine, target.backend, target.deepep.api))
     facts = layer_facts(layer, target, execution, faster_order)
     decision = decide(facts, packs, target.deepep,
                       lambda then, f: wire_problem(then, f, target),

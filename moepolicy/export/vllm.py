@@ -1,30 +1,57 @@
 """The vLLM launch for a policy: the moepolicy plugin, its environment, and ``vllm serve`` with the
-EP layout the policy was made for; what still cannot be applied is listed with the reason.
+EP layout and the experts the policy was made for; what still cannot be applied is listed with the
+reason.
 
 With ``MOEPOLICY_POLICY`` set, the plugin (``moepolicy.integrations.vllm``, vLLM 0.33.x) applies on
 DeepEP high-throughput: each MoE layer's order and wire (per token bucket), DeepEP's ``num_sms``
-(also above vLLM's fixed 20), the tuned dispatch/combine configs per bucket, and the buffer sizes.
-What vLLM alone would do is the ``vllm`` rule pack replayed on the layers' facts (one copy of that
-knowledge: ``plan --rules vllm`` and this export agree).
+(also above vLLM's fixed 20), the policy's dispatch/combine configs per bucket, and the buffer
+sizes; on DeepEP v2, its SM count and overlap setting and the orders v2 can carry. The per-layer
+lines come from :mod:`moepolicy.export.vllm_actions`, the function the plugin itself uses, called
+here with the experts class vLLM will run for the policy's expert kernel. What vLLM alone would do
+is the ``vllm`` rule pack replayed on the layers' facts (one copy of that knowledge: ``plan --rules
+vllm`` and this export agree).
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
 from moepolicy.errors import PolicyError
+from moepolicy.export import vllm_actions as actions
 from moepolicy.schema.policy import PolicyDoc
 from moepolicy.text import index_ranges, printable
 
 VLLM_DEFAULT_BUFFER_MB = 1024
 VLLM_LL_HIDDEN_SIZES = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
 INT_MAX = 2**31 - 1
-PLUGIN_PACKAGE = "moepolicy[vllm]"
+PLUGIN_PACKAGE = "moepolicy"
 CHECKED_VLLM = "0.33.x"
 _MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Knob:
+    """How a launch makes vLLM build one expert kernel (a ``--moe-backend`` or an environment variable)."""
+
+    args: tuple[str, ...] = ()
+    env: dict = field(default_factory=dict)
+
+    def text(self) -> str:
+        return " ".join([*(f"{k}={v}" for k, v in self.env.items()), *self.args])
+
+
+# --moe-backend values (vllm 0.33.0 config/kernel.py:122-147 MoEBackend; oracle/fp8.py:271-289). DeepGEMM by
+# VLLM_USE_DEEP_GEMM=1, which only the fp8 oracle reads (oracle/fp8.py:484-496): --moe-backend deep_gemm is also
+# asked of unquantized MoE layers (an unquantized MTP draft), whose oracle refuses it (oracle/unquantized.py:180-194).
+KNOBS = {"flashinfer_cutlass": Knob(args=("--moe-backend", "flashinfer_cutlass")),
+         "deepgemm": Knob(env={"VLLM_USE_DEEP_GEMM": "1"}),
+         "triton": Knob(args=("--moe-backend", "triton")),
+         "flashinfer_trtllm": Knob(args=("--moe-backend", "flashinfer_trtllm")),
+         "marlin": Knob(args=("--moe-backend", "marlin"))}
 
 
 def vllm_orders(doc: PolicyDoc) -> dict[int, str]:
@@ -39,7 +66,7 @@ def vllm_orders(doc: PolicyDoc) -> dict[int, str]:
 
 
 def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
-    """``env``, ``args`` for ``vllm serve``, what the plugin applies, and what it cannot."""
+    """``env``, ``args`` for ``vllm serve``, the model to serve, what the plugin applies, and what it cannot."""
     target = doc.target
     backend = {"deepep_ht": "deepep_high_throughput", "deepep_ll": "deepep_low_latency"}[target.backend]
     if target.deep_ep.api == "v2":
@@ -47,25 +74,21 @@ def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
     if target.backend == "deepep_ll" and doc.model.hidden_size not in VLLM_LL_HIDDEN_SIZES:
         raise PolicyError(f"vLLM's low-latency path asserts hidden in {list(VLLM_LL_HIDDEN_SIZES)}; "
                           f"this model's hidden is {doc.model.hidden_size}")
-    need = max(doc.deepep.num_nvl_bytes, doc.deepep.num_rdma_bytes)
-    buffer_mb = max(-(-need // _MIB), 1)
-    if doc.deepep.num_rdma_bytes > 0 and buffer_mb * _MIB > INT_MAX and target.backend == "deepep_ht":
-        raise PolicyError(f"the policy needs {buffer_mb} MiB of DeepEP buffer; vLLM uses "
-                          f"VLLM_DEEPEP_BUFFER_SIZE_MB for the NVLink buffer too, which DeepEP caps at "
-                          f"INT_MAX bytes when an RDMA buffer exists (deep_ep.cpp:156)")
-    env = {"MOEPOLICY_POLICY": str(Path(policy_path).resolve()),
-           "VLLM_DEEPEP_BUFFER_SIZE_MB": str(buffer_mb)}  # vLLM's own buffer where the plugin does not apply
+    env = {"MOEPOLICY_POLICY": str(Path(policy_path).resolve())}
     args = ["--enable-expert-parallel", "--all2all-backend", backend, "--data-parallel-size", str(target.ep_size),
             "--tensor-parallel-size", "1"]
     applied: list[str] = []
     cannot: list[str] = []
+    notes: list[str] = []
+    model, model_note = served_model(doc)
+    notes.append(model_note)
+    _experts_knob(doc, env, args, notes)
     if target.backend == "deepep_ht" and target.deep_ep.api == "legacy":
+        env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = str(_buffer_mb(doc))  # vLLM's own buffer where the plugin does not apply
         _high_throughput(doc, env, args, applied, cannot)
     elif target.deep_ep.api == "v2":
-        env.pop("VLLM_DEEPEP_BUFFER_SIZE_MB")  # the v2 manager does not read it
-        _v2(doc, env, cannot)
+        _v2(doc, env, applied, cannot)
     else:
-        env.pop("VLLM_DEEPEP_BUFFER_SIZE_MB")
         cannot.append("low-latency: the plugin applies nothing there (vLLM's own path: in-kernel fp8 and its buffer "
                       "sizing); the policy's decisions are information for it")
     low = sorted(layer.index for layer in doc.layers if layer.kind == "moe" and layer.combine.dtype != "bf16")
@@ -74,30 +97,171 @@ def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
                       "for it, so combine stays bf16")
     if target.ep_size > target.gpus_per_node:
         cannot.append(f"EP {target.ep_size} spans nodes: add vLLM's multi-node flags (--data-parallel-size-local, "
-                      "--data-parallel-address) for your cluster")
-    return {"package": PLUGIN_PACKAGE, "env": env, "args": args, "applied": applied, "cannot_express": cannot}
+                      "--data-parallel-address) for your cluster, with MOEPOLICY_POLICY set and moepolicy installed on "
+                      "every node (all ranks agree at start-up, or all keep vLLM's behaviour)")
+    return {"package": PLUGIN_PACKAGE, "model": model, "env": env, "args": args, "notes": notes,
+            "applied": applied, "cannot_express": cannot}
 
 
-def _v2(doc: PolicyDoc, env: dict, cannot: list) -> None:
-    """vLLM 0.33's DeepEP v2 settings are environment variables (envs.py); it never passes num_sms."""
+def _buffer_mb(doc: PolicyDoc) -> int:
+    need = max(doc.deepep.num_nvl_bytes, doc.deepep.num_rdma_bytes)
+    buffer_mb = max(-(-need // _MIB), 1)
+    if doc.deepep.num_rdma_bytes > 0 and buffer_mb * _MIB > INT_MAX:
+        raise PolicyError(f"the policy needs {buffer_mb} MiB of DeepEP buffer; vLLM uses "
+                          f"VLLM_DEEPEP_BUFFER_SIZE_MB for the NVLink buffer too, which DeepEP caps at "
+                          f"INT_MAX bytes when an RDMA buffer exists (deep_ep.cpp:156)")
+    return buffer_mb
+
+
+def served_model(doc: PolicyDoc) -> tuple[str, str]:
+    """What ``vllm serve`` is given, and a note on what the plugin matches. A Hugging Face id or a
+    catalog name is served as its id; a policy planned from a local checkpoint names its folder's
+    basename, which vLLM cannot serve: the folder the plan read (from the plan's recorded command,
+    when it still holds a config with the policy's facts) is served instead, else a placeholder."""
+    from moepolicy.checkpoint import catalog
+
+    name = doc.model.name
+    matches = f"the plugin matches the served model by its config's facts ({doc.model.facts_sha256[:12]}), not by name"
+    entry = catalog.lookup(name)
+    if entry is not None:
+        return entry.repo_id, matches
+    folder = _planned_folder(doc)
+    if folder is not None:
+        return folder, f"the checkpoint folder the policy was planned from; {matches}"
+    if "/" in name and not name.startswith(("/", ".", "~")) and name.count("/") == 1:
+        return name, f"served by Hugging Face id; {matches}"
+    return (f"<the folder of checkpoint {name}>",
+            f"planned from a local checkpoint ({name}): serve its folder, any copy with the same config; {matches}")
+
+
+def _planned_folder(doc: PolicyDoc) -> Optional[str]:
+    """The ``--model`` folder of the plan command recorded in the policy, when it still exists and
+    holds a checkpoint with the policy's facts."""
+    command = (doc.generated or {}).get("command")
+    if not command:
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    given = [w.split("=", 1)[1] for w in words if w.startswith("--model=")]
+    given += [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--model"]
+    for spec in given:
+        path = Path(spec).expanduser()
+        if not path.is_dir():
+            continue
+        try:
+            from moepolicy.checkpoint import read_model
+
+            if read_model(str(path), hub=False).sha256() == doc.model.facts_sha256:
+                return str(path.resolve())
+        except Exception:  # noqa: BLE001 (an unreadable folder is simply not the one)
+            continue
+    return None
+
+
+def _moe_kernels(doc: PolicyDoc) -> set[str]:
+    return {str((layer.facts or {}).get("kernel.name") or doc.target.expert_kernel)
+            for layer in doc.layers if layer.kind == "moe" and (layer.facts or {}).get("ckpt.weight_dtype") == "fp8_e4m3"}
+
+
+def _experts_knob(doc: PolicyDoc, env: dict, args: list, notes: list) -> None:
+    """The ``--moe-backend`` (or environment variable) that makes vLLM build the experts the policy
+    was made for, where vLLM's choice of experts changes what may travel quantized (fp8 MoE layers),
+    and what vLLM picks without it."""
+    kernels = _moe_kernels(doc)
+    if len(kernels) != 1:
+        if kernels:
+            notes.append(f"the fp8 MoE layers were decided for several expert kernels ({', '.join(sorted(kernels))}): "
+                          "one launch cannot pin them; vLLM picks its own per layer")
+        return
+    kernel = next(iter(kernels))
+    knob = KNOBS.get(kernel)
+    if knob is None:
+        return
+    env.update(knob.env)
+    args.extend(knob.args)
+    notes.append(f"{knob.text()}: builds {actions.experts_for(kernel, 'fp8_e4m3')}, the experts the policy was made "
+                  f"for; without it: {_without_knob(doc, kernel)}")
+
+
+# what vLLM's pick needs installed, and what it falls to without it (oracle/fp8.py:88-104 priority order)
+_NEEDS = {"flashinfer_cutlass": ("FlashInfer", "TritonOrDeepGemmExperts (block fp8 quantized before dispatch)"),
+          "flashinfer_trtllm": ("FlashInfer", "TritonOrDeepGemmExperts"),
+          "deepgemm": ("DeepGEMM", "TritonExperts")}
+
+
+def _without_knob(doc: PolicyDoc, kernel: str) -> str:
+    """What vLLM's own pick (the sheet's default for this deployment) does to the plan's fp8 layers."""
+    from moepolicy.expert_kernel import Deployment, default_kernel
+
+    target = doc.target
+    where = Deployment(target.engine, target.backend, target.deep_ep.api)
+    moe = [layer for layer in doc.layers if layer.kind == "moe" and (layer.facts or {}).get("ckpt.weight_dtype") == "fp8_e4m3"]
+    picks = {default_kernel(_facts_view(layer.facts), target.arch, where) for layer in moe}
+    experts = actions.experts_for(kernel, "fp8_e4m3")
+    if picks == {kernel}:
+        if kernel not in _NEEDS:
+            return f"vLLM picks the same experts here ({experts})"
+        package, fallback = _NEEDS[kernel]
+        return (f"vLLM picks the same experts here ({experts}) where {package} is installed; without {package} it "
+                f"runs {fallback}, and the plugin leaves these layers to vLLM")
+    other = sorted(picks)[0]
+    theirs = actions.experts_for(other, "fp8_e4m3")
+    return (f"vLLM runs {theirs} ({other}), and the plugin leaves these layers to vLLM "
+            f"({actions.kernel_mismatch(kernel, theirs)})")
+
+
+def _facts_view(facts: Optional[dict]):
+    """A layer's recorded facts as the LayerFacts the expert sheet's defaults match."""
+    from moepolicy.schema.facts import LayerFacts, TensorQuant
+
+    f = facts or {}
+    weights = TensorQuant(dtype=f.get("ckpt.weight_dtype") or "none", granularity=f.get("ckpt.weight_granularity") or "none")
+    acts = TensorQuant(dtype=f.get("ckpt.act_dtype") or "none", granularity=f.get("ckpt.act_granularity") or "none",
+                       dynamic=f.get("ckpt.act_dynamic") or "none")
+    return LayerFacts(index=0, kind="moe", hidden_size=int(f.get("layer.hidden_size") or 1), weights=weights,
+                      activations=acts)
+
+
+def _v2(doc: PolicyDoc, env: dict, applied: list, cannot: list) -> None:
+    """vLLM 0.33's DeepEP v2 settings: environment variables (envs.py VLLM_DEEPEP_V2_*); the plugin passes
+    the policy's num_sms to each dispatch (vLLM never does: deepep_v2.py:220-229) and the orders v2 can carry."""
     v2 = doc.deepep.v2
     if v2 is not None:
         env["VLLM_DEEPEP_V2_PREFER_OVERLAP"] = "1" if v2.prefer_overlap_with_compute else "0"
         env["VLLM_DEEPEP_V2_ALLOW_MULTIPLE_REDUCTION"] = "1" if v2.allow_multiple_reduction else "0"
-        if v2.num_sms:
-            cannot.append(f"DeepEP v2 num_sms {v2.num_sms}: vLLM 0.33 never passes num_sms to ElasticBuffer, so "
-                          "DeepEP's analytical count is used (with prefer-overlap off, at least 64)")
-    cannot.append("DeepEP v2: the plugin applies no per-layer order there (vLLM quantizes block fp8 and MXFP8 first, "
-                  "the rest after dispatch); the policy's decisions are information for it")
+        applied.append(f"DeepEP v2 num_sms {v2.num_sms} on every dispatch (vLLM alone passes none: DeepEP's analytical "
+                       "count)" if v2.num_sms else "DeepEP v2's own analytical SM count, as in vLLM")
+        applied.append(f"DeepEP v2 prefer_overlap_with_compute={v2.prefer_overlap_with_compute}, "
+                       f"allow_multiple_reduction={v2.allow_multiple_reduction} (also set by the plugin on the buffer)")
+    applied_lines, left_lines = actions.layer_lines(policy_actions(doc, deepep_v2=True))
+    applied.extend(applied_lines)
+    cannot.extend(left_lines)
+
+
+def policy_actions(doc: PolicyDoc, deepep_v2: bool = False) -> dict[int, list[actions.BucketAction]]:
+    """Each MoE layer's action(s), per token bucket, with the experts vLLM runs for its kernel."""
+    out: dict[int, list[actions.BucketAction]] = {}
+    for layer in doc.layers:
+        if layer.kind != "moe":
+            continue
+        quant = actions.layer_quant_from_facts(layer.facts or {})
+        if deepep_v2:
+            quant = actions.LayerQuant(**{**quant.__dict__, "deepep_v2": True})
+        decisions = [(o.max_tokens, o.order, o.wire) for o in (layer.orders or ())] or [(None, layer.order, layer.wire)]
+        out[layer.index] = [
+            actions.BucketAction(bound, actions.action_for(order, wire.dtype, wire.scale.granularity if wire.scale
+                                                           else None, quant))
+            for bound, order, wire in decisions]
+    return out
 
 
 def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, cannot: list) -> None:
     deepep = doc.deepep
     applied.append(f"DeepEP num_sms {deepep.num_sms}" + (f" (vLLM alone fixes {VLLM_HT_NUM_SMS})"
                                                           if deepep.num_sms != VLLM_HT_NUM_SMS else ""))
-    if deepep.provenance.source != "default":
-        applied.append(f"the tuned dispatch/combine configs of {len(deepep.buckets)} token bucket(s), chosen by the "
-                       "token count every rank agrees on (the max over DP ranks)")
+    applied.append(actions.configs_line(deepep.provenance.source, len(deepep.buckets)))
     applied.append(f"DeepEP buffers: NVLink {deepep.num_nvl_bytes} bytes, RDMA {deepep.num_rdma_bytes} bytes")
     overlap = deepep.overlap
     if overlap:
@@ -106,42 +270,26 @@ def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, canno
         args.append("--enable-dbo")
         applied.append(f"dual-batch overlap with {comm} communication SMs (VLLM_DBO_COMM_SMS; above vLLM's "
                        f"{VLLM_HT_NUM_SMS} only with the plugin applied, which raises the manager's cap)")
-    from moepolicy.export.vllm_actions import VLLM, plugin_reach
-
-    vllm = vllm_orders(doc)
-    applies: dict[str, list[int]] = {}
-    leaves: dict[str, list[int]] = {}
-    for layer in doc.layers:
-        if layer.kind != "moe":
-            continue
-        scale = layer.wire.scale.granularity if layer.wire.scale else None
-        reach = plugin_reach(layer.order, layer.wire.dtype, scale)
-        if vllm.get(layer.index) not in (None, layer.order):
-            what = f"{layer.order} ({layer.rule}); vLLM alone does {vllm[layer.index]}"
-            (leaves if reach.kind == VLLM else applies).setdefault(
-                what + (f": left to vLLM ({reach.why})" if reach.kind == VLLM else ""), []).append(layer.index)
-        if layer.orders:
-            applies.setdefault("per-token-bucket orders", []).append(layer.index)
-    for what, idx in applies.items():
-        applied.append(f"layers {index_ranges(idx)}: {what}")
-    for what, idx in leaves.items():
-        cannot.append(f"layers {index_ranges(idx)}: {what}")
-    if any(layer.wire.scale is not None and layer.wire.scale.granularity == "token" for layer in doc.layers):
-        cannot.append("per-token fp8 before dispatch is applied only where vLLM's experts read [T,1] scales "
-                      "(TritonExperts, CutlassExpertsFp8) and the layer is per-token dynamic; other layers are "
-                      "left to vLLM (the plugin says which, per layer)")
-    cannot.append("the plugin's changed paths (per-token fp8 first, bf16 for block layers) are checked against "
-                  "vLLM's real classes on CPU, not yet on GPUs")
+    applied_lines, left_lines = actions.layer_lines(policy_actions(doc))
+    applied.extend(applied_lines)
+    cannot.extend(left_lines)
+    cannot.append("the plugin's changed paths (per-token and static per-tensor fp8 first, bf16 for block layers) are "
+                  "checked against vLLM's real classes on CPU, not yet on GPUs")
 
 
 def render_shell(result: dict[str, Any], model: str) -> str:
     """A shell script: every value quoted (a model name may hold spaces or shell syntax), notes as
-    comments with their line breaks and control characters removed."""
+    comments with their line breaks and control characters removed. ``result["model"]``, where the
+    export found what serves the policy, wins over ``model``."""
+    served = result.get("model") or model
     lines = []
     if result.get("package"):
-        lines.append(f"# pip install {shlex.quote(result['package'])}   # the vLLM plugin (checked: vLLM {CHECKED_VLLM})")
+        lines.append(f"# install {result['package']} into the Python environment vLLM runs in: "
+                     f"<vllm's python> -m pip install {shlex.quote(result['package'])} (it neither installs nor replaces "
+                     f"vLLM; the plugin checks vLLM {CHECKED_VLLM})")
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in result["env"].items()]
-    lines.append(" ".join(["vllm", "serve", shlex.quote(model), *(shlex.quote(a) for a in result["args"])]))
+    lines += [f"# {_comment(note)}" for note in result.get("notes", ())]
+    lines.append(" ".join(["vllm", "serve", shlex.quote(served), *(shlex.quote(a) for a in result["args"])]))
     if result.get("applied"):
         lines.append("# the plugin applies:")
         lines += [f"#  - {_comment(item)}" for item in result["applied"]]

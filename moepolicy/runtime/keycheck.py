@@ -23,21 +23,44 @@ class SubCheck:
         return f"{self.part}.{self.name}: {self.status} ({self.detail})"
 
 
-def _facts_check(doc: PolicyView, model: Optional[str]) -> SubCheck:
+def _served_facts(model, engine: str):
+    """The served model's facts and where they were read: a :class:`ServedModel` from its folder
+    (local or a Hugging Face cache snapshot) or from the config the engine parsed; a plain name from
+    a local folder or the catalog (never the network: a serving process does not fetch)."""
+    from moepolicy.checkpoint import read_model
+    from moepolicy.runtime.policy import ServedModel
+
+    if not isinstance(model, ServedModel):
+        return read_model(str(model), engine=engine, hub=False), "local folder or catalog"
+    import dataclasses
+
+    from moepolicy.checkpoint.reader import facts_from_raw
+    from moepolicy.checkpoint.source import RawCheckpoint, resolve
+
+    if model.folder:
+        raw = dataclasses.replace(resolve(model.folder, hub=False), name=model.name)
+        return facts_from_raw(raw, engine=engine), f"the served folder {model.folder}"
+    if model.config is not None:
+        raw = RawCheckpoint(name=model.name, source=f"served:{model.name}", config=dict(model.config),
+                            hf_quant_config=dict(model.quant_config) if model.quant_config else None)
+        return facts_from_raw(raw, engine=engine), "the config the engine loaded"
+    return read_model(model.name, engine=engine, hub=False), "the catalog"
+
+
+def _facts_check(doc: PolicyView, model) -> SubCheck:
     if model is None:
         return SubCheck("decision", "model_facts", "unchecked", "no model given to load_policy")
-    from moepolicy.checkpoint import read_model
     from moepolicy.errors import CheckpointError
 
-    try:  # a serving process never reaches the network for this: a local folder or a catalog name
-        facts = read_model(model, engine=doc.target.engine, hub=False)
+    try:  # a serving process never reaches the network for this
+        facts, where = _served_facts(model, doc.target.engine)
     except CheckpointError as exc:  # a model that cannot be resolved cannot be shown to match
         return SubCheck("decision", "model_facts", "mismatched", f"model could not be read: {exc}")
     sha = facts.sha256()
     if sha == doc.model.facts_sha256:
-        return SubCheck("decision", "model_facts", "matched", f"{facts.name} facts {sha[:12]}")
+        return SubCheck("decision", "model_facts", "matched", f"{facts.name} facts {sha[:12]} (from {where})")
     return SubCheck("decision", "model_facts", "mismatched",
-                    f"{facts.name} facts {sha[:12]} != policy's {doc.model.facts_sha256[:12]} "
+                    f"{facts.name} facts {sha[:12]} (from {where}) != policy's {doc.model.facts_sha256[:12]} "
                     f"({doc.model.name})")
 
 
@@ -133,7 +156,7 @@ def _schedule_check(doc: PolicyView, schedule: Optional[str]) -> SubCheck:
     return SubCheck("tuning", "schedule", status, f"engine runs {schedule}; policy tuned for {tuned}")
 
 
-def check_keys(doc: PolicyView, *, ep_size: Optional[int], model: Optional[str],
+def check_keys(doc: PolicyView, *, ep_size: Optional[int], model,
                schedule: Optional[str] = None) -> list[SubCheck]:
     return [_facts_check(doc, model), _arch_check(doc), _layout_check(doc, ep_size),
             _packs_check(doc), _sheets_check(doc), _ep_check(doc, ep_size), _gpu_check(doc), _deepep_check(doc),

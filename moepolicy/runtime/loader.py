@@ -16,7 +16,7 @@ from moepolicy.errors import PolicyError
 from moepolicy.wire import Scale, Wire
 from moepolicy.deepep.configs import ChunkConfig
 from moepolicy.runtime.policy import (Bucket, BucketOrder, DeepEPSettings, LayerDecision, LoadReport, Policy,
-                                      SafePolicy, V2Settings)
+                                      PolicyTarget, SafePolicy, ServedModel, V2Settings)
 
 _WARNED: set[tuple[str, str]] = set()
 _WARN_LOCK = threading.Lock()
@@ -119,7 +119,7 @@ def _hidden_hint(path: str | Path, model: Optional[str]) -> Optional[int]:
         return None
 
 
-def load_policy(path: str | Path, *, ep_size: Optional[int] = None, model: Optional[str] = None,
+def load_policy(path: str | Path, *, ep_size: Optional[int] = None, model: Optional[str | ServedModel] = None,
                 strict: bool = False, schedule: Optional[str] = None) -> Policy:
     """Load ``path`` for a serving process (see :func:`_load`); never raises unless ``strict``."""
     if strict:
@@ -131,15 +131,16 @@ def load_policy(path: str | Path, *, ep_size: Optional[int] = None, model: Optio
                      {"decision": "unchecked", "tuning": "unchecked"}, hidden=_hidden_hint(path, model))
 
 
-def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], strict: bool,
+def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str | ServedModel], strict: bool,
           schedule: Optional[str] = None) -> Policy:
     """Load ``path`` for a serving process with ``ep_size`` ranks serving ``model``.
 
     Args:
         path: the policy YAML (or JSON) written by ``moepolicy plan`` or ``tune``.
         ep_size: the EP size this process serves with; checked against the policy.
-        model: the checkpoint (name, config.json or folder) being served; its normalised facts are
-            hashed and compared with the policy's.
+        model: the checkpoint (name, config.json or folder) being served, or a :class:`ServedModel`
+            (what the engine loaded: its folder or parsed config); its normalised facts are hashed
+            and compared with the policy's.
         strict: raise :class:`~moepolicy.errors.PolicyError` instead of falling back.
         schedule: ``serial`` or ``overlapped`` (DBO/TBO), as the engine runs; checked against the
             schedule the DeepEP configs were tuned for.
@@ -184,14 +185,15 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str], str
         layers = tuple(_layer(entry, measured=False) for entry in data["layers"])
         _warn_once(source, f"{source}: {reason}")
         settings = default_settings(ep_size, data["model"]["hidden_size"], data["target"]["deep_ep"]["sheet"])
-        return Policy(layers, settings, LoadReport(source, report, details, doc.model.name, loaded.warnings, reason))
+        return Policy(layers, settings, LoadReport(source, report, details, doc.model.name, loaded.warnings, reason),
+                      PolicyTarget.from_doc(data))
     layers = tuple(_layer(entry) for entry in data["layers"])
     return Policy(layers, _settings_from_doc(data["deepep"]),
-                  LoadReport(source, report, details, doc.model.name, loaded.warnings))
+                  LoadReport(source, report, details, doc.model.name, loaded.warnings), PolicyTarget.from_doc(data))
 
 
 def policy_as_written(data: dict, source: str = "") -> Policy:
     """The policy exactly as its validated document ``data`` says: no key checks, no fallback (what
     ``validate --live`` runs through DeepEP). Serving processes use :func:`load_policy`."""
     return Policy(tuple(_layer(entry) for entry in data["layers"]), _settings_from_doc(data["deepep"]),
-                  LoadReport(source, {"decision": "unchecked", "tuning": "unchecked"}))
+                  LoadReport(source, {"decision": "unchecked", "tuning": "unchecked"}), PolicyTarget.from_doc(data))

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Optional
 
 from moepolicy.deepep import buffers
 from moepolicy.deepep.configs import ChunkConfig
+from moepolicy.errors import PolicyError
 from moepolicy.wire import Wire
 
 
@@ -131,6 +132,52 @@ class DeepEPSettings:
 
 
 @dataclass(frozen=True)
+class ServedModel:
+    """The model a serving process really loaded, for the decision key's facts check: its name as
+    served (a Hugging Face id or a path), and where its config came from: the folder vLLM read it
+    from (a local checkpoint or a Hugging Face cache snapshot), else the config vLLM parsed (its
+    ``hf_config`` as a dict, with ``hf_quant_config.json`` where known)."""
+
+    name: str
+    folder: Optional[str] = None
+    config: Optional[Mapping[str, Any]] = None
+    quant_config: Optional[Mapping[str, Any]] = None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class PolicyTarget:
+    """What a serving plugin needs from the document besides the decisions, read once at load:
+    the target it was made for, its content key, the expert kernel each layer was decided for and
+    which layers are MTP layers."""
+
+    backend: str
+    deepep_api: str
+    ep_size: int
+    arch: str
+    expert_kernel: str
+    schedule: str
+    content_key: str
+    num_hidden_layers: int
+    layer_kernels: Mapping[int, str] = field(default_factory=dict)
+    mtp_layers: frozenset[int] = frozenset()
+
+    @staticmethod
+    def from_doc(data: Mapping[str, Any]) -> "PolicyTarget":
+        """From a validated policy document (the runtime reader's dict)."""
+        target, layers = data["target"], data["layers"]
+        kernels = {entry["index"]: (entry.get("facts") or {}).get("kernel.name") or target["expert_kernel"]
+                   for entry in layers if entry["kind"] == "moe"}
+        mtp = frozenset(entry["index"] for entry in layers if (entry.get("facts") or {}).get("layer.is_mtp"))
+        return PolicyTarget(backend=target["backend"], deepep_api=target["deep_ep"]["api"], ep_size=target["ep_size"],
+                            arch=target["arch"], expert_kernel=target["expert_kernel"],
+                            schedule=data["deepep"].get("schedule") or "serial", content_key=data["key"]["content"],
+                            num_hidden_layers=data["model"]["num_layers"], layer_kernels=kernels, mtp_layers=mtp)
+
+
+@dataclass(frozen=True)
 class LoadReport:
     """How a policy was loaded: from where, for which model, what the key checks said (``report``:
     decision/tuning → matched | mismatched | unchecked; ``details``: one line per sub-check), the
@@ -147,12 +194,14 @@ class LoadReport:
 class Policy:
     """What a serving process asks: ``layer(i)``, ``deepep``, and whether it fell back."""
 
-    __slots__ = ("_layers", "deepep", "loaded")
+    __slots__ = ("_layers", "deepep", "loaded", "target")
 
-    def __init__(self, layers: tuple[LayerDecision, ...], deepep: DeepEPSettings, loaded: LoadReport):
+    def __init__(self, layers: tuple[LayerDecision, ...], deepep: DeepEPSettings, loaded: LoadReport,
+                 target: Optional[PolicyTarget] = None):
         self._layers = layers
         self.deepep = deepep
         self.loaded = loaded
+        self.target = target  # None for the safe policy (no document)
 
     @property
     def is_fallback(self) -> bool:
@@ -183,10 +232,19 @@ class Policy:
         return self.loaded.warnings
 
     def layer(self, index: int) -> LayerDecision:
-        """Constant-time lookup; an index the policy does not hold gets the safe decision."""
-        if 0 <= index < len(self._layers):
+        """Constant-time lookup. An index the policy does not hold raises :class:`PolicyError` (an
+        off-by-one must not quietly send bf16): the caller decides what such a layer does."""
+        decision = self.get(index)
+        if decision is None:
+            raise PolicyError(f"layer {index!r} is not in this policy (it holds layers 0-{len(self._layers) - 1}); "
+                              "use policy.get(index) for layers it may not hold")
+        return decision
+
+    def get(self, index: int) -> Optional[LayerDecision]:
+        """``layer(index)``, or None for an index the policy does not hold."""
+        if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(self._layers):
             return self._layers[index]
-        return safe_layer(index, f"layer {index} is not in the policy ({len(self._layers)} layers)")
+        return None
 
     @property
     def num_layers(self) -> int:
@@ -198,7 +256,8 @@ class Policy:
 
 
 class SafePolicy(Policy):
-    """bf16 on the wire and the engine's own handling after dispatch, for any layer index."""
+    """bf16 on the wire and the engine's own handling after dispatch, for any layer index (a
+    fallback holds no layers of its own: every index gets the safe decision)."""
 
-    def layer(self, index: int) -> LayerDecision:
+    def get(self, index: int) -> Optional[LayerDecision]:
         return safe_layer(index, self.fallback_reason or "safe policy")

@@ -115,7 +115,14 @@ class KernelDefault(_Sheet):
     weights: list[str] = Field(default_factory=list)
     granularity: list[str] = Field(default_factory=list)
     acts: list[str] = Field(default_factory=list)
+    # the engine's choice also depends on the activations' scheme and the all-to-all path
+    act_granularity: list[str] = Field(default_factory=list)
+    act_dynamic: list[str] = Field(default_factory=list)
+    engine: list[str] = Field(default_factory=list)
+    backend: list[str] = Field(default_factory=list)
+    deepep_api: list[str] = Field(default_factory=list)
     kernel: str
+    source: str = ""
 
 
 class KernelSheet(_Sheet):

@@ -45,11 +45,67 @@ def test_the_launch_is_the_plugin_with_the_policys_ep_layout(tmp_path):
     result = run_cli("export", str(out), "--to", "vllm")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("# pip install 'moepolicy[vllm]'")
+    # into vLLM's own environment: no extra that would install or replace vLLM
+    assert lines[0].startswith("# install moepolicy into the Python environment vLLM runs in") and "[vllm]" not in lines[0]
     assert f"export MOEPOLICY_POLICY={shlex.quote(str(out.resolve()))}" in lines
     serve = next(line for line in lines if line.startswith("vllm serve"))
     words = shlex.split(serve)
+    assert words[2] == "deepseek-ai/DeepSeek-V3"  # the catalog name's Hugging Face id: what vLLM serves
     assert words[words.index("--data-parallel-size") + 1] == "8" and "--enable-expert-parallel" in words
+    # the experts the policy was made for (vLLM's own pick on SM90 with EP), and what happens without them
+    assert words[words.index("--moe-backend") + 1] == "flashinfer_cutlass"
+    assert any("without it:" in line and "TritonOrDeepGemmExperts" in line for line in lines)
+    assert "#  - layers 3-61: bf16 on the wire; FlashInferExperts quantize it themselves, as in vLLM" in lines
+
+
+def test_a_policy_for_deepgemm_experts_launches_them_and_says_what_changes_without(tmp_path):
+    import shlex
+
+    out = tmp_path / "dg.yaml"
+    assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--expert-kernel", "deepgemm",
+                   "-o", str(out)).returncode == 0
+    lines = run_cli("export", str(out), "--to", "vllm").stdout.splitlines()
+    assert "export VLLM_USE_DEEP_GEMM=1" in lines  # the fp8 oracle's switch (oracle/fp8.py:484-496)
+    assert "--moe-backend" not in shlex.split(next(line for line in lines if line.startswith("vllm serve")))
+    note = next(line for line in lines if line.startswith("# VLLM_USE_DEEP_GEMM=1:"))
+    assert "without it: vLLM runs FlashInferExperts" in note and "leaves these layers to vLLM" in note
+    assert "#  - layers 3-61: block fp8 quantized before dispatch, as in vLLM" in lines
+
+
+def test_a_policy_planned_from_a_local_folder_serves_that_folder(tmp_path):
+    import json
+    import shlex
+
+    from moepolicy._resources import data_dir
+
+    folder = tmp_path / "checkpoints" / "my-qwen"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text((data_dir("catalog") / "Qwen__Qwen3-30B-A3B-FP8" / "config.json").read_text())
+    out = tmp_path / "p.yaml"
+    assert run_cli("plan", "--model", str(folder), "--ep-size", "8", "-o", str(out)).returncode == 0
+    result = json.loads(run_cli("export", str(out), "--to", "vllm", "--format", "json").stdout)
+    assert result["model"] == str(folder.resolve())  # not the folder's basename, which vLLM cannot serve
+    shell = run_cli("export", str(out), "--to", "vllm").stdout
+    assert shlex.split(next(line for line in shell.splitlines() if line.startswith("vllm serve")))[2] == str(folder)
+    assert "matches the served model by its config's facts" in shell
+    # planned with a relative path from elsewhere: nothing servable is guessed
+    relative = run_cli("plan", "--model", "my-qwen", "--ep-size", "8", "-o", str(tmp_path / "r.yaml"),
+                       cwd=folder.parent)
+    assert relative.returncode == 0, relative.stderr
+    text = run_cli("export", str(tmp_path / "r.yaml"), "--to", "vllm").stdout
+    assert "<the folder of checkpoint my-qwen>" in text and "serve its folder" in text
+
+
+def test_the_export_says_what_the_configs_are_never_tuned_when_nothing_was(tmp_path):
+    out = tmp_path / "p.yaml"
+    assert run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "-o", str(out)).returncode == 0
+    text = run_cli("export", str(out), "--to", "vllm").stdout
+    assert "DeepEP's built-in defaults for this EP size" in text and "tuned" not in text
+    tuned = tmp_path / "t.yaml"
+    assert run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--storage",
+                   f"sqlite:///{tmp_path}/s.db", "-o", str(tuned)).returncode == 0
+    text = run_cli("export", str(tuned), "--to", "vllm").stdout
+    assert "chosen with the model bench (modelled, not measured)" in text and "tuned" not in text
 
 
 def test_the_sglang_launch_carries_one_bucket_the_backend_and_one_dtype(tmp_path):
@@ -57,8 +113,8 @@ def test_the_sglang_launch_carries_one_bucket_the_backend_and_one_dtype(tmp_path
     import shlex
 
     out = tmp_path / "q.yaml"
-    tuned = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--storage", f"sqlite:///{tmp_path}/s.db",
-                    "-o", str(out))
+    tuned = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--engine", "sglang", "--storage",
+                    f"sqlite:///{tmp_path}/s.db", "-o", str(out))
     assert tuned.returncode == 0, tuned.stderr
     result = run_cli("export", str(out), "--to", "sglang", "--format", "launch", "--tokens", "1024")
     assert result.returncode == 0, result.stderr
@@ -116,4 +172,4 @@ def test_the_sglang_launch_carries_nvfp4_quantized_first(tmp_path):
     words = shlex.split(next(line for line in result.stdout.splitlines() if line.startswith("python")))
     assert words[words.index("--deepep-dispatcher-output-dtype") + 1] == "nvfp4"
     vllm = run_cli("export", str(out), "--to", "vllm").stdout
-    assert "deepep-ht/nvfp4-prequantized" in vllm and "left to vLLM" in vllm  # the plugin does not send NVFP4
+    assert "layers 0-47: left to vLLM: the plugin sends bf16 or fp8 only" in vllm  # the plugin does not send NVFP4

@@ -21,7 +21,8 @@ from moepolicy.target import TargetSpec, resolve_target
 
 
 def plan_doc(model="DeepSeek-V3", **target):
-    target = {"gpu": "h200", "ep_size": 8, **target}
+    # the experts that read block fp8 (vLLM 0.33.0's default on SM90 with EP, FlashInfer CUTLASS, takes bf16)
+    target = {"gpu": "h200", "ep_size": 8, "expert_kernel": "deepgemm", **target}
     return build_document(make_plan(read_model(model), resolve_target(TargetSpec(**target), probe=False), pack_stack()))
 
 
@@ -353,15 +354,19 @@ def test_vllm_export_buffer_and_plugin_settings(ds_policy):
     assert any("dispatch/combine configs" in item for item in result["applied"])
 
 
-def test_vllm_export_names_orders_the_plugin_leaves_to_vllm(tmp_path):
+def test_vllm_export_names_what_the_plugin_applies_and_leaves_per_layer(tmp_path):
     from moepolicy.export.vllm import export
     from moepolicy.policy_reader import read_policy
 
-    path = tmp_path / "mix.yaml"
-    write_document(plan_doc(model="amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV"), path)
+    path = tmp_path / "mix.yaml"  # static per-tensor fp8 on FlashInferExperts (vLLM's pick on SM90)
+    write_document(plan_doc(model="amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", expert_kernel=None), path)
     result = export(read_policy(path).doc, str(path))
-    assert any("layers 0-31: quant_then_dispatch" in item and "left to vLLM" in item
-               for item in result["cannot_express"])
+    assert "layers 0-31: fp8 with the static per-tensor scale before dispatch, no scales on the wire (vLLM: bf16, " \
+           "then the same quantization after)" in result["applied"]
+    path = tmp_path / "nv.yaml"  # NVFP4 first on Blackwell: the plugin sends no NVFP4 of its own
+    write_document(plan_doc(model="nvidia/Qwen3-30B-A3B-NVFP4", gpu="b200", expert_kernel=None), path)
+    result = export(read_policy(path).doc, str(path))
+    assert any(item.startswith("layers 0-47: left to vLLM:") for item in result["cannot_express"])
 
 
 def test_vllm_export_refuses_low_latency_hidden(tmp_path):
@@ -409,3 +414,27 @@ def test_a_data_sheet_changed_since_the_plan_is_a_decision_mismatch(tmp_path, mo
     loader._WARNED.clear()
     policy = load_policy(path, ep_size=8)
     assert policy.is_fallback and "data_sheets: mismatched" in policy.fallback_reason
+
+
+def test_a_layer_the_policy_does_not_hold_raises(ds_policy):
+    policy = load_policy(ds_policy, ep_size=8)
+    assert policy.get(61) is policy.layer(61) and policy.get(62) is None and policy.get(-1) is None
+    for index in (62, 99, -1):
+        with pytest.raises(PolicyError, match=f"layer {index} is not in this policy"):
+            policy.layer(index)
+
+
+def test_the_served_model_matches_from_its_folder_or_the_config_the_engine_loaded(ds_policy, tmp_path):
+    from moepolicy.checkpoint import catalog
+    from moepolicy.runtime.policy import ServedModel
+
+    folder = catalog.lookup("DeepSeek-V3").folder
+    config = json.loads((folder / "config.json").read_text())
+    by_folder = load_policy(ds_policy, ep_size=8, model=ServedModel("acme/ds-v3-finetune", folder=str(folder)))
+    assert not by_folder.is_fallback and "from the served folder" in " ".join(by_folder.report_details)
+    by_config = load_policy(ds_policy, ep_size=8, model=ServedModel("s3://bucket/ds", config=config))
+    assert not by_config.is_fallback and "from the config the engine loaded" in " ".join(by_config.report_details)
+    other = dict(config, num_hidden_layers=60)
+    mismatched = load_policy(ds_policy, ep_size=8, model=ServedModel("acme/other", config=other))
+    assert mismatched.is_fallback and "decision key mismatch" in mismatched.fallback_reason
+    assert load_policy(ds_policy, ep_size=8).target.content_key == yaml.safe_load(ds_policy.read_text())["key"]["content"]

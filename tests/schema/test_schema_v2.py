@@ -33,7 +33,9 @@ def fresh_warnings():
 
 
 def ds_plan(ep_size=2):
-    return make_plan(read_model("DeepSeek-V3"), resolve_target(TargetSpec(gpu="h200", ep_size=ep_size), probe=False), pack_stack())
+    # the experts that read block fp8 (vLLM's default on SM90 with EP, FlashInfer CUTLASS, takes bf16)
+    target = TargetSpec(gpu="h200", ep_size=ep_size, expert_kernel="deepgemm")
+    return make_plan(read_model("DeepSeek-V3"), resolve_target(target, probe=False), pack_stack())
 
 
 def write(tmp_path: Path, doc: dict, name: str = "p.yaml") -> Path:

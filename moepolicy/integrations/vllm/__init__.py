@@ -1,31 +1,61 @@
 """moepolicy as a vLLM general plugin: ``MOEPOLICY_POLICY=policy.yaml vllm serve ...``.
 
 vLLM calls :func:`register` early in every process it starts (API server, engine, each worker),
-outside any ``try``. So it does nothing at all — not even an import of torch — when
-``MOEPOLICY_POLICY`` is unset, and otherwise only installs patches on vLLM's DeepEP high-throughput
-classes, catching every error: a plugin that cannot apply the policy leaves vLLM exactly as it is
-and says why in one line. See :mod:`moepolicy.integrations.vllm.patches` for what is patched.
+outside any ``try``. Without ``MOEPOLICY_POLICY`` it imports nothing, unless it runs inside a vLLM
+process (vLLM already imported): there it installs only the start-up agreement, so that a rank whose
+environment lacks the variable still tells the others, and every rank keeps vLLM's behaviour (ranks
+that disagree would hang or corrupt DeepEP). With the variable it installs the plugin's classes where
+vLLM constructs its DeepEP managers and prepare/finalize objects (see
+:mod:`moepolicy.integrations.vllm.patches`). A plugin that cannot apply the policy leaves vLLM as it
+is and says why in one line; with ``MOEPOLICY_STRICT`` on it refuses to start instead.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 POLICY_ENV = "MOEPOLICY_POLICY"
-STRICT_ENV = "MOEPOLICY_STRICT"  # 1: refuse to start instead of leaving vLLM's behaviour in place
+STRICT_ENV = "MOEPOLICY_STRICT"  # on: refuse to start instead of leaving vLLM's behaviour in place
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def strict_from_env(environ=None) -> bool:
+    """``MOEPOLICY_STRICT``: 1/true/yes/on or 0/false/no/off (any case); anything else is refused."""
+    from moepolicy.errors import UsageError
+
+    raw = (os.environ if environ is None else environ).get(STRICT_ENV, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    from moepolicy.integrations.vllm.report import safe
+
+    raise UsageError(f"{STRICT_ENV}='{safe(raw)}' is not one of 1/true/yes/on or 0/false/no/off (any case); set one "
+                     "of them, or unset it")
 
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point."""
-    if not os.environ.get(POLICY_ENV):
+    path = os.environ.get(POLICY_ENV)
+    if not path and "vllm" not in sys.modules:
         return
+    try:
+        strict = strict_from_env()
+    except Exception as exc:  # an unknown spelling: refuse in one line (strict or not cannot be told)
+        from moepolicy.integrations.vllm.report import warn
+
+        warn(f"refused: {exc}")
+        raise
     try:
         from moepolicy.integrations.vllm.patches import install
 
-        install(os.environ[POLICY_ENV], strict=os.environ.get(STRICT_ENV) == "1")
+        install(path or None, strict=strict)
     except Exception as exc:  # noqa: BLE001 (vLLM does not guard its plugins: never take it down)
-        if os.environ.get(STRICT_ENV) == "1":
+        if strict:
             raise
-        from moepolicy.integrations.vllm.report import say
+        from moepolicy.integrations.vllm.report import warn
 
-        say(f"not applied: {type(exc).__name__}: {exc}")
+        warn(f"not applied: {type(exc).__name__}: {exc}")
