@@ -627,12 +627,15 @@ def test_the_entry_point_does_nothing_without_the_variable_outside_vllm():
     assert out.stdout.split() == ["False", "False"], out.stderr
 
 
-def test_a_rank_without_the_variable_still_votes(vllm_env, monkeypatch):
-    group = h.CpuGroup(2)
-    manager = start(monkeypatch, None, group=group)
-    assert not manager._moepolicy.applied
-    assert group.gathered[-1][0] == {"rank": 0, "applied": False, "digest": "",
-                                     "reason": "MOEPOLICY_POLICY is not set on this rank"}
+def test_without_the_variable_even_inside_vllm_nothing_is_installed():
+    """A moepolicy installed into vLLM's environment but not asked for changes nothing, also in a
+    process where vLLM is imported: vLLM's own classes stay in place."""
+    code = ("import vllm.distributed.device_communicators.all2all as a; before = a.DeepEPHTAll2AllManager; "
+            "from moepolicy.integrations.vllm import register; register(); "
+            "print(a.DeepEPHTAll2AllManager is before, 'moepolicy.integrations.vllm.patches' in __import__('sys').modules)")
+    env = {k: v for k, v in os.environ.items() if k != "MOEPOLICY_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.stdout.split()[-2:] == ["True", "False"], out.stderr[-2000:]
 
 
 # ----------------------------------------------------------------------------- two ranks over gloo

@@ -1,19 +1,19 @@
 """moepolicy as a vLLM general plugin: ``MOEPOLICY_POLICY=policy.yaml vllm serve ...``.
 
 vLLM calls :func:`register` early in every process it starts (API server, engine, each worker),
-outside any ``try``. Without ``MOEPOLICY_POLICY`` it imports nothing, unless it runs inside a vLLM
-process (vLLM already imported): there it installs only the start-up agreement, so that a rank whose
-environment lacks the variable still tells the others, and every rank keeps vLLM's behaviour (ranks
-that disagree would hang or corrupt DeepEP). With the variable it installs the plugin's classes where
-vLLM constructs its DeepEP managers and prepare/finalize objects (see
-:mod:`moepolicy.integrations.vllm.patches`). A plugin that cannot apply the policy leaves vLLM as it
-is and says why in one line; with ``MOEPOLICY_STRICT`` on it refuses to start instead.
+outside any ``try``. Without ``MOEPOLICY_POLICY`` it does nothing at all (no import, no patch): a
+moepolicy installed but not asked for never changes vLLM. With the variable it installs the plugin's
+classes where vLLM constructs its DeepEP managers and prepare/finalize objects (see
+:mod:`moepolicy.integrations.vllm.patches`); at each manager start the ranks vote over the manager's
+CPU group and apply the policy only if every rank would apply the same one. Set the variable on every
+rank: a rank without it casts no vote, and the others wait for it until the group's timeout, then keep
+vLLM's behaviour. A plugin that cannot apply the policy leaves vLLM as it is and says why in one line;
+with ``MOEPOLICY_STRICT`` on it refuses to start instead.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 POLICY_ENV = "MOEPOLICY_POLICY"
 STRICT_ENV = "MOEPOLICY_STRICT"  # on: refuse to start instead of leaving vLLM's behaviour in place
@@ -40,7 +40,7 @@ def strict_from_env(environ=None) -> bool:
 def register() -> None:
     """The ``vllm.general_plugins`` entry point."""
     path = os.environ.get(POLICY_ENV)
-    if not path and "vllm" not in sys.modules:
+    if not path:
         return
     try:
         strict = strict_from_env()
