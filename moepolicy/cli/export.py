@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
             result = launch(doc, doc.model.name, args.tokens)
             lines = [f"# SGLang {SGLANG_CHECKED}; moepolicy's policy as far as SGLang's flags carry it"]
+            lines += [f"# {printable(line)}" for line in result.get("about", ())]
             lines += [f"export {k}={shlex.quote(v)}" for k, v in result["env"].items()]
             lines.append(" ".join(["python", "-m", "sglang.launch_server", *(shlex.quote(a) for a in result["args"])]))
             lines += [f"# not carried: {' '.join(printable(n).split())}" for n in result["notes"]]

@@ -3,7 +3,8 @@ EP layout the policy was made for; what still cannot be applied is listed with t
 
 With ``MOEPOLICY_POLICY`` set, the plugin (``moepolicy.integrations.vllm``, vLLM 0.33.x) applies on
 DeepEP high-throughput: each MoE layer's order and wire (per token bucket), DeepEP's ``num_sms``
-(also above vLLM's fixed 20), the tuned dispatch/combine configs per bucket, and the buffer sizes.
+(also above vLLM's fixed 20), the policy's dispatch/combine configs per bucket (measured, modelled or
+DeepEP's defaults, as its provenance says), and the buffer sizes.
 What vLLM alone would do is the ``vllm`` rule pack replayed on the layers' facts (one copy of that
 knowledge: ``plan --rules vllm`` and this export agree).
 """
@@ -19,6 +20,14 @@ from moepolicy.errors import PolicyError
 from moepolicy.schema.policy import PolicyDoc
 from moepolicy.text import index_ranges, printable
 
+# how the DeepEP configs came about, by the policy's provenance: only a live tune measured them
+CONFIGS_WORDS = {
+    "measured": "the dispatch/combine configs a live tune kept (measured; DeepEP's default chunks where no other "
+                "was faster beyond noise)",
+    "modelled": "the dispatch/combine configs of a modelled tune (DeepEP's default chunks; the SM count chosen with "
+                "the model bench, not measured)",
+    "extrapolated": "DeepEP's default dispatch/combine configs (outside the model bench's calibration: nothing tuned)",
+}
 VLLM_DEFAULT_BUFFER_MB = 1024
 VLLM_LL_HIDDEN_SIZES = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
 INT_MAX = 2**31 - 1
@@ -93,11 +102,12 @@ def _v2(doc: PolicyDoc, env: dict, cannot: list) -> None:
 
 def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, cannot: list) -> None:
     deepep = doc.deepep
+    source = deepep.provenance.source
     applied.append(f"DeepEP num_sms {deepep.num_sms}" + (f" (vLLM alone fixes {VLLM_HT_NUM_SMS})"
-                                                          if deepep.num_sms != VLLM_HT_NUM_SMS else ""))
-    if deepep.provenance.source != "default":
-        applied.append(f"the tuned dispatch/combine configs of {len(deepep.buckets)} token bucket(s), chosen by the "
-                       "token count every rank agrees on (the max over DP ranks)")
+                                                          if deepep.num_sms != VLLM_HT_NUM_SMS else "") + f", {source}")
+    if source != "default":
+        applied.append(f"{CONFIGS_WORDS.get(source, 'the dispatch/combine configs')} of {len(deepep.buckets)} token "
+                       "bucket(s), chosen by the token count every rank agrees on (the max over DP ranks)")
     applied.append(f"DeepEP buffers: NVLink {deepep.num_nvl_bytes} bytes, RDMA {deepep.num_rdma_bytes} bytes")
     overlap = deepep.overlap
     if overlap:
