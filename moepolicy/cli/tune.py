@@ -361,15 +361,15 @@ def _render_measured(result) -> None:
 
 
 def _render_modelled(result) -> None:
-    rows = []
-    for b in result.buckets:
-        m = b.confirmed
-        rows.append([b.tokens, f"{m.us.get('engine', m.us['kept']):.1f}",
-                     f"{m.us['chosen']:.1f}" if "chosen" in m.us else "-", m.words() if m.speedup is not None else "-",
-                     _kept_words(b)])
     chosen = next((b.confirmed.chosen_sms for b in result.buckets if b.confirmed.chosen_sms), None)
-    table(["tokens", "engine default us (modelled)", f"{chosen or 'chosen'} SMs us (modelled)",
-           "chosen vs engine (modelled)", "kept (nvl send, recv)"], rows, out=sys.stderr)
+    if chosen is None:  # the engine's SM count: nothing compared
+        table(["tokens", "kept us (modelled)", "kept (nvl send, recv)"],
+              [[b.tokens, f"{b.confirmed.us['kept']:.1f}", _kept_words(b)] for b in result.buckets], out=sys.stderr)
+    else:
+        rows = [[b.tokens, f"{b.confirmed.us['engine']:.1f}", f"{b.confirmed.us['chosen']:.1f}", b.confirmed.words(),
+                 _kept_words(b)] for b in result.buckets]
+        table(["tokens", "engine default us (modelled)", f"{chosen} SMs us (modelled)", "chosen vs engine (modelled)",
+               "kept (nvl send, recv)"], rows, out=sys.stderr)
     note(f"  modelled, {result.region} region: the model bench's answers (a cost model fitted to measurements on "
          "2 x H200), not measurements: no interval (a model has no round-to-round noise); an SM count other than "
          "the engine's is kept only where the modelled speed-up exceeds the model's held-out error there")

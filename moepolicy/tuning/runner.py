@@ -201,7 +201,6 @@ def _keep(run: _Run, chosen: SmsResult, why: str, engine_sms: int, chunks_fitted
                     "change is claimed only where the modelled speed-up exceeds the model's held-out error there",
                     "weighted_speedup": None if modelled.weighted is None else round(modelled.weighted, 4),
                     "weighted_model_error": modelled.weighted_error}
-        log.info("modelled: %s", modelled.why)
         return KeptConfigs(modelled.num_sms, {t: b.kept.point for t, b in modelled.buckets.items()},
                            modelled.buckets, modelled.why, protocol, modelled)
     rounds = protocol_rounds(bench, options.confirm_rounds)

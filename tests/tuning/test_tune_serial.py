@@ -39,7 +39,7 @@ def test_the_modelled_main_job_keeps_the_engines_sm_count_where_only_it_is_calib
                      f"sqlite:///{tmp_path}/s.db", "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert "are not calibrated at every token bucket (128 tokens: 20; 1024 tokens: 20; 4096 tokens: 20,24)" in result.stderr
-    assert "engine default us (modelled)" in result.stderr
+    assert "kept us (modelled)" in result.stderr
     doc = yaml.safe_load(out.read_text())
     deepep = doc["deepep"]
     assert deepep["provenance"]["source"] == "modelled" and deepep["schedule"] == "serial"
