@@ -127,7 +127,14 @@ def _orders(deepep: dict, label: str):
     ax.bar([x - 0.2 for x in xs], [t["quant_then_dispatch_us"] for t in timed], width=0.4, label="quantize first")
     ax.bar([x + 0.2 for x in xs], [t["dispatch_then_quant_us"] for t in timed], width=0.4, label="dispatch bf16 first")
     ax.set_xticks(list(xs), [str(t["tokens"]) for t in timed])
-    ax.set(xlabel="tokens per rank", ylabel="us", title=f"both orders per bucket ({label})")
+    from moepolicy.measure.rounds import speedup_words
+
+    for x, t in zip(xs, timed):  # 2.2: the paired test over rotated rounds; before, one sample each
+        if t.get("quant_first_speedup"):
+            verdict = "within noise" if t.get("faster") == "neither" else "beyond noise"
+            ax.annotate(f"quantizing first {speedup_words(t['quant_first_speedup'])}, {verdict}", (x - 0.2, 0),
+                        xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7, rotation=90)
+    ax.set(xlabel="tokens per rank", ylabel="us (medians)", title=f"both orders per bucket ({label})")
     ax.legend(fontsize=7)
     return fig
 
