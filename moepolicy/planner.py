@@ -32,22 +32,44 @@ LL_MAX_TOKENS_DEFAULT = 128
 
 @dataclass(frozen=True)
 class OrderTiming:
-    """Both orders timed at one token bucket (per rank), for the payload ``tune`` measured."""
+    """Both orders timed at one token bucket (per rank), for the payload ``tune`` measured: medians
+    over rotated rounds and the paired test's verdict (``verdict``: the order faster beyond noise, or
+    ``unmeasured`` where neither is, so the rules' order stands). Without a verdict (a document written
+    before schema 2.2: one sample each) the smaller time."""
 
     tokens: int
     quant_then_dispatch_us: float
     dispatch_then_quant_us: float
+    rounds: int = 1
+    speedup: Optional[float] = None  # quantizing first: dispatch_then_quant time / quant_then_dispatch time
+    ci95: Optional[tuple[float, float]] = None
+    verdict: Optional[str] = None  # quant_then_dispatch | dispatch_then_quant | unmeasured
+    correction: str = ""
 
     @property
     def faster(self) -> str:
+        if self.verdict is not None:
+            return self.verdict
         return "quant_then_dispatch" if self.quant_then_dispatch_us <= self.dispatch_then_quant_us else "dispatch_then_quant"
 
     def to_doc(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "quant_then_dispatch_us": round(self.quant_then_dispatch_us, 2),
-                "dispatch_then_quant_us": round(self.dispatch_then_quant_us, 2)}
+        out: dict[str, Any] = {"tokens": self.tokens, "quant_then_dispatch_us": round(self.quant_then_dispatch_us, 2),
+                               "dispatch_then_quant_us": round(self.dispatch_then_quant_us, 2)}
+        if self.verdict is not None:
+            out.update({"rounds": self.rounds, "quant_first_speedup": round(self.speedup, 4),
+                        "ci95": None if self.ci95 is None else [round(x, 4) for x in self.ci95],
+                        "faster": "neither" if self.verdict == UNMEASURED else self.verdict})
+            if self.correction:
+                out["correction"] = self.correction
+        return out
 
 
 def overall_faster(timings: Sequence[OrderTiming]) -> str:
+    """The order for every token count: where the timings carry tests, the order every bucket found
+    faster beyond noise, else ``unmeasured`` (the rules' order); without tests the smaller total."""
+    if timings and all(t.verdict is not None for t in timings):
+        verdicts = {t.verdict for t in timings}
+        return verdicts.pop() if len(verdicts) == 1 else UNMEASURED
     qtd = sum(t.quant_then_dispatch_us for t in timings)
     dtq = sum(t.dispatch_then_quant_us for t in timings)
     return "quant_then_dispatch" if qtd <= dtq else "dispatch_then_quant"

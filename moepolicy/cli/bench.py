@@ -3,8 +3,11 @@
 Per routing (uniform, Zipf) and token bucket: dispatch → the project's expert GEMM stand-in → combine,
 for every kind of MoE layer the model has, weighted by its layer count; interleaved rounds, each
 repetition counting its slowest rank; the policy's paired per-round speed-up over each baseline with
-its 95 % interval (``measure.rounds``). On GPUs with DeepEP it runs DeepEP in the policy's regime;
-elsewhere the emulated all-to-all on CPU checks the plumbing only, and says so.
+its 95 % interval (``measure.rounds``), each "faster" or "slower" claim tested with the exact
+sign-flip test under Holm's correction over every comparison of the run (a run makes 2 per routing
+and bucket). With too few rounds for that, the speed-ups are shown untested. On GPUs with DeepEP it
+runs DeepEP in the policy's regime; elsewhere the emulated all-to-all on CPU checks the plumbing only:
+it says "plumbing ok" and compares nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 
 from moepolicy.cli._output import note, table
 from moepolicy.errors import UsageError
+from moepolicy.measure.rounds import DEFAULT_ROUNDS
 
 WHAT_IT_IS = ("DeepEP with the project's expert GEMM stand-in, following each arm's choices: the 'vllm' arm "
               "runs vLLM's choices, not vLLM itself")
@@ -26,7 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("policy", help="policy file")
     p.add_argument("--tokens", help="tokens per rank, e.g. 128,1024,4096 (default: that on GPUs, 32,128 emulated)")
     p.add_argument("--routing", default="uniform,zipf", help="uniform, zipf or both (default uniform,zipf)")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7, the least for an interval)")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                   help=f"interleaved rounds (default {DEFAULT_ROUNDS}); a run's comparisons are tested with Holm's "
+                        "correction over all of them, which needs at least 9 rounds for 12 comparisons")
     p.add_argument("--reps", type=int, default=None, help="repetitions per timing (default 10 on GPUs, 3 emulated)")
     p.add_argument("--transport", choices=["auto", "deepep", "emulated"], default="auto",
                    help="deepep (GPUs), emulated (CPU, plumbing only) or auto (deepep when it can run)")
@@ -105,47 +111,71 @@ def run(args: argparse.Namespace) -> int:
     note(f"bench: {kind} ({why}), {world} ranks; {EMULATED if emulated else WHAT_IT_IS}")
     for arm in arms:
         note(f"  {arm.name}: {arm.label}; " + ", ".join(f"{k.count} layers {k.order}" for k in arm.kinds))
+    note(f"timing {len(arms)} arms x {len(routings)} routing(s) x {len(tokens)} bucket(s), {args.rounds} rounds of "
+         f"{spec.reps} repetitions; progress per bucket below")
     with tempfile.TemporaryDirectory(prefix="moepolicy-bench-") as tmp:
         times = run_step(arms, spec, world, tmp)
     rows = comparison(times)
-    render(rows, emulated)
+    render(rows, emulated, args.rounds)
     if args.output:
         from moepolicy.policy_yaml import atomic_write
 
         atomic_write(args.output, json.dumps({"what": EMULATED if emulated else WHAT_IT_IS, "transport": kind,
                                               "ranks": world, "policy": args.policy, "spec": spec_doc(spec),
                                               "arms": {a.name: a.label for a in arms}, "times_us": times,
-                                              "comparison": rows}, indent=1) + "\n")
+                                              "comparison": [] if emulated else rows}, indent=1) + "\n")
         note(f"wrote {args.output}")
     return 0
 
 
+BASELINES = ("vllm", "deepep-default")
+
+
 def comparison(times: dict) -> list[dict]:
-    """Per routing and bucket: each arm's median over rounds, and the policy's paired speed-ups."""
+    """Per routing and bucket: each arm's median over rounds, and the policy's paired speed-ups over
+    each baseline, tested together: Holm's correction over every comparison of the run."""
     import statistics
 
-    from moepolicy.measure.rounds import paired_speedup
+    from moepolicy.measure.rounds import holm, least_rounds, paired_speedup
 
-    rows = []
+    rows, tests = [], []
     for routing, by_tokens in times.items():
         for tokens, arms in by_tokens.items():
-            row = {"routing": routing, "tokens": int(tokens),
-                   "median_us": {name: round(statistics.median(xs), 2) for name, xs in arms.items()}}
-            for base in ("vllm", "deepep-default"):
-                row[f"vs_{base}"] = paired_speedup(arms[base], arms["policy"], names=("policy", base)).to_doc()
-            rows.append(row)
+            rows.append({"routing": routing, "tokens": int(tokens),
+                         "median_us": {name: round(statistics.median(xs), 2) for name, xs in arms.items()}})
+            tests += [paired_speedup(arms[base], arms["policy"], names=("the policy", base)) for base in BASELINES]
+    rounds = tests[0].rounds if tests else 0
+    testable = rounds >= least_rounds(len(tests))
+    tested = holm(tests, "both", "comparisons of this run") if testable else tests
+    for i, row in enumerate(rows):
+        for j, base in enumerate(BASELINES):
+            doc = tested[2 * i + j].to_doc()
+            if not testable:
+                doc["verdict"] = (f"untested: {rounds} rounds cannot test {len(tests)} comparisons at 5% "
+                                  f"(needs {least_rounds(len(tests))})")
+            row[f"vs_{base}"] = doc
     return rows
 
 
 def _ratio(r: dict) -> str:
-    low, high = r["ci95"]
-    return f"x{r['speedup']:.3f} [{low:.3f}, {high:.3f}]" + ("" if r["beyond_noise"] else " =")
+    from moepolicy.measure.rounds import interval_words, speedup_words
+
+    low, high = r["ci95"] if r.get("ci95") else (None, None)
+    verdict = r["verdict"]
+    tail = {"faster": "", "slower": ", a loss beyond noise"}.get(verdict, ", " + verdict.split(":")[0])
+    return f"{speedup_words(r['speedup'])}{tail} [{interval_words(low, high)}]"
 
 
-def render(rows: list[dict], emulated: bool) -> None:
+def render(rows: list[dict], emulated: bool, rounds: int = 0) -> None:
+    if emulated:
+        runs = sum(len(r["median_us"]) for r in rows)
+        print(f"plumbing ok: {runs} arm runs ({len(rows)} routing x bucket pairs, {rounds} rounds each) went end to "
+              f"end; {EMULATED}: no time is shown or compared")
+        return
     table(["routing", "tokens", "policy us", "vllm us", "deepep-default us", "policy vs vllm", "vs deepep-default"],
           [[r["routing"], r["tokens"], r["median_us"]["policy"], r["median_us"]["vllm"],
             r["median_us"]["deepep-default"], _ratio(r["vs_vllm"]), _ratio(r["vs_deepep-default"])] for r in rows],
           out=sys.stdout)
-    print("medians over rounds; ratios: paired per-round speed-ups with their 95% interval; '=': no gain beyond "
-          "noise" + (f"; {EMULATED}" if emulated else ""))
+    family = rows[0]["vs_vllm"].get("correction", "") if rows else ""
+    print("medians over rounds; speed-ups: paired per-round geometric means with the exact sign-flip test's 95% "
+          f"interval (per comparison); 'faster'/'slower' only beyond noise under {family or 'the test'}")

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
             result = launch(doc, doc.model.name, args.tokens)
             lines = [f"# SGLang {SGLANG_CHECKED}; moepolicy's policy as far as SGLang's flags carry it"]
+            lines += [f"# {printable(line)}" for line in result.get("about", ())]
             lines += [f"export {k}={shlex.quote(v)}" for k, v in result["env"].items()]
             if result["node_args"]:
                 nodes = result["node_args"][1]

@@ -26,7 +26,7 @@ from moepolicy.tuning.options import (
 )
 from moepolicy.redact import redact_command
 from moepolicy.tuning.bench import REGIMES
-from moepolicy.tuning.confirm import MIN_ROUNDS
+from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
 from moepolicy.tuning.storage import check_storage
 
 DEFAULT_NODE_GPUS = 8
@@ -71,10 +71,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "same order with the dispatch given num_worst_tokens, so the host does not wait: what "
                         "a CUDA-graph or run-ahead engine can do), or the mean of gemm-first and comm-first; "
                         "all are always measured and recorded")
-    p.add_argument("--confirm-rounds", type=int, default=7,
-                   help="interleaved rounds in which the search's best configs are re-measured beside DeepEP's "
-                        "default and the engine's (fresh workers, a new Buffer); a gain is claimed only where the "
-                        "95%% interval of the paired speed-up is above 1 (default 7, the least for an interval)")
+    p.add_argument("--confirm-rounds", type=int, default=DEFAULT_ROUNDS,
+                   help="rotated rounds of each phase of the re-measurement protocol: selection, gate and report, "
+                        "each in fresh workers (a new Buffer) after a dropped warm-up pass. The gate decides with "
+                        "the exact sign-flip test on the per-round speed-ups, 2.5%% per side (Holm over the buckets "
+                        "where several are claimed); the report's figures are the ones written and printed "
+                        f"(default {DEFAULT_ROUNDS}; at least {MIN_ROUNDS}, the fewest in which Holm over three buckets "
+                        "can claim anything)")
     p.add_argument("--regime", choices=list(REGIMES), default=None,
                    help="what the timings include: host (each call as an eager engine runs it, the host's "
                         "launches and waits on the critical path: vLLM's DeepEP high-throughput path, CUDA "
@@ -124,12 +127,10 @@ def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
     if args.trial_timeout <= 0:
         raise UsageError(f"--trial-timeout must be positive, got {args.trial_timeout}")
     overlap = None
-    if not args.overlap and args.confirm_rounds < MIN_ROUNDS:
-        raise UsageError(f"--confirm-rounds must be at least {MIN_ROUNDS} (pairs for a 95% interval), "
-                         f"got {args.confirm_rounds}")
+    if args.confirm_rounds < MIN_ROUNDS:
+        raise UsageError(f"--confirm-rounds must be at least {MIN_ROUNDS} (the fewest in which the paired test with "
+                         f"Holm's correction over three buckets can claim anything), got {args.confirm_rounds}")
     if args.overlap:
-        if args.confirm_rounds < 1:
-            raise UsageError(f"--overlap needs --confirm-rounds >= 1 (got {args.confirm_rounds})")
         overlap = OverlapOptions(gemm=args.overlap_gemm, confine=args.overlap_confine, order=args.overlap_order,
                                  confirm_rounds=args.confirm_rounds)
     return TuneOptions(buckets=_buckets(args, objective), trials=args.trials, max_sms=args.max_sms,
@@ -273,9 +274,11 @@ def _tune_v2(args: argparse.Namespace, choice: BenchChoice, plan, options, build
     note("DeepEP v2: measuring its SM count and prefer-overlap option (unverified on this project's machines)")
     document, chosen = tune_v2_plan(plan, build_v2_bench(), options)
     note(f"DeepEP v2: kept {chosen.kept.name} ({chosen.why})")
-    for tokens, speedup in chosen.vs_default.items():
-        if speedup is not None:
-            note(f"  T={tokens}: {speedup.words()}")
+    for tokens, speedup in chosen.vs_default.items():  # the report rounds: fresh workers, they decided nothing
+        times = ", ".join(f"{name} {us} us" for name, us in chosen.report_us.get(tokens, {}).items())
+        note(f"  T={tokens}, report rounds: " + (speedup.words() if speedup is not None else times))
+    if chosen.report_weighted is not None:
+        note(f"  weighted over the buckets, report rounds: {chosen.report_weighted.words()}")
     if args.output == "-":
         sys.stdout.write(dumps(document))
     else:
@@ -326,7 +329,7 @@ def _output_for(result, output: str) -> str:
 
 def render(result) -> None:
     """The tune's summary on stderr: the overlap split per bucket, or per bucket the config kept with
-    its re-measured speed-ups over DeepEP's default chunks and the engine's default."""
+    what backs it: the report rounds' speed-ups (live) or the model's answers (modelled)."""
     if result.overlap is not None:
         found = result.overlap
         note(f"overlap: {found.comm_sms} communication SMs, GEMM on {found.gemm_sms}: {found.why}")
@@ -343,20 +346,45 @@ def render(result) -> None:
     if result.interrupted or not any(b.confirmed for b in result.buckets):
         note("  not re-measured (interrupted): no gain is claimed")
         return
+    if result.label == "modelled":
+        _render_modelled(result)
+    else:
+        _render_measured(result)
+
+
+def _kept_words(b) -> str:
+    return f"{b.confirmed.kept.name} d{tuple(b.point.dispatch[:2])} c{tuple(b.point.combine[:2])}"
+
+
+def _render_measured(result) -> None:
+    from moepolicy.tuning.confirm import report_words
+
     rows = []
     for b in result.buckets:
         c = b.confirmed
         rows.append([b.tokens, f"{c.times_us['engine']:.1f}", f"{c.times_us['default']:.1f}",
-                     f"{c.times_us['kept']:.1f}", _ratio(c.vs_engine), _ratio(c.vs_default),
-                     f"{c.kept.name} d{tuple(b.point.dispatch[:2])} c{tuple(b.point.combine[:2])}"])
-    table(["tokens", "engine default us", f"default chunks @{result.num_sms}", "kept us", "vs engine",
-           "vs default chunks", "kept (nvl send, recv)"], rows, out=sys.stderr)
-    note(f"  {result.label}, {result.region} region: DeepEP's dispatch + combine; the serial MoE step adds the experts' "
-         "GEMM, the same in every column. Ratios: paired per-round speed-ups with their 95% interval; '=': no gain "
-         "beyond noise")
+                     f"{c.times_us['kept']:.1f}", report_words(c.vs_engine), report_words(c.vs_default), _kept_words(b)])
+    table(["tokens", "engine default us", f"default chunks @{result.num_sms} us", "kept us", "kept vs engine",
+           "kept vs default chunks", "kept (nvl send, recv)"], rows, out=sys.stderr)
+    weighted = getattr(result.protocol, "weighted", None)
+    if weighted is not None:
+        note(f"  weighted over the buckets: {weighted.words()}")
+    note(f"  measured, {result.region} region: DeepEP's dispatch + combine, medians of the report rounds (fresh workers; "
+         "they decided nothing); the serial MoE step adds the experts' GEMM, the same in every column. Speed-ups: "
+         "paired per-round geometric means with the exact sign-flip test's 95% interval, per bucket (not adjusted "
+         "for the other buckets); what is kept was decided in the gate rounds before")
 
 
-def _ratio(speedup) -> str:
-    if speedup.low == speedup.high:
-        return f"x{speedup.speedup:.3f}" + ("" if speedup.beyond_noise else " =")
-    return f"x{speedup.speedup:.3f} [{speedup.low:.3f}, {speedup.high:.3f}]" + ("" if speedup.beyond_noise else " =")
+def _render_modelled(result) -> None:
+    chosen = next((b.confirmed.chosen_sms for b in result.buckets if b.confirmed.chosen_sms), None)
+    if chosen is None:  # the engine's SM count: nothing compared
+        table(["tokens", "kept us (modelled)", "kept (nvl send, recv)"],
+              [[b.tokens, f"{b.confirmed.us['kept']:.1f}", _kept_words(b)] for b in result.buckets], out=sys.stderr)
+    else:
+        rows = [[b.tokens, f"{b.confirmed.us['engine']:.1f}", f"{b.confirmed.us['chosen']:.1f}", b.confirmed.words(),
+                 _kept_words(b)] for b in result.buckets]
+        table(["tokens", "engine default us (modelled)", f"{chosen} SMs us (modelled)", "chosen vs engine (modelled)",
+               "kept (nvl send, recv)"], rows, out=sys.stderr)
+    note(f"  modelled, {result.region} region: the model bench's answers (a cost model fitted to measurements on "
+         "2 x H200), not measurements: no interval (a model has no round-to-round noise); an SM count other than "
+         "the engine's is kept only where the modelled speed-up exceeds the model's held-out error there")

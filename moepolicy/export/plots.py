@@ -44,7 +44,8 @@ def draw(doc: dict[str, Any], folder: Path) -> list[Path]:
 
 
 def _sms(deepep: dict, label: str):
-    scan = deepep["provenance"].get("scan") or []
+    prov = deepep["provenance"]
+    scan = prov.get("scan") or (prov.get("search") or {}).get("scan") or []  # 2.2: under provenance.search
     if not scan:
         return None
     plt = _pyplot()
@@ -64,8 +65,25 @@ def _sms(deepep: dict, label: str):
     return fig
 
 
+def _evidence(bucket: dict):
+    """A bucket's figures: the report rounds (2.2), the re-measurement of a 2.1 tune, or a modelled
+    tune's answers (2.2: ``modelled``, no interval)."""
+    modelled = bucket.get("modelled")
+    if modelled:
+        us = modelled.get("us") or {}
+        chosen = modelled.get("chosen_vs_engine")
+        return {"median_us": {"engine": us.get("engine", us["kept"]), "default": us.get("chosen", us["kept"]),
+                              "kept": us["kept"]},
+                "vs_engine": {"speedup": us.get("engine", us["kept"]) / us["kept"]} if chosen else None}
+    m = bucket.get("measured") or {}
+    report = m.get("report") or m.get("confirm")
+    return report if report and (report.get("median_us") or {}).get("engine") is not None else None
+
+
 def _kept(deepep: dict, label: str):
-    buckets = [b for b in deepep["buckets"] if (b.get("measured") or {}).get("confirm")]
+    from moepolicy.measure.rounds import speedup_words
+
+    buckets = [b for b in deepep["buckets"] if _evidence(b)]
     if not buckets:
         return None
     plt = _pyplot()
@@ -73,15 +91,21 @@ def _kept(deepep: dict, label: str):
     names = ["engine", "default", "kept"]
     for i, name in enumerate(names):
         xs = [j + (i - 1) * 0.27 for j in range(len(buckets))]
-        ys = [b["measured"]["confirm"]["median_us"][name] for b in buckets]
+        ys = [_evidence(b)["median_us"].get(name, _evidence(b)["median_us"]["engine"]) for b in buckets]
         ax.bar(xs, ys, width=0.25, label={"engine": "engine default (20 SMs, table)",
                                           "default": "DeepEP default chunks", "kept": "kept"}[name])
     for j, b in enumerate(buckets):
-        r = b["measured"]["confirm"]["vs_engine"]
-        ax.annotate(f"x{r['speedup']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]", (j + 0.27, 0),
-                    xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7, rotation=90)
+        r = _evidence(b).get("vs_engine")
+        if not r:
+            continue
+        words = speedup_words(r["speedup"])
+        if label != "modelled" and r.get("ci95"):
+            words += f" [{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}]"
+        ax.annotate(words, (j + 0.27, 0), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7,
+                    rotation=90)
     ax.set_xticks(range(len(buckets)), [_bucket_name(b, buckets) for b in buckets])
-    ax.set(ylabel="us (median of the report rounds)", title=f"kept vs defaults ({label}); x: speed-up over the engine")
+    ylabel = "us (the model's answer)" if label == "modelled" else "us (median of the report rounds)"
+    ax.set(ylabel=ylabel, title=f"kept vs defaults ({label}); the kept config vs the engine")
     ax.legend(fontsize=7)
     return fig
 
@@ -103,7 +127,14 @@ def _orders(deepep: dict, label: str):
     ax.bar([x - 0.2 for x in xs], [t["quant_then_dispatch_us"] for t in timed], width=0.4, label="quantize first")
     ax.bar([x + 0.2 for x in xs], [t["dispatch_then_quant_us"] for t in timed], width=0.4, label="dispatch bf16 first")
     ax.set_xticks(list(xs), [str(t["tokens"]) for t in timed])
-    ax.set(xlabel="tokens per rank", ylabel="us", title=f"both orders per bucket ({label})")
+    from moepolicy.measure.rounds import speedup_words
+
+    for x, t in zip(xs, timed):  # 2.2: the paired test over rotated rounds; before, one sample each
+        if t.get("quant_first_speedup"):
+            verdict = "within noise" if t.get("faster") == "neither" else "beyond noise"
+            ax.annotate(f"quantizing first {speedup_words(t['quant_first_speedup'])}, {verdict}", (x - 0.2, 0),
+                        xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7, rotation=90)
+    ax.set(xlabel="tokens per rank", ylabel="us (medians)", title=f"both orders per bucket ({label})")
     ax.legend(fontsize=7)
     return fig
 

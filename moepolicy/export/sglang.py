@@ -73,6 +73,7 @@ def launch(doc: PolicyDoc, model: str, tokens: Optional[int] = None) -> dict[str
     else:
         config = export(doc, tokens)
         args += ["--moe-a2a-backend", "deepep", "--deepep-mode", "normal", "--deepep-config", json.dumps(config)]
+
         chosen = _bucket(doc, tokens)
         others = [b.max_tokens for b in doc.deepep.buckets if b is not chosen]
         if others:
@@ -89,7 +90,11 @@ def launch(doc: PolicyDoc, model: str, tokens: Optional[int] = None) -> dict[str
                  else "--deepep-dispatcher-output-dtype", dtype]
     if why:
         notes.append(why)
-    return {"args": args, "env": env, "notes": notes, "node_args": node_args}
+    source = doc.deepep.provenance.source
+    about = [f"the DeepEP settings are {source}" + {
+        "modelled": " (chosen with the model bench, not measured)",
+        "extrapolated": " (DeepEP's defaults: outside the model bench's calibration)"}.get(source, "")]
+    return {"args": args, "env": env, "notes": notes, "about": about, "node_args": node_args}
 
 
 def _nodes(ep: int, gpus_per_node: int) -> list[str]:

@@ -5,7 +5,8 @@ as the arm decides) → an expert GEMM stand-in on the received rows (two groupe
 expert, the same for every arm that feeds the experts the same format) → finalize (combine). The
 arm's step is the sum over its layer kinds of (layers of that kind) × (the kind's median time). Each
 repetition counts its slowest rank (an EP step ends when its last rank does). Rounds rotate over the
-arms (``rounds.rotated_rounds``), so a drifting machine falls on every arm alike.
+arms (``rounds.rotated_rounds``, after a warm-up pass whose timings are dropped), so a drifting machine
+falls on every arm alike and the first timings after the ranks start count for none.
 
 Transports: DeepEP on GPUs (NCCL; the arm's SM count and chunk configs per bucket), or the emulated
 all-to-all over gloo on CPUs, which checks the plumbing only and is labelled so.
@@ -181,6 +182,7 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
                              torch.bfloat16 if gpu else torch.float32)
     clock = _Clock(device, spec.regime)
     results: dict = {}
+    done = 0
     for r_kind in spec.routings:
         for tokens in spec.tokens:
             idx, w = routing(tokens, spec.num_experts, spec.top_k, r_kind, spec.seed + 31 * rank, spec.zipf_s)
@@ -192,12 +194,24 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
             def time_once(name: str) -> float:
                 return sum(count * clock.median_us(fn, spec.reps) for count, fn in steps[name])
 
+            started = time.perf_counter()
             results.setdefault(r_kind, {})[str(tokens)] = rotated_rounds([a.name for a in arms], time_once,
-                                                                          spec.rounds)
+                                                                          spec.rounds, warm_up=True)
+            if rank == 0:
+                done += 1
+                _progress(f"bench: {done}/{len(spec.routings) * len(spec.tokens)} {r_kind} routing, {tokens} tokens: "
+                          f"{spec.rounds} rounds in {time.perf_counter() - started:.1f} s")
     if rank == 0:
         (Path(outdir) / "times.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _progress(line: str) -> None:
+    """A progress line on the CLI's standard error (rank 0 of a spawned group writes it directly)."""
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
 
 
 def _buffer(arms: tuple[Arm, ...], spec: StepSpec, world: int):

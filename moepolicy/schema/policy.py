@@ -5,7 +5,10 @@ Models allow unknown keys so that a reader can accept a newer minor version; the
 rules' decision without measured facts, combine precision, the ``fused`` order, the engine schedule
 and timing regime the configs were chosen for, measured order timings and a partial-result marker;
 1.x documents still load (each new field's default is what 1.x meant). Schema 2.1 adds the NVFP4 wire
-(``nvfp4`` with ``e4m3`` scales) and ``deepep.v2``.
+(``nvfp4`` with ``e4m3`` scales) and ``deepep.v2``. Schema 2.2 keeps a modelled tune's figures
+under ``modelled`` (``measured`` holds only measurements of the config kept), the search's selected
+minima under ``search``, and records the paired test behind each measured order timing; 2.1
+documents' ``measured`` (with its ``confirm``) still reads.
 """
 
 from __future__ import annotations
@@ -161,7 +164,9 @@ class BucketDoc(_Doc):
     max_tokens: Optional[int] = Field(default=None, gt=0, le=10_000_000)
     dispatch: ChunkDoc
     combine: ChunkDoc
-    measured: Optional[dict[str, Any]] = None
+    measured: Optional[dict[str, Any]] = None  # measurements of the config kept (live benches)
+    modelled: Optional[dict[str, Any]] = None  # 2.2: the model bench's answers for it (never ``measured``)
+    search: Optional[dict[str, Any]] = None  # 2.2: the search's selected minima (what proposed, not a claim)
 
 
 class ProvenanceDoc(_Doc):
@@ -180,11 +185,18 @@ class PartialDoc(_Doc):
 
 
 class OrderTimingDoc(_Doc):
-    """Both orders of one token bucket, timed (a measured fact the rules see as ``measured.faster_order``)."""
+    """Both orders of one token bucket, timed (a measured fact the rules see as ``measured.faster_order``).
+    2.2: the medians of rotated rounds, with the paired test: quantizing first's speed-up, its 95 %
+    interval and the order faster beyond noise (``neither``: the rules' order stands)."""
 
     tokens: int = Field(gt=0, le=10_000_000)
     quant_then_dispatch_us: float = Field(gt=0)
     dispatch_then_quant_us: float = Field(gt=0)
+    rounds: Optional[int] = Field(default=None, gt=0)
+    quant_first_speedup: Optional[float] = Field(default=None, gt=0)
+    ci95: Optional[list[float]] = Field(default=None, min_length=2, max_length=2)
+    faster: Optional[Literal["quant_then_dispatch", "dispatch_then_quant", "neither"]] = None
+    correction: Optional[str] = None
 
 
 class DeepEPV2Doc(_Doc):

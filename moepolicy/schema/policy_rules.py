@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-SCHEMA_VERSION = "2.1"
+SCHEMA_VERSION = "2.2"
 READABLE_MAJORS = (1, 2)  # 1.x documents load as they are: every 2.0 field has a default that 1.x meant
 QUANTIZED_ORDERS = ("quant_then_dispatch", "in_kernel_quant")
 # what a quantized order may put on the wire; 2.1 adds NVFP4 (e2m1 packed two per byte, e4m3 1x16 scales)
@@ -18,6 +18,10 @@ QUANTIZED_WIRES = ("fp8_e4m3", "nvfp4")
 V21_WIRE_DTYPES = ("nvfp4",)
 V21_SCALE_DTYPES = ("e4m3",)
 V21_DEEPEP_FIELDS = ("v2",)
+# 2.2: a modelled tune's figures under ``modelled`` (never ``measured``), the search's selected minima
+# under ``search``, and the paired test behind each measured order timing
+V22_BUCKET_FIELDS = ("modelled", "search")
+V22_ORDER_TIMING_FIELDS = ("rounds", "quant_first_speedup", "ci95", "faster", "correction")
 BF16_ORDERS = ("dispatch_then_quant", "no_quant")
 # 2.0: the expert kernel does dispatch, GEMMs and combine in one kernel (DeepGEMM Mega MoE): the
 # communication's format is the kernel's, so the wire records it and no separate order applies
@@ -92,6 +96,8 @@ def version_problem(doc: dict) -> Optional[str]:
         return _v1_problem(doc, version)
     if version == "2.0":
         return _v20_problem(doc)
+    if version == "2.1":
+        return _v21_problem(doc)
     return None
 
 
@@ -139,6 +145,21 @@ def _v20_problem(doc: dict) -> Optional[str]:
                         f"(the document says {doc['schema_version']})")
             if scale.get("dtype") in V21_SCALE_DTYPES:
                 return (f"layers[{n}].{where}.scale.dtype {scale['dtype']} needs schema_version 2.1 "
+                        f"(the document says {doc['schema_version']})")
+    return _v21_problem(doc)
+
+
+def _v21_problem(doc: dict) -> Optional[str]:
+    deepep = doc.get("deepep") if isinstance(doc.get("deepep"), dict) else {}
+    for b, bucket in enumerate(deepep.get("buckets") or ()):
+        for name in V22_BUCKET_FIELDS:
+            if isinstance(bucket, dict) and bucket.get(name) is not None:
+                return (f"deepep.buckets[{b}].{name} needs schema_version 2.2 "
+                        f"(the document says {doc['schema_version']})")
+    for t, timing in enumerate(deepep.get("measured_orders") or ()):
+        for name in V22_ORDER_TIMING_FIELDS:
+            if isinstance(timing, dict) and timing.get(name) is not None:
+                return (f"deepep.measured_orders[{t}].{name} needs schema_version 2.2 "
                         f"(the document says {doc['schema_version']})")
     return None
 

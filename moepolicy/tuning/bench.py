@@ -29,6 +29,7 @@ class Workload:
     payload: str = "bf16"  # what goes on the wire: bf16 | fp8 (block-128 float32 scales)
     routing: str = "uniform"
     both_orders: bool = False  # also time quant_then_dispatch and dispatch_then_quant
+    orders_first: str = "quant_then_dispatch"  # which of the two is timed first (rounds alternate it)
     # host: each call timed as an eager engine runs it, the host's launches and waits on the critical
     # path (vLLM's DeepEP high-throughput path: eager, CUDA graphs off with DP > 1); gpu: the GPU's own
     # time, the host enqueued ahead (a CUDA-graph or run-ahead engine)

@@ -101,8 +101,10 @@ def measure_point(state: RankState, workload: Workload, point: TunePoint) -> Mea
     combine = timed(ops.combine)
     orders = {}
     if workload.both_orders:
-        orders = {"quant_then_dispatch": timed(lambda: ops.quant_then_dispatch("full")),
-                  "dispatch_then_quant": timed(lambda: ops.dispatch_then_quant("full"))}
+        both = {"quant_then_dispatch": lambda: ops.quant_then_dispatch("full"),
+                "dispatch_then_quant": lambda: ops.dispatch_then_quant("full")}
+        for name in sorted(both, key=lambda n: n != workload.orders_first):  # the round's first order first
+            orders[name] = timed(both[name])
     return Measurement(full, cached, combine, "measured", orders)
 
 

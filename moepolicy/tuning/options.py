@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from moepolicy.measure.rounds import DEFAULT_ROUNDS
+
 DEFAULT_STORAGE = "sqlite:///moepolicy-studies.db"
 DEFAULT_TRIALS = 24
 OVERLAP_GEMMS = ("auto", "persistent", "persistent-clustered", "grouped", "dense")
@@ -18,7 +20,7 @@ class OverlapOptions:
     gemm: str = "auto"  # the stand-in expert GEMM (OVERLAP_GEMMS)
     confine: str = "grid"  # how the GEMM is held to its SMs (OVERLAP_CONFINES)
     order: str = "gemm-first"  # the launch order the split is chosen for (tuning.overlap.ORDERS)
-    confirm_rounds: int = 7
+    confirm_rounds: int = DEFAULT_ROUNDS
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class TuneOptions:
     command: str = ""  # the command line, already redacted, recorded in the document
     overlap: Optional[OverlapOptions] = None
     regime: str = "host"  # Workload.regime: what the timings include (tuning.bench.REGIMES)
-    confirm_rounds: int = 7  # interleaved rounds of the re-measurement protocol (tuning.confirm)
+    confirm_rounds: int = DEFAULT_ROUNDS  # rotated rounds of each protocol phase (tuning.confirm)
 
     @property
     def max_buffer_bytes(self) -> int:

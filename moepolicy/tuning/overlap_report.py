@@ -3,13 +3,19 @@
 The policy stores each bucket's row under ``deepep.buckets[].measured`` as flat keys (the form
 schema 1.x documents carry); :meth:`OverlapBucketRow.to_doc` writes it and
 :meth:`OverlapBucketRow.from_doc` reads it back, so the key names live here alone. Ratios are
-derived from the stored times, never stored separately from them.
+derived from the stored times, never stored separately from them. The comparison with vLLM's split
+that is printed is the paired one (:attr:`OverlapBucketRow.paired_vs_vllm`: the geometric mean of the
+per-round speed-ups with the exact sign-flip test's 95 % interval); ``vs_vllm_split`` (a ratio of
+medians) stays for older readers. From schema 2.2 the rows come from report rounds in fresh workers
+(``rounds_from: report``); older rows came from the rounds that chose the split (``selection``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
+
+from moepolicy.measure.rounds import Speedup, paired_speedup
 
 # the launch orders a row may carry, as they prefix its keys (``tuning.overlap.ORDER_ROWS``)
 LAUNCH_ORDERS = ("gemm_first", "comm_first", "comm_first_no_wait")
@@ -70,6 +76,15 @@ class OverlapBucketRow:
     vllm: Optional[SplitTimes] = None  # vLLM's split, re-measured in the same rounds
     per_round_vs_vllm: tuple[float, ...] = ()
     bound: Optional[SplitBound] = None
+    rounds_from: str = "selection"  # report: fresh rounds that decided nothing; selection: the rounds that chose
+
+    @property
+    def paired_vs_vllm(self) -> Optional[Speedup]:
+        """The kept split's speed-up over vLLM's split, paired per round (above 1: faster)."""
+        if not self.per_round_vs_vllm:
+            return None
+        ratios = list(self.per_round_vs_vllm)
+        return paired_speedup([1.0] * len(ratios), ratios, 0, ("this split", "vLLM's split"))
 
     @property
     def floor_us(self) -> float:
@@ -117,7 +132,7 @@ class OverlapBucketRow:
             "serial_us": _r(self.serial_us), "floor_us": _r(self.floor_us), "comm_us": _r(c.comm_us),
             "comm_region": self.comm_region, "gemm_us": _r(c.gemm_us),
             "comm_end_in_overlap_us": _r(self.comm_end_us), "gemm_end_in_overlap_us": _r(self.gemm_end_us),
-            "vs_floor": _r(self.vs_floor, 3), "gemm": c.gemm_kind,
+            "vs_floor": _r(self.vs_floor, 3), "gemm": c.gemm_kind, "rounds_from": self.rounds_from,
             "vllm_split_overlapped_us": None, "vs_vllm_split": None, **c._to_doc(""),
         }
         if c.gemm_sms is not None:
@@ -128,7 +143,9 @@ class OverlapBucketRow:
                         "vllm_split_comm_us": _r(v.comm_us), "vllm_split_overlapped_us": _r(v.overlapped_us),
                         "vllm_split_spread_us": [_r(v.spread_us[0]), _r(v.spread_us[1])],
                         "vs_vllm_split": _r(self.vs_vllm_split, 3),
-                        "vs_vllm_split_per_round": [_r(x, 3) for x in self.per_round_vs_vllm],
+                        "vs_vllm_split_per_round": [_r(x, 4) for x in self.per_round_vs_vllm],
+                        "speedup_vs_vllm_split": (None if self.paired_vs_vllm is None
+                                                  else self.paired_vs_vllm.to_doc()),
                         **v._to_doc("vllm_split_")})
             if v.gemm_sms is not None:
                 out["vllm_split_gemm_sms"] = v.gemm_sms
@@ -163,4 +180,5 @@ class OverlapBucketRow:
         return cls(objective=m.get("objective", "gemm-first"), rounds=m.get("rounds", 0), chosen=chosen,
                    serial_us=m.get("serial_us") or 0.0, comm_region=m.get("comm_region", "full"),
                    comm_end_us=m.get("comm_end_in_overlap_us"), gemm_end_us=m.get("gemm_end_in_overlap_us"),
-                   vllm=vllm, per_round_vs_vllm=tuple(m.get("vs_vllm_split_per_round") or ()), bound=bound)
+                   vllm=vllm, per_round_vs_vllm=tuple(m.get("vs_vllm_split_per_round") or ()), bound=bound,
+                   rounds_from=m.get("rounds_from", "selection"))

@@ -12,9 +12,15 @@ wait), or the ``mean`` of the first two. The search has three phases:
 1. split scan: every candidate ``c`` (and vLLM's 20) with DeepEP's default chunks;
 2. joint search: an optuna TPE study over (``c``, dispatch send chunk, combine send chunk) that
    starts from the scan's results; failures are FAIL trials; a config is never measured twice;
-3. confirmation: the best config of each of the three best splits and vLLM's split (20 SMs, default chunks) are re-measured
-   side by side for ``rounds`` rounds, interleaved, so the choice and the comparison do not rest on
-   one lucky measurement; the chosen one is the best median over those rounds.
+3. selection: the best config of each of the three best splits and vLLM's split (20 SMs, default
+   chunks) re-measured side by side for ``rounds`` rounds, the launch order rotating each round; the
+   pick is the best weighted median over those rounds. It proposes; it claims nothing.
+4. gate, in a fresh worker group: the pick and vLLM's split over rotated rounds; the pick is kept
+   only where its paired speed-up on the weighted buckets passes one exact sign-flip test at 2.5 %
+   and no bucket is slower beyond noise (Holm over the buckets); otherwise vLLM's split is kept.
+5. report, in another fresh worker group: the kept split beside vLLM's over rotated rounds; every
+   figure written or printed (medians, paired speed-ups with their 95 % intervals) comes from these
+   rounds, which decided nothing.
 
 Each bucket's report also carries the bound: the lowest floor, max(comm alone, GEMM alone), of every
 config measured, set beside vLLM's split (``split_bound``). No split of the grid overlaps below its
@@ -32,6 +38,7 @@ from typing import NamedTuple, Optional
 from moepolicy.deepep.configs import ChunkConfig
 from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
 from moepolicy.measure.gemm_shape import GemmShape
+from moepolicy.measure.rounds import Speedup, holm, paired_speedup
 from moepolicy.tuning.bench import TrialFailed, TunePoint, Workload
 from moepolicy.tuning.overlap_report import OverlapBucketRow, SplitBound, SplitTimes
 
@@ -182,20 +189,70 @@ def best_per_split(measured: dict[SplitConfig, float], exclude: SplitConfig, spl
     return list(best.values())[:splits]
 
 
-def confirm(m: _Measurer, candidates: list[SplitConfig], rounds: int) -> dict[SplitConfig, list[dict[int, dict]]]:
-    """Every candidate measured once per round, in turn, for ``rounds`` rounds. A round in which any
+def confirm(m: _Measurer, candidates: list[SplitConfig], rounds: int,
+            warm_up: bool = False) -> dict[SplitConfig, list[dict[int, dict]]]:
+    """Every candidate measured once per round, the order rotating one further each round (none is
+    first after a pause in every round), for ``rounds`` rounds; with ``warm_up``, one pass first whose
+    measurements are dropped (a fresh group's first calls pay its start-up). A round in which any
     candidate failed is dropped for all, so the i-th runs of two candidates stay side by side."""
     out: dict[SplitConfig, list[dict[int, dict]]] = {cfg: [] for cfg in candidates}
+    if warm_up:
+        for cfg in candidates:
+            m.fresh(cfg)
     for r in range(rounds):
-        got = {cfg: m.fresh(cfg) for cfg in candidates}
+        order = [candidates[(r + i) % len(candidates)] for i in range(len(candidates))]
+        got = {cfg: m.fresh(cfg) for cfg in order}
         if any(rows is None for rows in got.values()):
-            log.info(f"  confirmation round {r + 1}/{rounds}: dropped (a measurement failed)")
+            log.info(f"  round {r + 1}/{rounds}: dropped (a measurement failed)")
             continue
-        for cfg, rows in got.items():
-            out[cfg].append(rows)
-        log.info(f"  confirmation round {r + 1}/{rounds}: " + ", ".join(
-            f"c={cfg.comm_sms} {cfg.chunks[0][0]}/{cfg.chunks[1][0]}: {m.weighted(rows):.1f} us" for cfg, rows in got.items()))
+        for cfg in candidates:
+            out[cfg].append(got[cfg])
+        log.info(f"  round {r + 1}/{rounds}: " + ", ".join(
+            f"c={cfg.comm_sms} {cfg.chunks[0][0]}/{cfg.chunks[1][0]}: {m.weighted(got[cfg]):.1f} us" for cfg in candidates))
     return {cfg: runs for cfg, runs in out.items() if runs}
+
+
+def _fresh_group(bench) -> None:
+    restart = getattr(bench, "restart", None)
+    if restart is not None:
+        restart()
+
+
+@dataclass(frozen=True)
+class SplitGate:
+    """The gate's decision: the split kept, the weighted test behind it and each bucket's loss test."""
+
+    kept: SplitConfig
+    test: Optional[Speedup]
+    losses: dict[int, Speedup]
+    why: str
+
+    def to_doc(self) -> dict:
+        return {"test": None if self.test is None else self.test.to_doc(),
+                "losses": {str(t): s.to_doc() for t, s in self.losses.items()}, "why": self.why}
+
+
+def gate_split(m: _Measurer, pick: SplitConfig, vllm: SplitConfig, rounds: int) -> SplitGate:
+    """The pick against vLLM's split in a fresh worker group: kept only where the weighted paired
+    speed-up passes one sign-flip test at 2.5 % and no bucket is slower beyond noise (Holm)."""
+    if pick == vllm:
+        return SplitGate(vllm, None, {}, "vLLM's split was the fastest in the selection rounds")
+    _fresh_group(m.bench)
+    runs = confirm(m, [pick, vllm], rounds, warm_up=True)
+    if pick not in runs or vllm not in runs:
+        return SplitGate(vllm, None, {}, "the gate rounds failed: vLLM's split kept, no gain claimed")
+    names = (f"c={pick.comm_sms}", f"vLLM's split ({VLLM_DBO_COMM_SMS} SMs)")
+    test = paired_speedup([m.weighted(r) for r in runs[vllm]], [m.weighted(r) for r in runs[pick]], 0, names)
+    per_bucket = [paired_speedup([objective_us(r[t], m.order) for r in runs[vllm]],
+                                 [objective_us(r[t], m.order) for r in runs[pick]], 0, names) for t, _ in m.buckets]
+    losses = {t: s for (t, _), s in zip(m.buckets, holm(per_bucket, "slower", "buckets"))}
+    lost = [t for t, s in losses.items() if s.slower]
+    what = f"c={pick.comm_sms} on the weighted buckets in the gate rounds (fresh workers): {test.words()}"
+    if test.faster and not lost:
+        return SplitGate(pick, test, losses, f"{what}; no bucket slower beyond noise")
+    why = f"{what}; " + (f"slower beyond noise at T={lost[0]}" if lost else "no gain beyond noise") + \
+        ": vLLM's split kept"
+    return SplitGate(vllm, test, losses, why)
 
 
 def _median(runs: list[dict[int, dict]], tokens: int, key: str) -> float:
@@ -218,8 +275,9 @@ def _split_times(runs: list[dict[int, dict]], tokens: int, order: str) -> SplitT
 
 
 def bucket_row(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[int, dict]]], tokens: int,
-               order: str = "gemm-first", bound: Optional[SplitBound] = None) -> OverlapBucketRow:
-    """The chosen config's row at ``tokens``, beside vLLM's split measured in the same rounds."""
+               order: str = "gemm-first", bound: Optional[SplitBound] = None,
+               rounds_from: str = "report") -> OverlapBucketRow:
+    """The kept config's row at ``tokens``, beside vLLM's split measured in the same rounds."""
     mine = [objective_us(run[tokens], order) for run in runs]
     theirs = [objective_us(run[tokens], order) for run in vllm_runs] if vllm_runs else []
     return OverlapBucketRow(
@@ -229,7 +287,7 @@ def bucket_row(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[int, d
         comm_end_us=_median(runs, tokens, "overlapped_comm_end"),
         gemm_end_us=_median(runs, tokens, "overlapped_gemm_end"),
         vllm=_split_times(vllm_runs, tokens, order) if vllm_runs else None,
-        per_round_vs_vllm=tuple(a / b for a, b in zip(mine, theirs)), bound=bound)
+        per_round_vs_vllm=tuple(round(a / b, 4) for a, b in zip(mine, theirs)), bound=bound, rounds_from=rounds_from)
 
 
 def split_bound(m: _Measurer, tokens: int) -> SplitBound:
@@ -259,15 +317,37 @@ class OverlapSearch:
     gemm_fallback: Optional[str]
     splits_us: dict[int, float]  # each split's best weighted time in the search
     configs_measured: int
-    confirmed_us: dict[str, float]
+    confirmed_us: dict[str, float]  # the selection rounds' weighted medians (what chose the pick)
     why: str
+    gate: Optional[SplitGate] = None
+    report_vs_vllm: Optional[Speedup] = None  # the report rounds: weighted, the kept split vs vLLM's
 
     def summary(self) -> dict:
         """The document's ``deepep.overlap`` section."""
         out = {"comm_sms": self.comm_sms, "gemm_sms": self.gemm_sms, "gemm": self.gemm,
                "gemm_fallback": self.gemm_fallback, "order": self.order, "splits_us": self.splits_us,
-               "configs_measured": self.configs_measured, "confirmed_us": self.confirmed_us, "why": self.why}
+               "splits_note": "search samples: each split's best weighted time (selected minima, not a claim)",
+               "configs_measured": self.configs_measured, "confirmed_us": self.confirmed_us,
+               "confirmed_note": "selection rounds' weighted medians: what chose the pick, not a claim",
+               "gate": None if self.gate is None else self.gate.to_doc(),
+               "report_vs_vllm_split": None if self.report_vs_vllm is None else self.report_vs_vllm.to_doc(),
+               "why": self.why}
         return {k: v for k, v in out.items() if v is not None}
+
+
+def _report(m: _Measurer, kept: SplitConfig, vllm: Optional[SplitConfig], rounds: int):
+    """The report rounds in a fresh worker group: the kept split beside vLLM's (where they differ)."""
+    log.info(f"overlap phase 5 (report, fresh workers): {rounds} rounds")
+    _fresh_group(m.bench)
+    beside = vllm is not None and kept != vllm
+    report = confirm(m, [kept] + ([vllm] if beside else []), rounds, warm_up=True)
+    if kept not in report:
+        raise TrialFailed("the kept configuration could not be measured in the report rounds")
+    vllm_runs = report.get(vllm) if beside else None
+    weighted = None if vllm_runs is None else paired_speedup(
+        [m.weighted(r) for r in vllm_runs], [m.weighted(r) for r in report[kept]], 0,
+        (f"c={kept.comm_sms}", f"vLLM's split ({VLLM_DBO_COMM_SMS} SMs)"))
+    return kept, report, vllm_runs, weighted
 
 
 @dataclass(frozen=True)
@@ -276,7 +356,7 @@ class OverlapSettings:
     stand-in (kind, how it is confined) and the launch order the split is chosen for."""
 
     trials: int = 12
-    rounds: int = 5
+    rounds: int = 15
     seed: int = 0
     gemm_kind: str = "persistent"
     confine: str = "grid"
@@ -297,30 +377,39 @@ def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, flo
     measured = {cfg: m.weighted(rows) for cfg, rows in m.seen.items() if rows is not None}
     vllm = SplitConfig(VLLM_DBO_COMM_SMS, default)
     candidates = best_per_split(measured, exclude=vllm, splits=CONFIRM_SPLITS) + ([vllm] if vllm in measured else [])
-    log.info(f"overlap phase 3: {len(candidates)} configs re-measured side by side, {rounds} rounds")
+    return _select_gate_report(m, candidates, measured, vllm, rounds)
+
+
+def _select_gate_report(m: _Measurer, candidates: list[SplitConfig], measured: dict[SplitConfig, float],
+                        vllm: SplitConfig, rounds: int) -> OverlapSearch:
+    """Phases 3-5: select in the search's group, gate and report each in a fresh worker group."""
+    bench, buckets, order = m.bench, m.buckets, m.order
+    log.info(f"overlap phase 3 (selection): {len(candidates)} configs side by side, {rounds} rotated rounds")
     complete = confirm(m, candidates, rounds)
     if not complete:
-        raise TrialFailed("no configuration could be re-measured in the confirmation rounds")
+        raise TrialFailed("no configuration could be re-measured in the selection rounds")
 
     def confirmed_weighted(cfg: SplitConfig) -> float:
         return sum(m.weight[t] * statistics.median(objective_us(run[t], order) for run in complete[cfg])
                    for t, _ in buckets)
 
-    best = min(complete, key=confirmed_weighted)
-    c, chunks = best
-    vllm_runs = complete.get(vllm)
-    first = complete[best][0][buckets[0][0]]
-    rows = {t: bucket_row(complete[best], vllm_runs, t, order, split_bound(m, t)) for t, _ in buckets}
+    pick = min(complete, key=confirmed_weighted)
+    log.info(f"overlap phase 4 (gate, fresh workers): c={pick.comm_sms} against vLLM's split, {rounds} rounds")
+    decided = gate_split(m, pick, vllm, rounds) if vllm in measured else SplitGate(
+        pick, None, {}, "vLLM's split failed to measure: the pick kept, no gain over it claimed")
+    kept, report, vllm_runs, weighted = _report(m, decided.kept, vllm if vllm in measured else None, rounds)
+    first = report[kept][0][buckets[0][0]]
+    rows = {t: bucket_row(report[kept], vllm_runs, t, order, split_bound(m, t)) for t, _ in buckets}
     splits_us: dict[int, float] = {}
     for (cc, _), value in measured.items():
         splits_us[cc] = round(min(value, splits_us.get(cc, float("inf"))), 1)
     return OverlapSearch(
-        comm_sms=c, gemm_sms=first["gemm_sms"], chunks=chunks, rows=rows,
+        comm_sms=kept.comm_sms, gemm_sms=first["gemm_sms"], chunks=kept.chunks, rows=rows,
         gemm=first.get("gemm_kind", "fp8" if first.get("gemm_fp8") else "bf16"), order=order,
         gemm_fallback=first.get("gemm_fallback"), splits_us=splits_us, configs_measured=len(measured),
         confirmed_us={f"c={cfg.comm_sms} chunks {cfg.chunks[0][0]}/{cfg.chunks[1][0]}": round(confirmed_weighted(cfg), 1)
                       for cfg in complete},
-        why=(f"lowest weighted overlapped time ({order} launch order), median of {rounds} interleaved rounds, "
-             f"among the best configs of the {CONFIRM_SPLITS} best splits of {len(measured)} configs (split "
-             f"scan + joint TPE search of split and send chunks) and vLLM's {VLLM_DBO_COMM_SMS}-SM split "
-             "with default chunks"))
+        why=(f"picked: the lowest weighted overlapped time ({order} launch order) in {rounds} rotated selection rounds "
+             f"among the best configs of the {CONFIRM_SPLITS} best splits of {len(measured)} configs and vLLM's "
+             f"{VLLM_DBO_COMM_SMS}-SM split; kept: {decided.why}"),
+        gate=decided, report_vs_vllm=weighted)

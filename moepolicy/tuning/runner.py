@@ -19,7 +19,9 @@ from moepolicy.planner import (
     OrderTiming, Plan, buffer_bytes, build_document, default_deepep_section, with_measurements,
 )
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
-from moepolicy.tuning.confirm import ConfirmSettings, Confirmed, Contender, confirm_bucket, protocol_rounds
+from moepolicy.tuning.confirm import (
+    BucketCandidates, ConfirmSettings, modelled_protocol, protocol_rounds, run_protocol, time_both_orders,
+)
 from moepolicy.tuning import progress
 from moepolicy.tuning.options import TuneOptions
 from moepolicy.tuning.space import Space
@@ -33,12 +35,12 @@ log = logging.getLogger("moepolicy.tuning")
 
 @dataclass(frozen=True)
 class BucketOutcome:
-    """One token bucket of the chosen SM count: the config kept and, after the re-measurement
-    protocol, its speed-ups over DeepEP's default chunks and the engine's default, with spreads."""
+    """One token bucket: the config kept and what the protocol found for it (``confirm.Confirmed``:
+    the report rounds' speed-ups; ``confirm.ModelledBucket`` on the model bench)."""
 
     tokens: int
     point: TunePoint  # the config written to the policy
-    confirmed: Optional[Confirmed] = None  # None: interrupted before the re-measurement
+    confirmed: Any = None  # None: interrupted before the re-measurement
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class TuneResult:
     overlap: Any = None  # tuning.overlap.OverlapSearch with ``tune --overlap``
     overlap_gemm_note: str = ""
     interruption: Optional[KeyboardInterrupt] = None  # what ended the search early (Ctrl-C, SIGTERM)
+    protocol: Any = None  # confirm.Protocol (live) or confirm.Modelled (model bench); None: not re-measured
 
     @property
     def interrupted(self) -> bool:
@@ -94,10 +97,25 @@ class _Run:
     study: str
 
 
+SEARCH_NOTE = ("selected minima: the best of the search's single samples at each point (biased low by the "
+               "selection); what proposed the configs, never a measurement of what is kept")
+
+
+def _search_doc(b: BucketResult, num_sms: int, region: str) -> dict[str, Any]:
+    m, d = b.best_measurement, b.default_measurement
+    out = {"note": SEARCH_NOTE, "num_sms": num_sms, "best_us": round(m.objective(region), 2),
+           "dispatch_us": round(m.dispatch_us, 2), "dispatch_cached_us": round(m.dispatch_cached_us, 2),
+           "combine_us": round(m.combine_us, 2), "trials": b.trials, "failed": b.failed}
+    if d is not None:
+        out["default_us"] = round(d.objective(region), 2)
+    return out
+
+
 def _section(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "KeptConfigs",
              interrupted: bool) -> dict[str, Any]:
-    """The policy's DeepEP section: the kept SM count and chunks per bucket, what the search measured
-    and, per bucket, the re-measurement that backs (or refuses) each claim."""
+    """The policy's DeepEP section: the kept SM count and chunks per bucket, per bucket what the
+    protocol measured of the kept config (``measured``; ``modelled`` on the model bench) and, apart,
+    the search's selected minima (``search``)."""
     plan, label, region, options, study = run.plan, run.label, run.region, run.options, run.study
     target = plan.target
     buckets, configs = [], []
@@ -106,16 +124,13 @@ def _section(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "Kept
         last = i == len(searched) - 1  # open-ended, also when an interrupt left later buckets unsearched
         point = kept.points.get(b.tokens, b.best)
         configs += [point.dispatch, point.combine]
-        m, d = b.best_measurement, b.default_measurement
-        measured = {"search_best_us": round(m.objective(region), 2), "dispatch_us": round(m.dispatch_us, 2),
-                    "dispatch_cached_us": round(m.dispatch_cached_us, 2), "combine_us": round(m.combine_us, 2),
-                    "trials": b.trials, "failed": b.failed}
-        if d is not None:
-            measured["default_total_us"] = round(d.objective(region), 2)
-        if b.tokens in kept.confirmed:
-            measured["confirm"] = kept.confirmed[b.tokens].to_doc()
-        buckets.append({"max_tokens": None if last else b.tokens, "dispatch": point.dispatch.to_doc(),
-                        "combine": point.combine.to_doc(), "measured": measured})
+        entry = {"max_tokens": None if last else b.tokens, "dispatch": point.dispatch.to_doc(),
+                 "combine": point.combine.to_doc()}
+        outcome = kept.outcomes.get(b.tokens)
+        if outcome is not None:
+            entry["measured" if label == "measured" else "modelled"] = outcome.to_doc()
+        entry["search"] = _search_doc(b, chosen.num_sms, region)
+        buckets.append(entry)
     if not buckets:
         raise TuningError("no bucket has a usable measurement")
     moe = plan.model.moe_layers
@@ -123,11 +138,11 @@ def _section(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "Kept
                              max(layer.num_experts for layer in moe), kept.num_sms, configs)
     provenance = {
         "source": label, "bench": "live" if label == "measured" else "model", "timed_region": region,
-        "study": study, "storage": redact_url(options.storage), "chosen_num_sms": kept.num_sms, "why": kept.why,
-        "pareto": pareto_front(results, region), "scan": _scan(results, region), "gpu": target.gpu,
-        "ep_size": target.ep_size,
-        "deepep": target.deepep.name, "command": options.command, "date": _now(),
-        "protocol": kept.protocol,
+        "study": study, "storage": redact_url(options.storage), "searched_num_sms": chosen.num_sms,
+        "kept_num_sms": kept.num_sms, "why": kept.why,
+        "search": {"note": SEARCH_NOTE, "pareto": pareto_front(results, region), "scan": _scan(results, region)},
+        "gpu": target.gpu, "ep_size": target.ep_size, "deepep": target.deepep.name, "command": options.command,
+        "date": _now(), "protocol": kept.protocol,
     }
     section = {"num_sms": kept.num_sms, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma, "buckets": buckets,
                "provenance": provenance, "schedule": "serial", "regime": options.regime}
@@ -154,52 +169,57 @@ def _scan(results: list[SmsResult], region: str) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class KeptConfigs:
-    """What the policy keeps after the protocol: the SM count, a config per bucket, and why."""
+    """What the policy keeps after the protocol: the SM count, a config per bucket, the protocol's
+    outcome per bucket (``Confirmed`` live, ``ModelledBucket`` on the model bench), and why."""
 
     num_sms: int
     points: dict[int, TunePoint]  # tokens -> kept point
-    confirmed: dict[int, Confirmed]
+    outcomes: dict[int, Any]
     why: str
     protocol: dict[str, Any]
+    result: Any = None  # confirm.Protocol or confirm.Modelled
 
 
-def _keep(run: _Run, chosen: SmsResult, why: str, engine_sms: int, chunks_fitted: bool) -> KeptConfigs:
-    """The re-measurement protocol at the chosen SM count, per bucket (``tuning.confirm``): the search's
-    top configs against DeepEP's default chunks, then the pick against the default and the engine's
-    default (``engine_sms`` SMs, DeepEP's built-in table), in fresh benches. Where no bucket beats
-    the engine's default beyond noise, the engine's default is kept."""
-    bench, workload, default, options, region = run.bench, run.workload, run.default, run.options, run.region
-    rounds = protocol_rounds(bench, options.confirm_rounds)
-    protocol = {"rounds": rounds, "top_k": len(chosen.buckets[0].top) if chosen.buckets else 0,
-                "engine_default": {"num_sms": engine_sms, "configs": "DeepEP's built-in table"},
-                "fresh_bench": bench.restarts_fresh,
-                "claim": "95% bootstrap lower bound of the paired per-round speed-up above 1"}
+def _candidates(run: _Run, chosen: SmsResult, engine_sms: int) -> list[BucketCandidates]:
+    default = run.default
+    return [BucketCandidates(b.tokens, b.weight, tuple(b.top), TunePoint(chosen.num_sms, b.tokens, *default),
+                             TunePoint(engine_sms, b.tokens, *default)) for b in chosen.buckets if b.best is not None]
+
+
+def _keep(run: _Run, chosen: SmsResult, why: str, engine_sms: int, chunks_fitted: bool,
+          envelope=None) -> KeptConfigs:
+    """The protocol at the chosen SM count (``tuning.confirm``): on a live bench, selection, gate and
+    report in three fresh benches; on the model bench, the model's answers against its held-out error."""
+    bench, workload, options, region = run.bench, run.workload, run.options, run.region
+    buckets = _candidates(run, chosen, engine_sms)
+    engine = {"num_sms": engine_sms, "configs": "DeepEP's built-in table"}
     if bench.noise_free:
-        protocol["note"] = "modelled: the bench has no noise, so one round; the model's own error is not in the interval"
-    points, confirmed = {}, {}
-    per_bucket = [((len(b.top) + 1) if chunks_fitted else 0) + 3 for b in chosen.buckets if b.best]  # select, report
-    progress.phase("re-measure", sum(per_bucket) * rounds)
-    for i, b in enumerate(chosen.buckets):
-        if b.best is None:
-            continue
-        log.info("re-measuring T=%d: the top %d configs and DeepEP's default at %d SMs, then the pick beside the "
-                 "engine's default (%d SMs), %d interleaved round(s) each", b.tokens, len(b.top), chosen.num_sms,
-                 engine_sms, rounds)
-        d = TunePoint(chosen.num_sms, b.tokens, *default)
-        e = TunePoint(engine_sms, b.tokens, *default)
-        c = confirm_bucket(bench, workload, b.top, d, e, ConfirmSettings(rounds, region, options.seed + 101 * i,
-                                                                         chunks_fitted))
-        points[b.tokens], confirmed[b.tokens] = c.kept.point, c
-        log.info("  T=%d: kept %s (%s); %s; %s", b.tokens, c.kept.name, c.selection, c.vs_default.words(),
-                 c.vs_engine.words())
-    if confirmed and not any(c.vs_engine.beyond_noise for c in confirmed.values()):
-        why = (f"no gain beyond noise over the engine's default ({engine_sms} SMs, DeepEP's table) in any bucket: "
-               "the engine's default kept")
-        points = {t: TunePoint(engine_sms, t, *default) for t in points}
-        confirmed = {t: dataclasses.replace(c, kept=Contender("engine", points[t]),
-                                            selection=f"{c.selection}; {why}") for t, c in confirmed.items()}
-        return KeptConfigs(engine_sms, points, confirmed, why, protocol)
-    return KeptConfigs(chosen.num_sms, points, confirmed, why, protocol)
+        hidden = workload.hidden
+        modelled = modelled_protocol(bench, workload, buckets, lambda t, s: envelope.error_at(hidden, t, s)
+                                     if envelope is not None else None, region)
+        protocol = {"engine_default": engine, "model": "the model bench's answers: no rounds, no interval; an SM "
+                    "change is claimed only where the modelled speed-up exceeds the model's held-out error there",
+                    "weighted_speedup": None if modelled.weighted is None else round(modelled.weighted, 4),
+                    "weighted_model_error": modelled.weighted_error}
+        return KeptConfigs(modelled.num_sms, {t: b.kept.point for t, b in modelled.buckets.items()},
+                           modelled.buckets, modelled.why, protocol, modelled)
+    rounds = protocol_rounds(bench, options.confirm_rounds)
+    log.info("re-measuring at %d SMs against the engine's default (%d SMs): selection, gate and report in fresh "
+             "workers, %d rotated rounds each", chosen.num_sms, engine_sms, rounds)
+    done = run_protocol(bench, workload, buckets, ConfirmSettings(rounds, region, options.seed, chunks_fitted))
+    for t, c in done.buckets.items():
+        log.info("  T=%d: kept %s (%s); report: %s", t, c.kept.name, c.selection,
+                 c.vs_engine.words() if c.vs_engine is not None else "the engine's default")
+    protocol = {
+        "rounds": rounds, "phases": "selection, gate, report: each in fresh workers after a dropped warm-up pass",
+        "top_k": max((len(b.top) for b in buckets), default=0), "engine_default": engine,
+        "fresh_bench": bench.restarts_fresh,
+        "test": "exact sign-flip test on the per-round log-ratios, 2.5% per side (two-sided 5%)",
+        "gate": {"sms": None if done.gate.sms is None else done.gate.sms.to_doc(), "moved": done.gate.moved},
+        "report_weighted_vs_engine": None if done.weighted is None else done.weighted.to_doc(),
+    }
+    return KeptConfigs(done.num_sms, {t: c.kept.point for t, c in done.buckets.items()}, done.buckets, done.why,
+                       protocol, done)
 
 
 def sms_grid(space: Space, target, options: TuneOptions) -> list[int]:
@@ -289,10 +309,8 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
     workload = workload_for(plan, objective.get("routing", "uniform"), options.regime)
     envelope = bench.envelope(workload)
     sms_list = sms_grid(space, target, options) if options.overlap is None else []
-    outside = bench.in_envelope(workload, target.gpu) or (
-        envelope.problem(workload, [t for t, _ in options.buckets]) if envelope else None)
-    if envelope and not outside:
-        sms_list, outside = _inside_sms(sms_list, envelope)
+    sms_list, outside = _calibrated(bench, workload, envelope, sms_list, [t for t, _ in options.buckets],
+                                    target.gpu)
     if outside:
         log.info("model bench: %s; the policy keeps DeepEP's defaults, labelled extrapolated", outside)
         doc = build_document(plan, deepep=_extrapolated(plan, outside, options), command=options.command)
@@ -319,34 +337,59 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
     if interruption is not None and not any(b.best is not None for r in candidates for b in r.buckets):
         raise interruption  # interrupted before anything was measured: there is nothing to write
     chosen, why = choose_sms(candidates, region, options.max_sms)
-    kept = KeptConfigs(chosen.num_sms, {}, {}, why, {})
-    if interruption is None:
-        try:
-            kept = _keep(run, chosen, why, default_num_sms(target.deepep), chunks_fitted)
-        except KeyboardInterrupt as exc:
-            interruption = exc
-            log.info("interrupted during the re-measurement: no gain is claimed")
-            kept = KeptConfigs(chosen.num_sms, {b.tokens: TunePoint(chosen.num_sms, b.tokens, *default)
-                                                for b in chosen.buckets}, {}, why, {})
-    timings = () if interruption else _both_orders(bench, workload, chosen, kept, label)
+    kept, interruption = _protocol(run, chosen, why, envelope, interruption)
+    timings = () if interruption else _both_orders(run, kept)
     bench.close()
     section = _section(run, chosen, results, kept, interruption is not None)
     doc = build_document(with_measurements(plan, timings), deepep=section, command=options.command)
-    outcomes = tuple(BucketOutcome(t, p, kept.confirmed.get(t)) for t, p in kept.points.items())
+    outcomes = tuple(BucketOutcome(t, p, kept.outcomes.get(t)) for t, p in kept.points.items())
     return TuneResult(document=doc, label=label, region=region, num_sms=kept.num_sms, why=kept.why,
-                      buckets=outcomes, interruption=interruption)
+                      buckets=outcomes, interruption=interruption, protocol=kept.result)
 
 
-def _inside_sms(sms_list: list[int], envelope) -> tuple[list[int], Optional[str]]:
-    """The SM counts inside the bench's calibrated range (said when some are dropped), or why none is."""
-    lo, hi = envelope.sms
-    inside = [s for s in sms_list if lo <= s <= hi]
+def _protocol(run: _Run, chosen: SmsResult, why: str, envelope,
+              interruption: Optional[KeyboardInterrupt]) -> tuple[KeptConfigs, Optional[KeyboardInterrupt]]:
+    """The protocol after a complete search; after an interrupt, nothing is claimed: the chosen SM
+    count with DeepEP's default chunks, marked partial."""
+    default, engine_sms = run.default, default_num_sms(run.plan.target.deepep)
+    unclaimed = KeptConfigs(chosen.num_sms, {b.tokens: TunePoint(chosen.num_sms, b.tokens, *default)
+                                             for b in chosen.buckets if b.best is not None}, {}, why, {})
+    if interruption is not None:
+        return unclaimed, interruption
+    chunks_fitted = envelope.chunks_fitted if envelope else True
+    try:
+        return _keep(run, chosen, why, engine_sms, chunks_fitted, envelope), None
+    except KeyboardInterrupt as exc:
+        log.info("interrupted during the re-measurement: no gain is claimed")
+        return unclaimed, exc
+
+
+def _calibrated(bench: Bench, workload: Workload, envelope, sms_list: list[int], tokens: list[int],
+                gpu: str) -> tuple[list[int], Optional[str]]:
+    """The SM counts to try where the bench's answers are calibrated, or why none is (then the policy
+    keeps DeepEP's defaults, labelled extrapolated). A bench that measures has no limits."""
+    outside = bench.in_envelope(workload, gpu) or (envelope.problem(workload, tokens) if envelope else None)
+    if outside or envelope is None:
+        return sms_list, outside
+    return _inside_sms(sms_list, envelope, workload.hidden, tokens)
+
+
+def _inside_sms(sms_list: list[int], envelope, hidden: int, tokens: list[int]) -> tuple[list[int], Optional[str]]:
+    """The SM counts calibrated at every token bucket (said when some are dropped), or why none is."""
+    if hasattr(envelope, "calibrated_sms"):
+        inside = [s for s in sms_list if all(s in envelope.calibrated_sms(hidden, t, [s]) for t in tokens)]
+        where = "calibrated at every token bucket (" + "; ".join(
+            f"{t} tokens: {','.join(map(str, envelope.calibrated_sms(hidden, t, sms_list))) or 'none'}"
+            for t in tokens) + ")"
+    else:
+        lo, hi = envelope.sms
+        inside = [s for s in sms_list if lo <= s <= hi]
+        where = f"inside the calibrated {lo}-{hi}"
     dropped = [s for s in sms_list if s not in inside]
     if dropped:
-        log.info("model bench: SM counts %s are outside the calibrated %d-%d and are not tried",
-                 ",".join(map(str, dropped)), lo, hi)
+        log.info("model bench: SM counts %s are not %s and are not tried", ",".join(map(str, dropped)), where)
     if not inside:
-        return [], f"no SM count asked for is inside the calibrated {lo}-{hi}"
+        return [], f"no SM count asked for is {where}"
     return inside, None
 
 
@@ -385,21 +428,15 @@ def _search(run: _Run, storage, space: Space, sms_list: list[int]) -> tuple[list
     return results, None
 
 
-def _both_orders(bench: Bench, workload: Workload, chosen: SmsResult, kept: KeptConfigs,
-                 label: str) -> tuple[OrderTiming, ...]:
-    """Both orders timed at each bucket's kept config (live, fp8 payload only); measured facts for
-    the rules. Every bucket or none: a missing bucket would leave its order undecided."""
-    if label != "measured" or workload.payload != "fp8":
+def _both_orders(run: _Run, kept: KeptConfigs) -> tuple[OrderTiming, ...]:
+    """Both orders at each bucket's kept config (live, fp8 payload only; ``confirm.time_both_orders``):
+    measured facts for the rules where one order wins beyond noise. Every bucket or none."""
+    bench, workload = run.bench, run.workload
+    if run.label != "measured" or workload.payload != "fp8" or not kept.points:
         return ()
-    both = dataclasses.replace(workload, both_orders=True)
-    timings = []
-    for b in chosen.buckets:
-        if b.best is None:
-            return ()
-        try:
-            orders = bench.measure(both, kept.points.get(b.tokens, b.best)).orders
-            timings.append(OrderTiming(b.tokens, orders["quant_then_dispatch"], orders["dispatch_then_quant"]))
-        except Exception as exc:  # noqa: BLE001 (a failed extra measurement leaves the decisions unmeasured)
-            log.info("  both-order measurement at T=%d failed: %s; decisions stay unmeasured", b.tokens, exc)
-            return ()
-    return tuple(timings)
+    try:
+        return time_both_orders(bench, workload, dict(sorted(kept.points.items())),
+                                protocol_rounds(bench, run.options.confirm_rounds))
+    except Exception as exc:  # noqa: BLE001 (a failed extra measurement leaves the decisions unmeasured)
+        log.info("  both-order measurement failed: %s; decisions stay unmeasured", exc)
+        return ()

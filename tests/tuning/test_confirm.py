@@ -1,83 +1,105 @@
-"""The re-measurement protocol against a bench whose noise is known: a gain smaller than the noise is
-not claimed (beyond the interval's nominal 2.5 % false-claim rate, and in practice less, as selection
-and report use separate rounds); a real one is; a drift of the machine over the rounds is not a gain."""
+"""The protocol behind a tune's claims (``tuning.confirm``) against benches whose true times are known
+(``moepolicy.testing.claims_sim``): selection, gate and report in fresh benches; the SM count moves
+only on one weighted test with no bucket slower beyond noise; chunk claims with Holm's correction; the
+figures printed come from rounds that decided nothing."""
+
+import math
 
 import pytest
 
-from moepolicy.deepep.configs import ChunkConfig
 from moepolicy.errors import TuningError
-from moepolicy.testing.fakes import NoisyBench
-from moepolicy.tuning.bench import TunePoint, Workload
-from moepolicy.tuning.confirm import MIN_ROUNDS, ConfirmSettings, confirm_bucket, paired_speedup
-
-WORK = Workload(2048, 128, 8, 2, "fp8")
-
-
-def point(sms, send, tokens=1024):
-    return TunePoint(sms, tokens, ChunkConfig(send, 256, 6, 128), ChunkConfig(10, 256, 6, 128))
+from moepolicy.testing.claims_sim import (
+    BASE_US, BUCKETS, CHOSEN_SMS, ENGINE_SMS, WORK, Gains, KnownBench, Noise, _point, serial_tune,
+)
+from moepolicy.tuning.confirm import BucketCandidates, ConfirmSettings, run_protocol
 
 
-DEFAULT, ENGINE = point(24, 24), point(20, 24)
-TOP = [point(24, 28), point(24, 30), point(24, 32)]
+def test_a_real_sm_gain_passes_the_gate_and_is_reported_from_fresh_rounds():
+    done = serial_tune("iid", seed=1, rounds=15, gains=Gains((1.3, 1.3, 1.3)))
+    assert done.num_sms == CHOSEN_SMS and done.gate.moved and done.gate.sms.faster
+    assert done.weighted.faster and done.weighted.low < 1.3 < done.weighted.high
+    for c in done.buckets.values():
+        assert c.kept.point.num_sms == CHOSEN_SMS and c.vs_engine.faster and c.report.rounds == 15
 
 
-def times(gain_of_top1: float, base: float = 500.0) -> dict:
-    out = {DEFAULT: base, ENGINE: base * 1.2, TOP[1]: base, TOP[2]: base}
-    out[TOP[0]] = base / gain_of_top1
-    return out
+class PhaseBench(KnownBench):
+    """The engine's default is 1.3x slower than 48 SMs while the protocol decides, 1.6x once it
+    reports (the 2nd start of the workers: no top configs to select among, the gate, the report): a
+    figure printed from the report cannot be the gate's."""
+
+    def __init__(self):
+        super().__init__(self.true, Noise("iid", 0.01, 0))
+        self.starts = 0
+
+    def restart(self):
+        self.starts += 1
+        super().restart()
+
+    def true(self, point):
+        slow = 1.6 if self.starts >= 2 else 1.3
+        return BASE_US[point.tokens] * (slow if point.num_sms == ENGINE_SMS else 1.0)
 
 
-def test_a_real_gain_beyond_the_noise_is_claimed_with_its_interval():
-    bench = NoisyBench(times(1.15), sigma=0.03, seed=1)
-    confirmed = confirm_bucket(bench, WORK, TOP, DEFAULT, ENGINE, ConfirmSettings(rounds=9, region="full", seed=0))
-    assert confirmed.kept.name == "top1" and confirmed.kept.point == TOP[0]
-    assert confirmed.vs_default.beyond_noise and confirmed.vs_default.low > 1.0
-    assert confirmed.vs_default.low < (100 + 500) / (100 + 500 / 1.15) < confirmed.vs_default.high * 1.02
-    assert confirmed.vs_engine.beyond_noise and confirmed.vs_engine.speedup > confirmed.vs_default.speedup
-    assert bench.starts == 2  # selection and report each in a fresh bench
+def test_the_printed_figures_come_from_the_report_rounds_not_the_gate():
+    bench = PhaseBench()
+    buckets = [BucketCandidates(t, w, (), _point(CHOSEN_SMS, t), _point(ENGINE_SMS, t)) for t, w in BUCKETS]
+    done = run_protocol(bench, WORK, buckets, ConfirmSettings(9, "full", 0, choose_chunks=True))
+    assert bench.starts == 2
+    assert done.gate.sms.speedup == pytest.approx(1.3, rel=0.02)  # what decided
+    assert done.weighted.speedup == pytest.approx(1.6, rel=0.02)  # what is printed
+    assert all(c.vs_engine.speedup == pytest.approx(1.6, rel=0.03) for c in done.buckets.values())
 
 
-def test_no_gain_is_claimed_where_the_configs_are_equal_under_noise():
-    claims = 0
-    for seed in range(100):
-        bench = NoisyBench(times(1.0), sigma=0.10, seed=seed)
-        confirmed = confirm_bucket(bench, WORK, TOP, DEFAULT, ENGINE, ConfirmSettings(rounds=MIN_ROUNDS, region="full", seed=seed))
-        if confirmed.kept.name != "default":
-            claims += 1
-            assert confirmed.vs_default.beyond_noise  # a kept config always carries its claim
-        else:
-            assert confirmed.vs_default.speedup == 1.0 and not confirmed.vs_default.beyond_noise
-    assert claims <= 5, claims  # best-of-3 single samples would "win" about 3 times in 4
+def test_a_bucket_slower_beyond_noise_blocks_the_sm_count_and_is_printed_as_a_loss():
+    # weighted over the buckets the chosen SM count is faster (the 4096 bucket dominates), but 128 tokens lose 10 %
+    done = serial_tune("iid", seed=3, rounds=15, gains=Gains((0.9, 1.0, 1.5)), sigma=0.02)
+    assert done.gate.sms.faster and done.gate.losses[128].slower
+    assert done.num_sms == ENGINE_SMS and "slower beyond noise" in done.why
+    assert "slower than the engine's default (20 SMs): a loss beyond noise" in done.why
 
 
-def test_a_gain_smaller_than_the_noise_is_not_claimed():
-    claims = sum(confirm_bucket(NoisyBench(times(1.01), sigma=0.15, seed=s), WORK, TOP, DEFAULT, ENGINE,
-                                ConfirmSettings(rounds=MIN_ROUNDS, region="full", seed=s)).kept.name != "default" for s in range(60))
-    assert claims <= 4, claims
+def test_a_net_loss_is_almost_never_kept():
+    # x0.95 / x0.95 / x1.03 (a net loss): the issue's case, kept in 55 % of tunes by the 2.1 protocol
+    moved = sum(serial_tune("iid", seed=s, rounds=15, gains=Gains((0.95, 0.95, 1.03))).num_sms != ENGINE_SMS
+                for s in range(20))
+    assert moved <= 1, moved
 
 
-def test_a_machine_slowing_down_over_the_rounds_is_not_a_gain():
-    # 0.5 % slower with every call: 40 % slower by the end; interleaving puts it on every config alike
-    claims = sum(confirm_bucket(NoisyBench(times(1.0), sigma=0.02, seed=s, drift_per_call=0.005), WORK, TOP,
-                                DEFAULT, ENGINE, ConfirmSettings(rounds=MIN_ROUNDS, region="full", seed=s)).kept.name != "default"
-                 for s in range(30))
-    assert claims <= 2, claims
-    real = confirm_bucket(NoisyBench(times(1.10), sigma=0.02, seed=3, drift_per_call=0.005), WORK, TOP, DEFAULT,
-                          ENGINE, ConfirmSettings(rounds=MIN_ROUNDS, region="full", seed=3))
-    assert real.kept.name == "top1" and real.vs_default.beyond_noise
+def test_where_the_engines_default_is_kept_the_report_holds_its_own_times():
+    done = serial_tune("iid", seed=5, rounds=9, gains=Gains((1.0, 1.0, 1.0)), sigma=0.2)
+    assert done.num_sms == ENGINE_SMS and "engine's default kept" in done.why
+    for tokens, c in done.buckets.items():
+        assert c.kept.name == "engine" and c.vs_engine is None and c.vs_default is None
+        assert c.times_us["kept"] == c.times_us["engine"] == pytest.approx(BASE_US[tokens], rel=0.3)
+        assert c.report.rounds == 9
+
+
+def test_chunk_claims_are_tested_together_with_holms_correction():
+    done = serial_tune("iid", seed=7, rounds=15, gains=Gains(chunks=1.1), chosen=ENGINE_SMS)
+    assert done.num_sms == ENGINE_SMS and done.gate.sms is None  # the search proposed the engine's count
+    for c in done.buckets.values():
+        assert c.kept.name == "top1" and c.kept.point.dispatch[0] == 28  # the truly faster chunks
+        assert c.gate["chunks_vs_default"]["correction"] == "Holm over 3 buckets"
+        assert c.vs_default.faster and c.vs_default.low > 1.0
 
 
 def test_too_few_rounds_are_refused():
+    bench = KnownBench(lambda p: 100.0, Noise("iid", 0.01, 0))
+    buckets = [BucketCandidates(128, 1.0, (), _point(CHOSEN_SMS, 128), _point(ENGINE_SMS, 128))]
     with pytest.raises(TuningError, match="at least 7"):
-        confirm_bucket(NoisyBench(times(1.2), 0.01, 0), WORK, TOP, DEFAULT, ENGINE, ConfirmSettings(rounds=3, region="full", seed=0))
+        run_protocol(bench, WORK, buckets, ConfirmSettings(5))
 
 
-def test_paired_speedup_pairs_rounds_and_bounds_its_interval():
-    base = [100.0, 200.0, 150.0, 120.0, 180.0, 90.0, 110.0]
-    fast = [b / 1.25 for b in base]  # the same rounds, 1.25x faster each: no spread in the ratio
-    ratio = paired_speedup(base, fast)
-    assert ratio.speedup == pytest.approx(1.25) and ratio.low == pytest.approx(1.25)
-    unpaired_spread = max(base) / min(base)
-    assert ratio.high / ratio.low < unpaired_spread  # pairing removes the rounds' own drift
-    with pytest.raises(ValueError):
-        paired_speedup(base, fast[:3])
+def test_a_warm_up_pass_is_dropped_after_every_start():
+    seen = []
+
+    class Recording(KnownBench):
+        def measure(self, workload, point):
+            seen.append(point)
+            return super().measure(workload, point)
+
+    bench = Recording(lambda p: BASE_US[p.tokens], Noise("restart", 0.0, 0))  # only the start-up is slow
+    buckets = [BucketCandidates(t, w, (), _point(CHOSEN_SMS, t), _point(ENGINE_SMS, t)) for t, w in BUCKETS]
+    done = run_protocol(bench, WORK, buckets, ConfirmSettings(7))
+    assert all(math.isclose(c.times_us["engine"], BASE_US[t]) for t, c in done.buckets.items())
+    assert not done.gate.moved  # equal times: no round may carry the 1.5x start-up

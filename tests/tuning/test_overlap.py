@@ -36,27 +36,33 @@ def test_overlap_tune_records_the_split_and_exports_it(tmp_path):
         # the grid's lowest floor, beside vLLM's split: no split can beat it
         assert measured["best_floor_split"] in overlap["splits_us"]
         assert measured["best_floor_vs_vllm_split"] <= measured["vs_vllm_split"]
-    assert "at vLLM's split DeepEP waited for the GEMM in 7 of 7 rounds" in result.stderr
+    assert "at vLLM's split DeepEP waited for the GEMM in 15 of 15 rounds" in result.stderr
     assert "bound: the grid's lowest floor is x" in result.stderr
     assert "DeepEP waited for the GEMM" in next(line for line in result.stderr.splitlines() if "c= 12" in line)
     audit = run_cli("audit", str(out))
     assert audit.returncode == 0, audit.stderr
     first = doc["deepep"]["buckets"][0]["measured"]
+    paired = first["speedup_vs_vllm_split"]  # the report rounds, paired per round, with the exact test
+    assert first["rounds_from"] == "report" and paired["rounds"] == 15 and paired["verdict"] == "faster"
+    assert doc["deepep"]["overlap"]["gate"]["test"]["verdict"] == "faster"
     assert f"DeepEP: {overlap['comm_sms']} SMs" in audit.stdout
     assert (f"vs vLLM's split (20 SMs): {first['vllm_split_overlapped_us']} us {first['vllm_split_spread_us']}; "
             f"comm alone {first['vllm_split_comm_us']} us, GEMM alone {first['vllm_split_gemm_us']} us: "
-            f"x{first['vs_vllm_split']}") in audit.stdout
-    assert f"bound: the grid's lowest floor is x{first['best_floor_vs_vllm_split']} of vLLM's split" in audit.stdout
-    assert (f"GEMM alone on {first['gemm_sms']} SMs: x{first['gemm_alone_vs_vllm_split']} of its time on vLLM's 112 "
-            f"(x{first['gemm_sm_ratio_vs_vllm_split']} if its time followed its SMs)") in audit.stdout
-    assert "at vLLM's split DeepEP waited for the GEMM in 7 of 7 rounds" in audit.stdout
+            f"x{paired['speedup']:.3f} faster (95% CI x{paired['ci95'][0]:.3f}-x{paired['ci95'][1]:.3f} faster, "
+            "paired over 15 rounds)") in audit.stdout
+    assert "medians of 15 report rounds (fresh workers; they decided nothing)" in audit.stdout
+    bound = next(line for line in audit.stdout.splitlines() if "bound: the grid's lowest floor is" in line)
+    assert " faster than vLLM's split" in bound
+    gemm = next(line for line in audit.stdout.splitlines() if line.startswith(f"    GEMM alone on {first['gemm_sms']} SMs: x"))
+    assert "than on vLLM's 112" in gemm and "if its time followed its SMs" in gemm
+    assert "at vLLM's split DeepEP waited for the GEMM in 15 of 15 rounds" in audit.stdout
     comm_first = next(line for line in audit.stdout.splitlines() if line.startswith("    comm-first: "))
     assert comm_first.endswith("the GEMM launches only after the dispatch's host wait for its receive counts")
     # the engines' order without the host wait (num_worst_tokens) is measured and shown beside it
     no_wait = next(line for line in audit.stdout.splitlines() if line.startswith("    comm-first, no host wait: "))
     assert (f"{first['comm_first_no_wait_overlapped_us']} us vs vLLM's split "
-            f"{first['vllm_split_comm_first_no_wait_overlapped_us']} us (x{first['vs_vllm_split_comm_first_no_wait']})"
-            in no_wait) and "num_worst_tokens" in no_wait
+            f"{first['vllm_split_comm_first_no_wait_overlapped_us']} us (x" in no_wait) and "num_worst_tokens" in no_wait
+    assert "faster, medians)" in no_wait or "slower, medians)" in no_wait
     # tune printed each bucket as audit renders it from the file: one renderer
     tune_lines = [line for line in result.stderr.splitlines() if line.startswith("    ")]
     audit_lines = [line for line in audit.stdout.splitlines() if line.startswith("    ")]
@@ -102,7 +108,7 @@ def test_overlap_flags_are_checked(tmp_path):
                      "--overlap", "--confirm-rounds", "0", "--sms", "12", "--tokens", "1024", "-o", str(tmp_path / "p.yaml"),
                      "--storage", f"sqlite:///{tmp_path}/s.db", fake_deepep=2)
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "--confirm-rounds >= 1" in result.stderr
+    assert "--confirm-rounds must be at least 7" in result.stderr
     result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
                      "--overlap", "--sms", "12,3x", "--tokens", "1024", "-o", str(tmp_path / "p.yaml"),
                      "--storage", f"sqlite:///{tmp_path}/s2.db", fake_deepep=2)
@@ -115,7 +121,7 @@ def test_overlap_order_is_chosen_and_recorded(tmp_path, order, field):
     out = tmp_path / "p.yaml"
     result = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "live",
                      "--overlap", "--overlap-order", order, "--sms", "12,32", "--tokens", "1024",
-                     "--trials", "2", "--confirm-rounds", "2", "-o", str(out),
+                     "--trials", "2", "--confirm-rounds", "7", "-o", str(out),
                      "--storage", f"sqlite:///{tmp_path}/s.db", fake_deepep=2)
     assert result.returncode == 0, result.stderr
     doc = yaml.safe_load(out.read_text())

@@ -22,7 +22,7 @@ ENV = {**os.environ, "MOEPOLICY_OFFLINE": "1",
 
 def tune(storage: str, out, study="shared", extra=()):
     return [*cli_command(model_bench_delay=0.05), "tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu",
-            "h200", "--bench", "model", "--sms", "24", "--tokens", "1024", "--trials", str(TRIALS),
+            "h200", "--bench", "model", "--sms", "24", "--tokens", "4096", "--trials", str(TRIALS),
             "--storage", storage, "--study", study, "-o", str(out), *extra]
 
 
@@ -34,7 +34,7 @@ def check_shared_study(storage_url: str, tmp_path):
         assert p.returncode == 0, err
     storage = optuna.storages.get_storage(storage_url) if not storage_url.endswith(".log") else \
         optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage_url))
-    study = optuna.load_study(study_name="shared/sms24/t1024", storage=storage)
+    study = optuna.load_study(study_name="shared/sms24/t4096", storage=storage)
     counted = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
     assert len(counted) == TRIALS, [t.state.name for t in study.trials]
     measured = [t.user_attrs["effective"] for t in study.trials
@@ -56,10 +56,10 @@ def check_shared_study(storage_url: str, tmp_path):
     best = json.loads(study.best_trial.user_attrs["effective"])
     doc = yaml.safe_load((tmp_path / "final.yaml").read_text())
     bucket = doc["deepep"]["buckets"][0]
-    # the search's best is recorded; the model bench's chunk effects are not fitted, so the policy
-    # keeps DeepEP's default chunks (a live bench keeps what the re-measurement confirms)
-    assert bucket["measured"]["search_best_us"] == round(study.best_value, 2) and best[2] is not None
-    assert bucket["measured"]["confirm"]["kept"] == "default"
+    # the search's best is recorded (as a selected minimum); the model bench's chunk effects are not
+    # fitted, so the policy keeps DeepEP's default chunks (a live bench keeps what the gate confirms)
+    assert bucket["search"]["best_us"] == round(study.best_value, 2) and best[2] is not None
+    assert bucket["modelled"]["kept"] == "default" and "measured" not in bucket
     assert bucket["dispatch"]["num_max_nvl_chunked_send_tokens"] == 24  # DeepEP's EP2 table
     assert "***" in doc["deepep"]["provenance"]["storage"] or "@" not in storage_url
 
@@ -122,20 +122,21 @@ def test_torchrun_coordination_with_gloo_and_the_model_bench(tmp_path):
     out = tmp_path / "p.yaml"
     cmd = [torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "moepolicy",
            "tune", "--launcher", "torchrun", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200",
-           "--bench", "model", "--sms", "24", "--tokens", "1024", "--trials", "6",
+           "--bench", "model", "--sms", "24", "--tokens", "4096", "--trials", "6",
            "--storage", f"sqlite:///{tmp_path}/s.db", "--study", "tr", "-o", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, env=ENV,
                             timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "rank 1: measured" in result.stderr
-    study = optuna.load_study(study_name="tr/sms24/t1024", storage=f"sqlite:///{tmp_path}/s.db")
+    study = optuna.load_study(study_name="tr/sms24/t4096", storage=f"sqlite:///{tmp_path}/s.db")
     measured = [t for t in study.trials if "measurement" in t.user_attrs and not t.user_attrs.get("dedup")]
     served = int(result.stderr.split("rank 1: measured ")[1].split()[0])
     import yaml
 
-    confirm = yaml.safe_load(out.read_text())["deepep"]["buckets"][0]["measured"]["confirm"]
-    # the re-measurement (one noise-free round of the model bench): DeepEP's default at 24 SMs, the engine's at 20
-    remeasured = len({confirm["vs_default"]["baseline"], confirm["vs_engine"]["baseline"]})
+    modelled = yaml.safe_load(out.read_text())["deepep"]["buckets"][0]["modelled"]
+    # the modelled protocol asks the model once each for DeepEP's default at 24 SMs and the engine's at 20
+    assert modelled["chosen_vs_engine"]["num_sms"] == 24
+    remeasured = 2
     assert served == len(measured) + remeasured and len(measured) > 0  # every measurement was a collective
     assert all("on 2 ranks" in t.user_attrs["hardware"] for t in measured)
     assert out.exists()

@@ -1,0 +1,88 @@
+"""Policies the tuner wrote before schema 2.2 (``data/policy-2.1-*.yaml``, machine output of the code
+of 2026-12-01) still load in the runtime with their keys matched, and ``audit`` words their figures
+as what they are; a 2.2 tune's document validates strictly; a 2.1 document that uses a 2.2 key is
+refused by name."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from moepolicy import load_policy
+from moepolicy.keys import compute_keys
+from moepolicy.policy_reader import read_policy
+
+DATA = Path(__file__).parent / "data"
+OLD = {"modelled": DATA / "policy-2.1-modelled.yaml", "measured": DATA / "policy-2.1-measured.yaml"}
+
+
+@pytest.mark.parametrize("kind", sorted(OLD))
+def test_a_policy_written_before_the_change_loads_with_its_keys_matched(kind):
+    path = OLD[kind]
+    doc = yaml.safe_load(path.read_text())
+    assert doc["schema_version"] == "2.1" and compute_keys(doc) == doc["key"]  # the key computation is unchanged
+    policy = load_policy(path, ep_size=2, model="Qwen3-30B-A3B-FP8", strict=True)
+    assert not policy.is_fallback and dict(policy.loaded.report) == {"decision": "matched", "tuning": "matched"}
+    assert policy.deepep.num_sms == doc["deepep"]["num_sms"] == 48 and policy.deepep.source == kind
+    assert [b.max_tokens for b in policy.deepep.buckets] == [b["max_tokens"] for b in doc["deepep"]["buckets"]]
+    layer = next(entry for entry in doc["layers"] if entry["kind"] == "moe")
+    assert policy.layer(layer["index"]).order == layer["order"]  # the measured order fact is still in force
+    assert read_policy(path).doc.deepep.buckets[0].measured  # the 2.1 key still reads
+
+
+def test_audit_words_older_figures_as_what_they_are():
+    modelled = run_cli("audit", str(OLD["modelled"]))
+    assert modelled.returncode == 0, modelled.stderr
+    assert "x1.649 faster, modelled (no interval" in modelled.stdout and "95% CI" not in modelled.stdout
+    measured = run_cli("audit", str(OLD["measured"]))
+    assert "schema 2.1: the rounds that also decided" in measured.stdout
+    assert "(one sample each: no test)" in measured.stdout  # its measured orders: one sample each
+
+
+def test_a_21_document_with_a_22_key_is_refused_by_name(tmp_path):
+    doc = yaml.safe_load(OLD["modelled"].read_text())
+    doc["deepep"]["buckets"][0]["modelled"] = {"kept": "engine"}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    from moepolicy.errors import PolicyError
+
+    with pytest.raises(PolicyError, match=r"deepep.buckets\[0\].modelled needs schema_version 2.2"):
+        read_policy(path)
+
+
+def test_a_22_tune_validates_strictly_with_its_new_keys(tmp_path):
+    import math
+    import random
+
+    from moepolicy.checkpoint.reader import read_model
+    from moepolicy.planner import make_plan
+    from moepolicy.policy_yaml import write_document
+    from moepolicy.rules.packs import pack_stack
+    from moepolicy.target import TargetSpec, resolve_target
+    from moepolicy.tuning.bench import Bench, Measurement
+    from moepolicy.tuning.options import TuneOptions
+    from moepolicy.tuning.runner import tune_plan
+    from moepolicy.tuning.space import load_objective, load_space
+
+    pytest.importorskip("optuna")
+
+    class Flat(Bench):
+        rng = random.Random(0)
+
+        def measure(self, workload, point):
+            us = 500.0 * (20 / point.num_sms) * math.exp(self.rng.gauss(0, 0.02))
+            orders = {"quant_then_dispatch": us, "dispatch_then_quant": us * 1.3} if workload.both_orders else {}
+            return Measurement(us, us * 0.8, 100.0, "measured", orders)
+
+    plan = make_plan(read_model("Qwen3-30B-A3B-FP8", hub=False),
+                     resolve_target(TargetSpec(gpu="h200", ep_size=2), probe=False), pack_stack())
+    options = TuneOptions(buckets=((1024, 1.0), (4096, 1.0)), trials=2, sms=(20, 32),
+                          storage=f"sqlite:///{tmp_path}/s.db", confirm_rounds=7)
+    path = tmp_path / "p.yaml"
+    write_document(tune_plan(plan, Flat(), options, load_space(), load_objective()).document, path)
+    doc = read_policy(path, strict=True).doc
+    assert doc.schema_version == "2.2" and doc.deepep.measured_orders[0].faster == "quant_then_dispatch"
+    assert doc.deepep.buckets[0].search["note"].startswith("selected minima")
+    policy = load_policy(path, ep_size=2, model="Qwen3-30B-A3B-FP8", strict=True)
+    assert not policy.is_fallback and policy.deepep.num_sms == 32
