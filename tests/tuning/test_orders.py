@@ -87,7 +87,7 @@ class OrdersFlat(Bench):
 
 @pytest.mark.parametrize("gain, rule", [(1.0, "deepep-ht/block-fp8"), (1.25, "deepep-ht/measured-bf16-faster")])
 def test_the_rules_order_stands_unless_the_other_wins_beyond_noise(tmp_path, gain, rule):
-    target = resolve_target(TargetSpec(gpu="h200", ep_size=2), probe=False)
+    target = resolve_target(TargetSpec(gpu="h200", ep_size=2, expert_kernel="deepgemm"), probe=False)
     plan = make_plan(read_model("Qwen3-30B-A3B-FP8", hub=False), target, pack_stack())
     options = TuneOptions(buckets=((1024, 1.0), (4096, 1.0)), trials=2, sms=(20,), storage=f"sqlite:///{tmp_path}/s.db",
                           confirm_rounds=9)
