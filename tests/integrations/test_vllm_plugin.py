@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("vllm", reason="vLLM is installed by .ci/run into its own environment (.venv-vllm)")
+pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed by .ci/run into its own environment (.venv-vllm-ci); run this file with that python")
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_harness as h  # noqa: E402
