@@ -41,6 +41,8 @@ class BenchSource:
         gpus = visible_gpus()
         missing = deep_ep_importable()
         if asked == "live":
+            if gpus < 1:
+                raise TuningError("the live bench needs CUDA GPUs (none visible)")
             if missing:
                 raise TuningError(f"the live bench needs DeepEP: {missing}")
             if gpus >= 2 and (ep_size is None or ep_size == gpus):
@@ -54,8 +56,6 @@ class BenchSource:
     @staticmethod
     def _shared(gpus: int, ep_size: Optional[int]) -> BenchChoice:
         """EP ranks on fewer GPUs: refused, except as the test-only functional run."""
-        if gpus < 1:
-            raise TuningError("the live bench needs CUDA GPUs (none visible)")
         if os.environ.get(SHARED_RANKS_ENV) != "1" or not ep_size or ep_size <= gpus:
             asked = f" for EP {ep_size}" if ep_size else ""
             raise TuningError(f"{gpus} GPU(s) visible{asked}: the live bench needs one GPU per EP rank, at least 2; "

@@ -57,6 +57,9 @@ def test_without_deep_ep_or_gpus_the_default_is_the_model_bench(machine):
     assert BenchSource().choose(None).kind == "model"
     machine(0, deep_ep=False)
     assert BenchSource().choose(None).kind == "model"
+    with pytest.raises(TuningError, match="CUDA GPUs"):
+        BenchSource().choose("live")
+    machine(2, deep_ep=False)
     with pytest.raises(TuningError, match="DeepEP"):
         BenchSource().choose("live")
 

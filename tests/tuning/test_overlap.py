@@ -100,7 +100,7 @@ def test_overlap_without_torch_says_so_in_one_line(tmp_path):
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                             env={**env, "MOEPOLICY_OFFLINE": "1"}, timeout=120)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1].startswith("moepolicy: --bench live: the live bench needs at least 2 CUDA GPUs")
+    assert result.stderr.strip().splitlines()[-1].startswith("moepolicy: --bench live: the live bench needs CUDA GPUs")
 
 
 def test_overlap_flags_are_checked(tmp_path):

@@ -23,8 +23,8 @@ from moepolicy.tuning.runner import tune_plan, workload_for  # noqa: E402
 from moepolicy.tuning.space import load_objective, load_space  # noqa: E402
 
 
-def qwen_plan(ep=2):
-    target = resolve_target(TargetSpec(gpu="h200", ep_size=ep), probe=False)
+def qwen_plan(ep=2, expert_kernel=None):
+    target = resolve_target(TargetSpec(gpu="h200", ep_size=ep, expert_kernel=expert_kernel), probe=False)
     return make_plan(read_model("Qwen3-30B-A3B-FP8", hub=False), target, pack_stack())
 
 
@@ -133,10 +133,10 @@ class FlatBench(Bench):
         return Measurement(us, us * 0.8, 100.0, "measured")
 
 
-def _tune(bench, tmp_path, **kw):
+def _tune(bench, tmp_path, plan=None, **kw):
     options = TuneOptions(buckets=((1024, 1.0), (4096, 1.0)), trials=6, sms=(20, 32, 48),
                           storage=f"sqlite:///{tmp_path}/s.db", **kw)
-    return tune_plan(qwen_plan(), bench, options, load_space(), load_objective())
+    return tune_plan(plan or qwen_plan(), bench, options, load_space(), load_objective())
 
 
 def test_where_nothing_beats_the_engine_beyond_noise_the_engine_default_is_kept(tmp_path):
@@ -188,7 +188,8 @@ def test_progress_events_count_the_search_and_the_re_measurement(tmp_path):
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        _tune(FlatBench(seed=5, sigma=0.03, sms_effect=1.0), tmp_path)
+        # DeepGEMM experts: block fp8 quantized first, the wire both orders are timed for
+        _tune(FlatBench(seed=5, sigma=0.03, sms_effect=1.0), tmp_path, plan=qwen_plan(expert_kernel="deepgemm"))
     finally:
         logger.removeHandler(handler)
     phases = [(i, name, total) for i, (name, total, _) in enumerate(events) if name]
