@@ -13,12 +13,14 @@ import argparse
 import json
 import sys
 
-from moepolicy.cli._output import note, table
+from moepolicy.cli._output import STDOUT, add_output_flag, note, output_path, table, write_output
 from moepolicy.errors import UsageError
 
 WHAT_IT_IS = ("DeepEP with the project's expert GEMM stand-in, following each arm's choices: the 'vllm' arm "
               "runs vLLM's choices, not vLLM itself")
 EMULATED = "emulated all-to-all on CPU (gloo): plumbing only, not a performance number"
+MAX_EMULATED_RANKS = 64  # processes on one machine, each a rank of the emulated all-to-all
+MAX_REPS = 10_000
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,8 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reps", type=int, default=None, help="repetitions per timing (default 10 on GPUs, 3 emulated)")
     p.add_argument("--transport", choices=["auto", "deepep", "emulated"], default="auto",
                    help="deepep (GPUs), emulated (CPU, plumbing only) or auto (deepep when it can run)")
-    p.add_argument("--ranks", type=int, default=2, help="ranks of the emulated transport (default 2)")
-    p.add_argument("-o", "--output", help="write the raw per-round times and the comparison as JSON")
+    p.add_argument("--ranks", type=int, default=2,
+                   help=f"ranks of the emulated transport, 1 to {MAX_EMULATED_RANKS} (default 2)")
+    add_output_flag(p, "the raw per-round times and the comparison as JSON (with '-', the table goes to stderr)")
     p.set_defaults(run=run)
 
 
@@ -67,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from moepolicy.moe_step.arms import build_arms
     from moepolicy.policy_reader import read_policy
 
+    _check_counts(args)
+    output = output_path(args.output, [("the policy being benchmarked", args.policy)])  # before any work
     doc = read_policy(args.policy).doc
     if doc.target.backend != "deepep_ht":
         raise UsageError(f"{args.policy}: bench times DeepEP high-throughput; this policy is for {doc.target.backend}")
@@ -76,10 +81,6 @@ def run(args: argparse.Namespace) -> int:
     bad = [r for r in routings if r not in ("uniform", "zipf")]
     if bad or not routings:
         raise UsageError(f"--routing takes uniform, zipf or both, got {args.routing!r}")
-    if args.output:
-        from moepolicy.files import write_target
-
-        write_target(args.output)  # before any work: a path that cannot be written is said now
     kind, world, why = _transport(args.transport, doc.target.ep_size)
     world = world or args.ranks
     emulated = kind == "emulated"
@@ -108,16 +109,22 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="moepolicy-bench-") as tmp:
         times = run_step(arms, spec, world, tmp)
     rows = comparison(times)
-    render(rows, emulated)
+    render(rows, emulated, out=sys.stderr if args.output == STDOUT else sys.stdout)
     if args.output:
-        from moepolicy.policy_yaml import atomic_write
-
-        atomic_write(args.output, json.dumps({"what": EMULATED if emulated else WHAT_IT_IS, "transport": kind,
-                                              "ranks": world, "policy": args.policy, "spec": spec_doc(spec),
-                                              "arms": {a.name: a.label for a in arms}, "times_us": times,
-                                              "comparison": rows}, indent=1) + "\n")
-        note(f"wrote {args.output}")
+        write_output(output, json.dumps({"what": EMULATED if emulated else WHAT_IT_IS, "transport": kind,
+                                         "ranks": world, "policy": args.policy, "spec": spec_doc(spec),
+                                         "arms": {a.name: a.label for a in arms}, "times_us": times,
+                                         "comparison": rows}, indent=1) + "\n")
     return 0
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """The counts a bench runs with, checked before anything is read or started."""
+    if args.reps is not None and not 1 <= args.reps <= MAX_REPS:
+        raise UsageError(f"--reps must be from 1 to {MAX_REPS}, got {args.reps}")
+    if not 1 <= args.ranks <= MAX_EMULATED_RANKS:
+        raise UsageError(f"--ranks must be from 1 to {MAX_EMULATED_RANKS} (processes of the emulated transport), "
+                         f"got {args.ranks}")
 
 
 def comparison(times: dict) -> list[dict]:
@@ -142,10 +149,11 @@ def _ratio(r: dict) -> str:
     return f"x{r['speedup']:.3f} [{low:.3f}, {high:.3f}]" + ("" if r["beyond_noise"] else " =")
 
 
-def render(rows: list[dict], emulated: bool) -> None:
+def render(rows: list[dict], emulated: bool, out=None) -> None:
+    out = out or sys.stdout
     table(["routing", "tokens", "policy us", "vllm us", "deepep-default us", "policy vs vllm", "vs deepep-default"],
           [[r["routing"], r["tokens"], r["median_us"]["policy"], r["median_us"]["vllm"],
             r["median_us"]["deepep-default"], _ratio(r["vs_vllm"]), _ratio(r["vs_deepep-default"])] for r in rows],
-          out=sys.stdout)
+          out=out)
     print("medians over rounds; ratios: paired per-round speed-ups with their 95% interval; '=': no gain beyond "
-          "noise" + (f"; {EMULATED}" if emulated else ""))
+          "noise" + (f"; {EMULATED}" if emulated else ""), file=out)

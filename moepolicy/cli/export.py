@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from moepolicy.policy_yaml import atomic_write
+from moepolicy.cli._output import add_output_flag, output_path, write_output
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,13 +16,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=["shell", "json", "launch"], default=None,
                    help="vllm: shell (default) or json; sglang: json (the --deepep-config, default) or launch "
                         "(a launch_server command with every flag SGLang can take)")
-    p.add_argument("-o", "--output", help="write here instead of stdout")
+    add_output_flag(p, "the export")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from moepolicy.policy_reader import read_policy
 
+    output = output_path(args.output, [("the policy being exported", args.policy)])  # before any work
     doc = read_policy(args.policy).doc
     if args.to == "sglang":
         from moepolicy.export.sglang import SGLANG_CHECKED, export, launch
@@ -46,8 +46,5 @@ def run(args: argparse.Namespace) -> int:
 
         result = export(doc, args.policy)
         text = json.dumps(result, indent=2) + "\n" if args.format == "json" else render_shell(result, doc.model.name)
-    if args.output:
-        atomic_write(args.output, text)
-    else:
-        sys.stdout.write(text)
+    write_output(output, text)
     return 0
