@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def packs_for_lint(doc, policy_path: str, extra: list[str]) -> tuple[list, list[str]]:
     """The policy's pack stack, in its order (built-in packs by name, user packs beside the policy or
     among ``--rules``); and a note for each pack not found or changed since planning."""
-    from moepolicy.cli._packs import policy_packs
+    from moepolicy.cli._replay import policy_packs
 
     found, notes = [], []
     for item in policy_packs(doc, policy_path, extra):

@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ranks", type=int, default=2,
                    help=f"ranks of the emulated transport, 1 to {MAX_EMULATED_RANKS} (default 2)")
     add_output_flag(p, "the raw per-round times and the comparison as JSON (with '-', the table goes to stderr)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="read the policy and say what would be timed (arms, layers, ranks); start nothing")
     p.set_defaults(run=run)
 
 
@@ -68,11 +70,11 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
 
     from moepolicy.moe_step.arms import build_arms
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.cli._replay import read_for_replay
 
     _check_counts(args)
     output = output_path(args.output, [("the policy being benchmarked", args.policy)])  # before any work
-    doc = read_policy(args.policy).doc
+    doc = read_for_replay(args.policy).doc
     if doc.target.backend != "deepep_ht":
         raise UsageError(f"{args.policy}: bench times DeepEP high-throughput; this policy is for {doc.target.backend}")
     if args.rounds < 1:
@@ -106,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     note(f"bench: {kind} ({why}), {world} ranks; {EMULATED if emulated else WHAT_IT_IS}")
     for arm in arms:
         note(f"  {arm.name}: {arm.label}; " + ", ".join(f"{k.count} layers {k.order}" for k in arm.kinds))
+    if args.dry_run:
+        note(f"dry run: {len(spec.routings)} routing(s) x {len(spec.tokens)} bucket(s) x {spec.rounds} rounds "
+             f"x {spec.reps} reps not started")
+        return 0
     with tempfile.TemporaryDirectory(prefix="moepolicy-bench-") as tmp:
         times = run_step(arms, spec, world, tmp)
     rows = comparison(times)

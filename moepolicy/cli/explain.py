@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from moepolicy.cli._output import note
-from moepolicy.cli._packs import policy_packs
+from moepolicy.cli._replay import policy_packs
 from moepolicy.cli._target import add_target_flags
 from moepolicy.errors import PolicyError, UsageError
 from moepolicy.feasibility import wire_problem
@@ -74,10 +74,10 @@ def measured_lines(doc, layer) -> list[str]:
 
 
 def explain_from_file(path: str, index: int, rules: Sequence[str] = ()) -> int:
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.cli._replay import read_for_replay
     from moepolicy.target import target_from_doc
 
-    loaded = read_policy(path)
+    loaded = read_for_replay(path)
     doc = loaded.doc
     layers = {layer.index: layer for layer in doc.layers}
     if index not in layers:

@@ -21,10 +21,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.cli._replay import read_for_replay
 
     output = output_path(args.output, [("the policy being exported", args.policy)])  # before any work
-    doc = read_policy(args.policy).doc
+    doc = read_for_replay(args.policy).doc
     if args.to == "sglang":
         from moepolicy.export.sglang import SGLANG_CHECKED, export, launch
 
