@@ -4,6 +4,7 @@ Schema, the tuner's spaces and calibration, the model catalog), shipped inside t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Optional
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -29,11 +30,14 @@ def sheet_files(deepep_sheet: str) -> list[Path]:
             sheets / "gpus.yaml"]
 
 
-def sheets_sha256(deepep_sheet: str) -> str:
-    """One hash of those sheets' bytes (the decision key's ``sheets_sha256``); light: no YAML parsed."""
+def sheets_sha256(deepep_sheet: str, read: Optional[Callable[[Path], Optional[bytes]]] = None) -> str:
+    """One hash of those sheets' bytes (the decision key's ``sheets_sha256``); light: no YAML parsed.
+    ``read`` gives a file's bytes, or None for a missing one (the runtime passes a bounded reader)."""
     import hashlib
 
+    read = read or (lambda path: path.read_bytes() if path.is_file() else None)
     digest = hashlib.sha256()
     for path in sheet_files(deepep_sheet):
-        digest.update(path.name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"missing") + b"\0")
+        data = read(path)
+        digest.update(path.name.encode() + b"\0" + (b"missing" if data is None else data) + b"\0")
     return digest.hexdigest()

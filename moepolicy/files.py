@@ -4,6 +4,8 @@ Inputs: a device (``/dev/zero``), a FIFO or a socket is refused before it is rea
 one byte past its limit whatever size the file system reports. Outputs: a path is written only where
 it is, or will be, a regular file in a writable folder; a symbolic link is written *through* (its
 target is replaced atomically, the link stays a link), so ``policy.yaml -> v3.yaml`` updates v3.yaml.
+Writes are atomic (a temporary file of this process beside the target, fsync, rename): two writers
+of one path never touch each other's temporary file, and a killed writer's is removed by the next.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import Type
+from typing import Optional, Type
 
 from moepolicy.errors import MoePolicyError, OutputError
 
@@ -27,6 +29,28 @@ def _kind(mode: int) -> str:
     if stat.S_ISSOCK(mode):
         return "a socket"
     return "not a regular file"
+
+
+def file_kind(path: str | os.PathLike) -> Optional[str]:
+    """What ``path`` is (``a regular file``, ``a FIFO``, ``a device``, ``a folder``, ...), following
+    links; None where nothing is there (or it cannot be looked at)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return "a regular file" if stat.S_ISREG(mode) else _kind(mode)
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """True when ``a`` and ``b`` name one file: the same resolved path (symbolic links followed), or
+    the same device and inode (a hard link, a bind mount, a folder reached by two names)."""
+    try:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+        sa, sb = os.stat(a), os.stat(b)
+    except (OSError, ValueError):
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def read_bounded(path: str | os.PathLike, limit: int, error: Type[MoePolicyError]) -> bytes:
@@ -77,3 +101,72 @@ def write_target(path: str | os.PathLike) -> Path:
     if mode is not None and not os.access(target, os.W_OK) and os.geteuid() != 0:
         raise OutputError(f"{path}: the file is read-only")
     return target
+
+
+def atomic_write(path: str | os.PathLike, text: str) -> None:
+    """Replace the regular file ``path`` (a link's target) with ``text`` atomically, or raise
+    :class:`~moepolicy.errors.OutputError` with one line and leave the previous file as it was.
+
+    The temporary file's name is unique and carries this process's id
+    (``.policy.yaml.k3j9x.4242.tmp``): another writer of the same path never removes it while this
+    process lives; temporaries of writers that died (kill -9) are removed after a write."""
+    import tempfile
+
+    target = write_target(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".{os.getpid()}.tmp", dir=directory)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot be written ({exc.strerror or exc})") from None
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise OutputError(f"{path}: cannot be written ({exc.strerror or exc}); the previous file is kept") from None
+        raise
+    remove_stale_temps(directory, target.name)
+
+
+STALE_AGE_S = 3600  # a temporary file without a writer's id (older moepolicy) is stale after this
+
+
+def remove_stale_temps(directory: Path, name: str) -> None:
+    """Temporary files of writers of ``name`` that died mid-write (kill -9 leaves them behind): those
+    whose writer's process is gone; never one of a live writer."""
+    import time
+
+    for stale in directory.glob(f".{name}.*.tmp"):
+        pid = stale.name[:-len(".tmp")].rpartition(".")[2]
+        try:
+            dead = not _alive(int(pid)) if pid.isdigit() else time.time() - stale.stat().st_mtime > STALE_AGE_S
+            if dead:
+                stale.unlink()
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from moepolicy.errors import PolicyError
 from moepolicy.schema.locations import yaml_path
@@ -148,12 +148,11 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
     except RecursionError:
         raise PolicyError(f"{source}: nested too deeply to be a policy") from None
     except ValidationError as exc:
+        from moepolicy.schema.fast_validate import error_message
+
         err = exc.errors()[0]
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        msg = err.get("msg", "invalid").removeprefix("Value error, ")
-        if err.get("type") == "missing":
-            msg = "missing (a policy needs it)"
-        raise PolicyError(f"{source}: {yaml_path(tuple(err.get('loc', ())))}: {msg}{more}") from None
+        raise PolicyError(f"{source}: {yaml_path(tuple(err.get('loc', ())))}: {error_message(err)}{more}") from None
     return _finish(raw, doc, unknown_keys(doc), doc.schema_version, source, strict)
 
 
@@ -181,3 +180,59 @@ def read_policy(path: str | Path, strict: bool = False,
     except UnicodeDecodeError:
         raise PolicyError(f"{p}: is not UTF-8 text") from None
     return (parse or parse_policy)(text, str(p), strict=strict)
+
+
+MAX_PACK_BYTES = 16 * 1024 * 1024  # a rule pack file (datasheets.MAX_DATA_FILE_BYTES)
+
+
+@dataclass(frozen=True)
+class PackFile:
+    """A user rule pack's file, found by the name a policy gives it: its path, bytes and sha256."""
+
+    path: Path
+    data: bytes
+    sha256: str
+
+
+def find_user_pack(name: str, file_name: Optional[str], places: Sequence[str | Path]) -> Optional[PackFile]:
+    """The file of the user rule pack ``name`` (planned from a file called ``file_name``), looked up
+    only in ``places`` (files, or folders searched for ``file_name``, ``name.yaml``, ``name.yml``);
+    a file is that pack when its ``pack:`` says ``name``. Never a path from the policy, so what is
+    found does not depend on the working folder; reads are bounded."""
+    from moepolicy.files import read_bounded
+
+    for candidate in _pack_candidates(name, file_name, places):
+        try:
+            data = read_bounded(candidate, MAX_PACK_BYTES, PolicyError)
+        except PolicyError:
+            continue
+        if _pack_name(data) == name:
+            import hashlib
+
+            return PackFile(candidate, data, hashlib.sha256(data).hexdigest())
+    return None
+
+
+def _pack_candidates(name: str, file_name: Optional[str], places: Sequence[str | Path]) -> list[Path]:
+    from moepolicy.files import file_kind
+
+    out: list[Path] = []
+    for place in places:
+        folder = Path(place)
+        if file_kind(folder) == "a regular file":
+            out.append(folder)
+        elif file_kind(folder) == "a folder":
+            names = [n for n in (file_name, f"{name}.yaml", f"{name}.yml") if n and "/" not in n and n != ".."]
+            out += [folder / n for n in names if file_kind(folder / n) == "a regular file"]
+    return out
+
+
+def _pack_name(data: bytes) -> Optional[str]:
+    """The ``pack:`` of a rule pack's bytes (safe YAML), or None for anything else."""
+    from moepolicy.policy_yaml import parse_text
+
+    try:
+        raw = parse_text(data.decode("utf-8"))
+    except Exception:  # noqa: BLE001 (not a pack: not this one)
+        return None
+    return raw.get("pack") if isinstance(raw, dict) and isinstance(raw.get("pack"), str) else None

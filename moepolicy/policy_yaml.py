@@ -1,17 +1,18 @@
 """Read and write policy documents (YAML or JSON, the same tree); writes are atomic.
 
 A writer never leaves a partial file: it writes a temporary file beside the target, flushes and
-fsyncs it, then renames it over the target.
+fsyncs it, then renames it over the target (:func:`moepolicy.files.atomic_write`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import yaml
+
+from moepolicy.files import atomic_write  # noqa: F401 (the writers' one home; imported from here by callers)
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -64,53 +65,6 @@ def dumps(doc: dict[str, Any], fmt: str = "yaml") -> str:
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
     return yaml.dump(_styled(doc), Dumper=_PolicyDumper, sort_keys=False, width=10_000, allow_unicode=True)
-
-
-def atomic_write(path: str | os.PathLike, text: str) -> None:
-    """Replace the regular file ``path`` (a link's target) with ``text`` atomically, or raise
-    :class:`~moepolicy.errors.OutputError` with one line and leave the previous file as it was."""
-    import tempfile
-
-    from moepolicy.errors import OutputError
-    from moepolicy.files import write_target
-
-    target = write_target(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot be written ({exc.strerror or exc})") from None
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-        _remove_stale_temps(directory, target.name)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise OutputError(f"{path}: cannot be written ({exc.strerror or exc}); the previous file is kept") from None
-        raise
-
-
-def _remove_stale_temps(directory: Path, name: str) -> None:
-    """Temporary files of writers killed mid-write (kill -9 leaves them behind)."""
-    for stale in directory.glob(f".{name}.*.tmp"):
-        try:
-            stale.unlink()
-        except OSError:
-            pass
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def write_document(doc: dict[str, Any], path: str | os.PathLike, fmt: str | None = None) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -228,3 +229,148 @@ def test_policy_reader_never_crashes_serving(tmp_path_factory, text):
         load_policy(path, ep_size=8, strict=True)
     except PolicyError as exc:
         assert str(path) in str(exc) and "\n" not in str(exc)
+
+
+# ------------------------------------------------------------------ every command, mutated policies
+# Whatever `validate` accepts, every command handles: one line and a documented exit code at worst,
+# never a traceback. Seeds: a plan, a tuned policy (search scan, re-measurement), an overlap policy;
+# mutations reach the free-form fields (provenance, measured, overlap, facts) the schema does not type.
+# Each example runs every command in this process: a fiftieth of MOEPOLICY_FUZZ_EXAMPLES, at least 30.
+COMMAND_EXAMPLES = max(EXAMPLES // 60, 30)
+COMMAND_FUZZ = settings(max_examples=COMMAND_EXAMPLES, deadline=None, derandomize=True,
+                        suppress_health_check=list(HealthCheck), database=None)
+
+
+def _overlap_row() -> dict:
+    from moepolicy.tuning.overlap_report import OverlapBucketRow, SplitBound, SplitTimes
+
+    orders = {"gemm_first": 900.0, "comm_first": 950.0, "comm_first_no_wait": 920.0}
+    chosen = SplitTimes(900.0, (880.0, 930.0), 400.0, 700.0, "persistent", 100, orders, 380.0)
+    vllm = SplitTimes(1000.0, (990.0, 1020.0), 450.0, 650.0, "persistent", 112, {k: v + 90 for k, v in orders.items()},
+                      420.0, 7)
+    return OverlapBucketRow("gemm-first", 7, chosen, 1300.0, "full", 600.0, 880.0, vllm, (0.9, 0.91, 0.88),
+                            SplitBound(700.0, 32, "GEMM")).to_doc()
+
+
+@pytest.fixture(scope="module")
+def seed_policies(tmp_path_factory):
+    """Policy texts every command accepts: the plan above, a model-bench tune, the tune made an overlap."""
+    import subprocess
+    import sys
+
+    from moepolicy.keys import compute_keys
+    from moepolicy.policy_yaml import dumps
+
+    folder = tmp_path_factory.mktemp("seeds")
+    tuned = folder / "tuned.yaml"
+    result = subprocess.run([sys.executable, "-m", "moepolicy", "tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size",
+                             "2", "--bench", "model", "--trials", "2", "--tokens", "128,1024", "--storage",
+                             f"sqlite:///{folder}/s.db", "-o", str(tuned)], capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "MOEPOLICY_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr
+    overlap = yaml.safe_load(tuned.read_text())
+    for bucket in overlap["deepep"]["buckets"]:
+        bucket["measured"] = _overlap_row()
+    overlap["deepep"]["overlap"] = {"comm_sms": overlap["deepep"]["num_sms"], "gemm_sms": 100, "order": "gemm-first",
+                                    "gemm": "persistent", "splits_us": {12: 950.0, 20: 1000.0, 32: 900.0}}
+    overlap["key"] = compute_keys(overlap)
+    return _Seeds([POLICY_TEXT, tuned.read_text(), dumps(overlap)])
+
+
+class _Seeds(list):
+    def __repr__(self) -> str:  # hypothesis prints a failing example's arguments: not three whole policies
+        return f"<{len(self)} seed policies: plan, tuned, overlap>"
+
+
+def _all_paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _all_paths(v, prefix + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node[:4]):
+            yield from _all_paths(v, prefix + (i,))
+
+
+FREE_FORM = ("provenance", "measured", "overlap", "facts", "generated", "measured_orders", "low_latency",
+             "confirm", "scan")
+wild = st.one_of(json_values, st.sampled_from([0, -1, 0.0, -0.0, 1e308, -1e308, float("nan"), float("inf"), 2**70,
+                                               "", "x", [], {}, [0, 0], [1e308, -1e308], None, True]))
+
+
+def _mutate(data, doc: dict) -> dict:
+    paths = [p for p in _all_paths(doc) if p]
+    free = [p for p in paths if any(part in FREE_FORM for part in p if isinstance(part, str))]
+    for _ in range(data.draw(st.integers(1, 4))):
+        path = data.draw(st.sampled_from(free if free and data.draw(st.integers(0, 3)) else paths))
+        try:
+            parent = doc
+            for part in path[:-1]:
+                parent = parent[part]
+            if isinstance(parent, dict) and data.draw(st.booleans()):
+                parent.pop(path[-1], None)
+            else:
+                parent[path[-1]] = data.draw(wild)
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier mutation removed or replaced the way there
+        doc = json.loads(json.dumps(doc))  # a fresh tree: shared YAML anchors are mutated one at a time
+    return doc
+
+
+def _in_process(argv: list[str]) -> tuple[int, str, str]:
+    """``moepolicy ARGV`` in this process; an exception escaping it fails the test (a crash)."""
+    import contextlib
+    import io
+    import signal
+
+    from moepolicy.cli.main import main
+
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    return int(code or 0), out.getvalue(), err.getvalue()
+
+
+def _commands(path: Path, layer: int, plots: Path) -> list[list[str]]:
+    p = str(path)
+    return [["audit", p], ["explain", p, "--layer", str(layer)], ["export", p, "--to", "vllm"],
+            ["export", p, "--to", "vllm", "--format", "json"], ["export", p, "--to", "sglang"],
+            ["export", p, "--to", "sglang", "--format", "launch"], ["export", p, "--to", "sglang", "--tokens", "1"],
+            ["report", p, "--plots", str(plots)], ["bench", p, "--dry-run"]]
+
+
+@COMMAND_FUZZ
+@given(data=st.data())
+def test_every_command_handles_whatever_validate_accepts(seed_policies, tmp_path_factory, data):
+    from moepolicy.keys import compute_keys
+
+    doc = _mutate(data, yaml.safe_load(seed_policies[data.draw(st.sampled_from(range(len(seed_policies))))]))
+    if data.draw(st.integers(0, 4)):  # mostly keys kept consistent: the deeper checks are reached
+        try:
+            doc["key"] = compute_keys(doc)
+        except Exception:  # noqa: BLE001
+            pass
+    folder = tmp_path_factory.mktemp("cmd")
+    path = folder / "p.yaml"
+    path.write_text(yaml.dump(doc, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False))
+    code, _, err = _in_process(["validate", str(path)])
+    accepted = code == 0
+    layers = doc.get("layers") if isinstance(doc, dict) else None
+    first = layers[min(3, len(layers) - 1)].get("index", 0) if isinstance(layers, list) and layers and isinstance(
+        layers[min(3, len(layers) - 1)], dict) else 0
+    for argv in _commands(path, first if isinstance(first, int) else 0, folder / "plots"):
+        code, _, err = _in_process(argv)
+        lines = err.strip().splitlines()
+        assert "Traceback" not in err, (argv, err)
+        if code != 0:
+            assert lines and lines[-1].startswith("moepolicy: "), (argv, err)
+        if accepted and argv[0] in ("audit", "report"):
+            assert code == 0, (argv, err)  # what validate accepts, these show whole

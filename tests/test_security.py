@@ -349,3 +349,255 @@ def test_low_latency_has_nothing_to_tune_and_audit_shows_no_chunks(tmp_path):
     assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--backend", "deepep_ll", "-o", str(out)).returncode == 0
     audit = run_cli("audit", str(out))
     assert "send chunks" not in audit.stdout and "no chunk settings" in audit.stdout
+
+
+# ------------------------------------------------------------------- policies name files, never paths
+PATHLIKE = ["../../../../etc/passwd", "/etc/passwd", "sub/pack.yaml", "..", ".hidden", "a\\b", "x" * 200]
+
+
+def _planned(tmp_path: Path, *extra: str) -> Path:
+    out = tmp_path / "p.yaml"
+    result = run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", *extra, "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def _rekeyed(path: Path, edit) -> str:
+    """The policy at ``path`` edited and rekeyed (its integrity intact: only the reader's rules stand)."""
+    from moepolicy.keys import compute_keys
+
+    doc = yaml.safe_load(path.read_text())
+    edit(doc)
+    doc["key"] = compute_keys(doc)
+    text = yaml.safe_dump(doc, sort_keys=False)
+    path.write_text(text)
+    return text
+
+
+def _sheet(value):
+    return lambda d: d["target"]["deep_ep"].update(sheet=value)
+
+
+def _pack_field(field, value):
+    return lambda d: d["rules"]["packs"][0].update({field: value})
+
+
+@pytest.mark.parametrize("edit, where", [(_sheet(v), "target.deep_ep.sheet") for v in PATHLIKE[:3]]
+                         + [(_pack_field("path", v), "rules.packs[0].path") for v in PATHLIKE]
+                         + [(_pack_field("name", v), "rules.packs[0].name") for v in PATHLIKE[:2]])
+def test_a_policy_that_names_a_sheet_or_pack_by_path_is_refused_by_every_reader(tmp_path, edit, where):
+    """validate, validate --rekey and load_policy share the reader: names only, never paths."""
+    from moepolicy import load_policy
+    from moepolicy.errors import PolicyError
+
+    out = _planned(tmp_path)
+    text = _rekeyed(out, edit)
+    for args in (("validate",), ("validate", "--rekey")):
+        result = run_cli(*args, str(out))
+        assert result.returncode == 6 and "Traceback" not in result.stderr, result.stderr
+        line = result.stderr.strip().splitlines()[-1]
+        assert where in line and "never a path" in line, line
+    assert out.read_text() == text  # --rekey wrote nothing
+    with pytest.raises(PolicyError, match="never a path"):
+        load_policy(out, ep_size=8, strict=True)
+    policy = load_policy(out, ep_size=8)
+    assert policy.is_fallback and "never a path" in policy.fallback_reason
+
+
+def test_the_runtime_reads_a_user_pack_with_a_bound(tmp_path):
+    """A pack file beside the policy is hashed from at most 16 MiB, whatever its size."""
+    import tracemalloc
+
+    from moepolicy import load_policy
+
+    pack = tmp_path / "mine.yaml"
+    pack.write_text(yaml.safe_dump(_pack_doc("mine")))
+    out = _planned(tmp_path, "--rules", str(pack))
+    with open(pack, "ab") as handle:  # 256 MiB, sparse: no disk used
+        handle.truncate(256 * 1024 * 1024)
+    tracemalloc.start()
+    try:
+        policy = load_policy(out, ep_size=8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024 * 1024, peak
+    assert policy.report["decision"] != "matched" or "rule_packs: matched" not in " ".join(policy.report_details)
+
+
+def _pack_doc(name: str, why: str = "mine") -> dict:
+    return {"pack": name, "version": "1", "rules": [{
+        "id": f"{name}/all-bf16", "priority": 10000, "when": {"fact": "layer.kind", "op": "eq", "value": "moe"},
+        "then": {"order": "dispatch_then_quant", "numerics": "exact"}, "why": why, "source": "test"}]}
+
+
+def _pack_status(policy) -> str:
+    return next(d for d in policy.report_details if d.startswith("decision.rule_packs:"))
+
+
+def test_a_policy_records_its_user_pack_by_name_and_hash_not_by_path(tmp_path):
+    pack = tmp_path / "packs" / "team-fp8.yaml"
+    pack.parent.mkdir()
+    pack.write_text(yaml.safe_dump(_pack_doc("team")))
+    out = _planned(tmp_path, "--rules", str(pack))
+    ref = yaml.safe_load(out.read_text())["rules"]["packs"][0]
+    assert ref["name"] == "team" and ref["path"] == "team-fp8.yaml" and len(ref["sha256"]) == 64
+    assert str(tmp_path) not in out.read_text().split("generated:")[0]  # no path in what the runtime reads
+
+
+def test_an_edited_user_pack_is_detected_whatever_the_working_folder(tmp_path, monkeypatch):
+    """The pack beside the policy (found by name), or where load_policy is told (rules=): the same
+    answer from any working folder."""
+    from moepolicy import load_policy
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "team.yaml").write_text(yaml.safe_dump(_pack_doc("team")))
+    monkeypatch.chdir(work)
+    assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--rules", "team.yaml", "-o", "p.yaml",
+                   cwd=work).returncode == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for cwd in (work, elsewhere, tmp_path):
+        monkeypatch.chdir(cwd)
+        assert "rule_packs: matched" in _pack_status(load_policy(work / "p.yaml", ep_size=8)), cwd
+    (work / "team.yaml").write_text(yaml.safe_dump(_pack_doc("team", why="edited")))
+    for cwd in (work, elsewhere, tmp_path):
+        monkeypatch.chdir(cwd)
+        policy = load_policy(work / "p.yaml", ep_size=8)
+        assert "rule_packs: mismatched" in _pack_status(policy) and policy.is_fallback, cwd
+    # a policy moved away from its pack: found only where the caller says
+    moved = elsewhere / "p.yaml"
+    moved.write_text((work / "p.yaml").read_text())
+    for cwd in (work, elsewhere):
+        monkeypatch.chdir(cwd)
+        assert "rule_packs: unchecked" in _pack_status(load_policy(moved, ep_size=8)), cwd
+        assert "rule_packs: mismatched" in _pack_status(load_policy(moved, ep_size=8, rules=[work])), cwd
+        assert "rule_packs: mismatched" in _pack_status(load_policy(moved, ep_size=8, rules=[work / "team.yaml"]))
+
+
+def test_explain_and_audit_find_a_user_pack_where_they_are_told(tmp_path):
+    pack = tmp_path / "packs" / "team.yaml"
+    pack.parent.mkdir()
+    pack.write_text(yaml.safe_dump(_pack_doc("team")))
+    out = _planned(tmp_path, "--rules", str(pack))
+    explained = run_cli("explain", str(out), "--layer", "3")
+    assert explained.returncode == 6 and "pass its file with --rules" in explained.stderr
+    explained = run_cli("explain", str(out), "--layer", "3", "--rules", str(pack.parent))
+    assert explained.returncode == 0 and "team/all-bf16" in explained.stdout, explained.stderr
+    audit = run_cli("audit", str(out), "--rules", str(pack.parent))
+    assert audit.returncode == 0 and "rule packs (team, deepep)" in audit.stdout
+
+
+def test_a_pack_named_like_a_path_is_refused_when_planning(tmp_path):
+    pack = tmp_path / "p.yaml"
+    pack.write_text(yaml.safe_dump(_pack_doc("../escape")))
+    result = run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--rules", str(pack))
+    assert result.returncode == 4 and "'pack' must be a name" in result.stderr
+
+
+# ------------------------------------------------------------------ secrets: SQLAlchemy's own reading
+@pytest.mark.parametrize("url", [
+    f"postgresql://u:pw@h/db?pass%77ord={MARK}q",  # SQLAlchemy decodes the key to 'password'
+    f"postgresql://h/db?%70assword={MARK}q&sslmode=require",
+    f" postgresql://u:{MARK}pw@h/db",  # a leading space: not a URL SQLAlchemy parses
+    f"postgresql://u:{MARK}pw@h/db ",
+    f"postgresql:/u:{MARK}pw@h/db",  # one slash
+    f"postgresql:u:{MARK}pw@h/db",
+    f"mysql+pymysql://u:{MARK}p@w@h/db",  # an '@' left in the password
+    f"u:{MARK}pw@h/db",  # no scheme at all
+])
+def test_secrets_in_urls_sqlalchemy_reads_differently_are_hidden(url):
+    from moepolicy.errors import TuningError
+    from moepolicy.tuning.storage import check_storage
+
+    assert MARK not in redact_url(url), redact_url(url)
+    assert MARK not in redact_command(["tune", "--storage", url]) and MARK not in redact_command([f"--storage={url}"])
+    try:
+        check_storage(url)
+    except TuningError as exc:
+        assert MARK not in str(exc), str(exc)
+
+
+def test_urls_sqlalchemy_cannot_parse_whole_are_refused_before_work(tmp_path):
+    for url in (f" postgresql://u:{MARK}pw@localhost:1/db", f"postgresql:/u:{MARK}pw@localhost:1/db"):
+        result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--bench", "model", "--storage", url,
+                         "-o", str(tmp_path / "p.yaml"))
+        assert result.returncode == 7 and MARK not in result.stderr and "Traceback" not in result.stderr
+        assert "tuning hidden" not in result.stderr and result.stderr.strip().splitlines()[-1].startswith("moepolicy: ")
+
+
+def test_without_sqlalchemy_every_url_is_hidden_whole(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sqlalchemy", None)  # import sqlalchemy raises ImportError
+    monkeypatch.setitem(sys.modules, "sqlalchemy.engine", None)
+    assert redact_url(f"postgresql://u:{MARK}@h/db") == "postgresql:***"
+    assert redact_url("sqlite:////data/studies.db") == "sqlite:***"
+    assert redact_url("studies.log") == "studies.log" and redact_url("journal:studies.log") == "journal:studies.log"
+
+
+def test_redaction_imports_sqlalchemy_only_when_a_url_is_redacted():
+    code = ("import sys, moepolicy.redact, moepolicy.runtime; assert 'sqlalchemy' not in sys.modules; "
+            "moepolicy.redact.redact_url('postgresql://u:p@h/d'); assert 'sqlalchemy' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@FUZZ
+@seed(20261203)
+@given(secret_urls(), st.sampled_from(["", " ", "  ", "\t"]), st.sampled_from(["://", ":/", ":", ":///"]),
+       st.sampled_from(["", "pass%77ord", "%70assword", "PASS%57ORD", "api%5Fkey"]))
+def test_no_secret_survives_redaction_in_mistyped_urls(url, space, slashes, encoded_key):
+    if encoded_key:
+        url += ("&" if "?" in url else "?") + f"{encoded_key}={MARK}enc"
+    typed = space + url.replace("://", slashes, 1) + space[:1]
+    assert MARK not in redact_url(typed), (typed, redact_url(typed))
+    assert MARK not in redact_command(["--storage", typed])
+
+
+# ---------------------------------------------------------------- the runtime's log lines are escaped
+HOSTILE_NAME = "deepseek\x1b]8;;https://evil.example\x07click\x1b]8;;\x07\u202egnp.exe\x1b[2J"
+
+
+def test_load_policy_logs_a_policy_s_text_escaped(tmp_path, caplog):
+    import logging
+
+    from moepolicy import load_policy
+
+    out = _planned(tmp_path)
+    _rekeyed(out, lambda d: d["model"].update(name=HOSTILE_NAME))
+    hostile_file = tmp_path / "p\x1b[31m\u202e.yaml"
+    hostile_file.write_text(out.read_text())
+    with caplog.at_level(logging.WARNING, logger="moepolicy"):
+        load_policy(out, ep_size=8, model="Qwen3-30B-A3B")  # another model: the warning quotes the policy's name
+        load_policy(hostile_file, ep_size=4)  # another EP size: the warning quotes the file
+        load_policy(tmp_path / "missing\x07\x1b[2J.yaml")
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) >= 3 and any("deepseek" in m for m in messages)
+    for message in messages:
+        assert not [c for c in message if ord(c) < 32 or 0x7f <= ord(c) <= 0x9f or c in "\u202e\u2066\u200f"], message
+    assert any("\\x1b" in m for m in messages)
+
+
+def test_printable_is_one_home_for_escaping_and_light():
+    code = ("import sys, moepolicy.text; assert not [m for m in ('yaml', 'pydantic', 'torch') if m in sys.modules]; "
+            "print(moepolicy.text.printable('\\u200f\\u061c\\n', one_line=True))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True).stdout
+    assert out.strip() == "\\u200f\\u061c\\n"
+
+
+# ---------------------------------------------------------------- load_policy's own arguments
+@pytest.mark.parametrize("ep_size", ["8", [8], (8,), -8, 0, 8.0, True, 2**40, float("nan"), None])
+def test_load_policy_never_raises_for_an_odd_ep_size_and_never_sizes_a_buffer_negative(tmp_path, ep_size):
+    from moepolicy import load_policy
+    from moepolicy.errors import PolicyError
+
+    out = _planned(tmp_path)
+    policy = load_policy(out, ep_size=ep_size, model="DeepSeek-V3")
+    assert policy.layer(3).order and policy.deepep.num_sms > 0
+    assert policy.deepep.num_nvl_bytes is None or policy.deepep.num_nvl_bytes > 0
+    assert policy.deepep.num_rdma_bytes is None or policy.deepep.num_rdma_bytes >= 0
+    if ep_size is None:
+        assert not policy.is_fallback
+        return
+    assert policy.is_fallback and "ep_size must be a whole number" in policy.fallback_reason
+    with pytest.raises(PolicyError, match="ep_size must be a whole number"):
+        load_policy(out, ep_size=ep_size, strict=True)

@@ -89,7 +89,23 @@ def order_lines(timings) -> list[str]:
     return out
 
 
+# what a hand-edited (free-form) ``measured`` can raise while it is rendered
+_MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError, OverflowError)
+
+
 def _bucket_lines(name: str, bucket, source: str) -> list[str]:
+    """A bucket's chunks and what was measured for it; ``measured`` is free-form in the schema, so one
+    not in the form ``tune`` writes is said to be so instead of rendered."""
+    try:
+        return _measured_lines(name, bucket, source)
+    except _MALFORMED as exc:
+        chunks = (f"send chunks {bucket.dispatch.num_max_nvl_chunked_send_tokens}/"
+                  f"{bucket.combine.num_max_nvl_chunked_send_tokens}")
+        return [f"  {name}: {chunks}; measured: not in the form tune writes, not shown ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:80]})"]
+
+
+def _measured_lines(name: str, bucket, source: str) -> list[str]:
     chunks = (f"send chunks {bucket.dispatch.num_max_nvl_chunked_send_tokens}/"
               f"{bucket.combine.num_max_nvl_chunked_send_tokens}")
     m = bucket.measured or {}

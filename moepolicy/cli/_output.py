@@ -1,10 +1,19 @@
-"""Small helpers for printing tables and writing files from commands."""
+"""Small helpers for printing tables and writing files from commands.
+
+Every command's ``-o`` goes through :func:`add_output_flag`, :func:`output_path` and
+:func:`write_output`: ``-o FILE`` is written atomically (a symbolic link written through), ``-o -``
+is standard output, and a path that names one of the command's own inputs (the policy, a rule pack,
+the checkpoint's files, the study database), by name, link or inode, is refused before any work.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Optional, Sequence
+
+STDOUT = "-"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out=None) -> None:
@@ -113,15 +122,138 @@ class _Bars(logging.Handler):
 
 class SafeStream:
     """A text stream that writes control characters escaped (``\\x1b``): file-sourced text (a rule's
-    ``why``, a model name, a reason) cannot move the cursor, recolour or rewrite the terminal."""
+    ``why``, a model name, a reason) cannot move the cursor, recolour or rewrite the terminal.
 
-    def __init__(self, raw):
+    An ``OSError`` from writing or flushing it is marked with the stream's name
+    (``exc.moepolicy_stream``), so the CLI says "cannot write to standard output" only for that."""
+
+    def __init__(self, raw, name: str = "standard output"):
         self._raw = raw
+        self._name = name
 
     def write(self, text: str) -> int:
         from moepolicy.text import printable
 
-        return self._raw.write(printable(text))
+        try:
+            return self._raw.write(printable(text))
+        except OSError as exc:
+            exc.moepolicy_stream = self._name
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._raw.flush()
+        except OSError as exc:
+            exc.moepolicy_stream = self._name
+            raise
 
     def __getattr__(self, name: str):
         return getattr(self._raw, name)
+
+
+def os_error_line(exc: OSError) -> str:
+    """An ``OSError`` that escaped a command, as what really failed: the stream, or the file and why."""
+    stream = getattr(exc, "moepolicy_stream", None)
+    why = exc.strerror or str(exc) or type(exc).__name__
+    if stream is not None:
+        return f"cannot write to {stream} ({why})"
+    if exc.filename is not None:
+        other = f" -> {exc.filename2}" if exc.filename2 is not None else ""
+        return f"{exc.filename}{other}: {why}"
+    return f"{type(exc).__name__}: {why}"
+
+
+# ------------------------------------------------------------------------------------------- outputs
+OUTPUT_HELP = ("write it to this file (written atomically; a symbolic link is written through); '-': standard "
+               "output")
+
+
+def add_output_flag(p, what: str, default: Optional[str] = None) -> None:
+    """The ``-o/--output`` flag, the same in every command."""
+    where = f"default {default}" if default else "default: standard output"
+    p.add_argument("-o", "--output", default=default, metavar="FILE", help=f"{what}: {OUTPUT_HELP} ({where})")
+
+
+def output_path(path: Optional[str], inputs: Sequence[tuple[str, object]] = (), flag: str = "-o") -> Optional[str]:
+    """``path`` checked before any work (None: standard output): a writable regular file or a new
+    one, and none of the command's ``inputs`` ((what, path) pairs, None skipped), compared by
+    resolved path and by device and inode, symbolic links followed."""
+    from moepolicy.errors import OutputError
+    from moepolicy.files import same_file, write_target
+
+    if path is None or path == STDOUT:
+        return None
+    for what, given in inputs:
+        if given is not None and same_file(path, given):
+            raise OutputError(f"{flag} {path}: is {what} ({given}), which this command reads; write to another file")
+    write_target(path)
+    return path
+
+
+def write_output(path: Optional[str], text: str, what: str = "") -> None:
+    """``text`` to ``path`` atomically (and a line saying so), or to standard output for None."""
+    if path is None:
+        sys.stdout.write(text)
+        return
+    from moepolicy.files import atomic_write
+
+    atomic_write(path, text)
+    note(f"wrote {path}" + (f" ({what})" if what else ""))
+
+
+def model_inputs(model: Optional[str]) -> list[tuple[str, object]]:
+    """The files ``--model`` reads, where it is a local file or folder (a catalog or hub name is not)."""
+    path = os.path.expanduser(model) if model else ""
+    if not path or not os.path.exists(path):
+        return []
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    config = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    return [("the checkpoint's config", config),
+            ("the checkpoint's hf_quant_config.json", os.path.join(folder, "hf_quant_config.json"))]
+
+
+def rules_inputs(rules: Sequence[str]) -> list[tuple[str, object]]:
+    """The rule pack files ``--rules`` names (a built-in pack's name is not a file)."""
+    return [("a rule pack", os.path.expanduser(spec)) for spec in rules if os.path.exists(os.path.expanduser(spec))]
+
+
+def write_result(path: Optional[str], text: str, what: str = "") -> None:
+    """Write a result that took long to make (a tune's policy). Where ``path`` cannot be written
+    (a full disk, a folder gone read-only meanwhile) the text is kept beside it or in the temporary
+    folder, and the one-line error says where and how to put it in place; nothing is thrown away."""
+    from moepolicy.errors import OutputError
+
+    try:
+        write_output(path, text, what)
+        return
+    except OutputError as exc:
+        failed = str(exc)
+    kept = _keep_elsewhere(path, text)
+    if kept is None:
+        raise OutputError(f"{failed}; the result could not be kept beside it or in the temporary folder either: "
+                          "the study keeps every trial, so the same command run again writes it")
+    import shlex
+
+    raise OutputError(f"{failed}; the result is kept in {kept}: put it in place with: mv {shlex.quote(kept)} "
+                      f"{shlex.quote(path)}")
+
+
+def _keep_elsewhere(path: str, text: str) -> Optional[str]:
+    """Write ``text`` beside ``path`` (``policy.unsaved-20261202-101500.yaml``) or into the temporary
+    folder; the first that works, or None."""
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from moepolicy.errors import OutputError
+    from moepolicy.files import atomic_write
+
+    p = Path(path)
+    name = f"{p.stem}.unsaved-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}{p.suffix or '.yaml'}"
+    for folder in (p.parent, Path(tempfile.gettempdir())):
+        try:
+            atomic_write(folder / name, text)
+        except OutputError:
+            continue
+        return str(folder / name)
+    return None

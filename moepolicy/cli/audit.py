@@ -18,26 +18,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help="group layers by decision; count the fallbacks and their reasons")
     p.add_argument("policy", help="policy file")
     p.add_argument("--rules", action="append", default=[], metavar="FILE",
-                   help="a user rule pack the policy was planned with, to lint it too (built-in packs are found by name)")
+                   help="a user rule pack the policy was planned with (a file or a folder of packs), to lint it too; "
+                        "packs beside the policy and built-in packs are found by name")
     p.set_defaults(run=run)
 
 
-def packs_for_lint(doc, extra: list[str]) -> tuple[list, list[str]]:
-    """The policy's pack stack, in its order, from the built-in packs and ``--rules`` files; and a
-    note for each pack that could not be found or whose contents changed since planning."""
-    from moepolicy.rules.packs import builtin_names, builtin_pack, load_user_pack
+def packs_for_lint(doc, policy_path: str, extra: list[str]) -> tuple[list, list[str]]:
+    """The policy's pack stack, in its order (built-in packs by name, user packs beside the policy or
+    among ``--rules``); and a note for each pack not found or changed since planning."""
+    from moepolicy.cli._replay import policy_packs
 
-    given = {pack.name: pack for pack in (load_user_pack(spec) for spec in extra)}
     found, notes = [], []
-    for ref in doc.rules.packs:
-        pack = given.get(ref.name) or (builtin_pack(ref.name) if ref.name in builtin_names() else None)
-        if pack is None:
-            notes.append(f"pack '{ref.name}' not linted: pass its file with --rules")
+    for item in policy_packs(doc, policy_path, extra):
+        if item.pack is None:
+            notes.append(f"pack '{item.ref_name}' not linted: pass its file with --rules")
             continue
-        if pack.sha256 != ref.sha256:
-            notes.append(f"pack '{ref.name}': the file differs from the one planned with (sha256 "
-                         f"{pack.sha256[:12]} vs {ref.sha256[:12]}); linting the file as it is now")
-        found.append(pack)
+        if item.note:
+            notes.append(item.note + "; linting the file as it is now")
+        found.append(item.pack)
     return found, notes
 
 
@@ -95,7 +93,7 @@ def _per_bucket_lines(doc) -> list[str]:
 def print_lint(doc, args) -> None:
     from moepolicy.rules.lint import lint_packs_cached
 
-    packs, notes = packs_for_lint(doc, args.rules)
+    packs, notes = packs_for_lint(doc, args.policy, args.rules)
     findings = lint_packs_cached(packs) if packs else []
     names = ", ".join(p.name for p in packs) or "none"
     print(f"\nrule packs ({names}): " + (f"{len(findings)} finding(s)" if findings else "no shadowed rules, "

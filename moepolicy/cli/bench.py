@@ -16,13 +16,15 @@ import argparse
 import json
 import sys
 
-from moepolicy.cli._output import note, table
+from moepolicy.cli._output import STDOUT, add_output_flag, note, output_path, table, write_output
 from moepolicy.errors import UsageError
 from moepolicy.measure.rounds import DEFAULT_ROUNDS
 
 WHAT_IT_IS = ("DeepEP with the project's expert GEMM stand-in, following each arm's choices: the 'vllm' arm "
               "runs vLLM's choices, not vLLM itself")
 EMULATED = "emulated all-to-all on CPU (gloo): plumbing only, not a performance number"
+MAX_EMULATED_RANKS = 64  # processes on one machine, each a rank of the emulated all-to-all
+MAX_REPS = 10_000
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +38,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reps", type=int, default=None, help="repetitions per timing (default 10 on GPUs, 3 emulated)")
     p.add_argument("--transport", choices=["auto", "deepep", "emulated"], default="auto",
                    help="deepep (GPUs), emulated (CPU, plumbing only) or auto (deepep when it can run)")
-    p.add_argument("--ranks", type=int, default=2, help="ranks of the emulated transport (default 2)")
-    p.add_argument("-o", "--output", help="write the raw per-round times and the comparison as JSON")
+    p.add_argument("--ranks", type=int, default=2,
+                   help=f"ranks of the emulated transport, 1 to {MAX_EMULATED_RANKS} (default 2)")
+    add_output_flag(p, "the raw per-round times and the comparison as JSON (with '-', the table goes to stderr)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="read the policy and say what would be timed (arms, layers, ranks); start nothing")
     p.set_defaults(run=run)
 
 
@@ -71,9 +76,11 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
 
     from moepolicy.moe_step.arms import build_arms
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.cli._replay import read_for_replay
 
-    doc = read_policy(args.policy).doc
+    _check_counts(args)
+    output = output_path(args.output, [("the policy being benchmarked", args.policy)])  # before any work
+    doc = read_for_replay(args.policy).doc
     if doc.target.backend != "deepep_ht":
         raise UsageError(f"{args.policy}: bench times DeepEP high-throughput; this policy is for {doc.target.backend}")
     if args.rounds < 1:
@@ -82,10 +89,6 @@ def run(args: argparse.Namespace) -> int:
     bad = [r for r in routings if r not in ("uniform", "zipf")]
     if bad or not routings:
         raise UsageError(f"--routing takes uniform, zipf or both, got {args.routing!r}")
-    if args.output:
-        from moepolicy.files import write_target
-
-        write_target(args.output)  # before any work: a path that cannot be written is said now
     kind, world, why = _transport(args.transport, doc.target.ep_size)
     world = world or args.ranks
     emulated = kind == "emulated"
@@ -111,21 +114,31 @@ def run(args: argparse.Namespace) -> int:
     note(f"bench: {kind} ({why}), {world} ranks; {EMULATED if emulated else WHAT_IT_IS}")
     for arm in arms:
         note(f"  {arm.name}: {arm.label}; " + ", ".join(f"{k.count} layers {k.order}" for k in arm.kinds))
+    if args.dry_run:
+        note(f"dry run: {len(spec.routings)} routing(s) x {len(spec.tokens)} bucket(s) x {spec.rounds} rounds "
+             f"x {spec.reps} reps not started")
+        return 0
     note(f"timing {len(arms)} arms x {len(routings)} routing(s) x {len(tokens)} bucket(s), {args.rounds} rounds of "
          f"{spec.reps} repetitions; progress per bucket below")
     with tempfile.TemporaryDirectory(prefix="moepolicy-bench-") as tmp:
         times = run_step(arms, spec, world, tmp)
     rows = comparison(times)
-    render(rows, emulated, args.rounds)
+    render(rows, emulated, args.rounds, out=sys.stderr if args.output == STDOUT else sys.stdout)
     if args.output:
-        from moepolicy.policy_yaml import atomic_write
-
-        atomic_write(args.output, json.dumps({"what": EMULATED if emulated else WHAT_IT_IS, "transport": kind,
-                                              "ranks": world, "policy": args.policy, "spec": spec_doc(spec),
-                                              "arms": {a.name: a.label for a in arms}, "times_us": times,
-                                              "comparison": [] if emulated else rows}, indent=1) + "\n")
-        note(f"wrote {args.output}")
+        write_output(output, json.dumps({"what": EMULATED if emulated else WHAT_IT_IS, "transport": kind,
+                                         "ranks": world, "policy": args.policy, "spec": spec_doc(spec),
+                                         "arms": {a.name: a.label for a in arms}, "times_us": times,
+                                         "comparison": [] if emulated else rows}, indent=1) + "\n")
     return 0
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """The counts a bench runs with, checked before anything is read or started."""
+    if args.reps is not None and not 1 <= args.reps <= MAX_REPS:
+        raise UsageError(f"--reps must be from 1 to {MAX_REPS}, got {args.reps}")
+    if not 1 <= args.ranks <= MAX_EMULATED_RANKS:
+        raise UsageError(f"--ranks must be from 1 to {MAX_EMULATED_RANKS} (processes of the emulated transport), "
+                         f"got {args.ranks}")
 
 
 BASELINES = ("vllm", "deepep-default")
@@ -166,16 +179,17 @@ def _ratio(r: dict) -> str:
     return f"{speedup_words(r['speedup'])}{tail} [{interval_words(low, high)}]"
 
 
-def render(rows: list[dict], emulated: bool, rounds: int = 0) -> None:
+def render(rows: list[dict], emulated: bool, rounds: int = 0, out=None) -> None:
+    out = out or sys.stdout
     if emulated:
         runs = sum(len(r["median_us"]) for r in rows)
         print(f"plumbing ok: {runs} arm runs ({len(rows)} routing x bucket pairs, {rounds} rounds each) went end to "
-              f"end; {EMULATED}: no time is shown or compared")
+              f"end; {EMULATED}: no time is shown or compared", file=out)
         return
     table(["routing", "tokens", "policy us", "vllm us", "deepep-default us", "policy vs vllm", "vs deepep-default"],
           [[r["routing"], r["tokens"], r["median_us"]["policy"], r["median_us"]["vllm"],
             r["median_us"]["deepep-default"], _ratio(r["vs_vllm"]), _ratio(r["vs_deepep-default"])] for r in rows],
-          out=sys.stdout)
+          out=out)
     family = rows[0]["vs_vllm"].get("correction", "") if rows else ""
     print("medians over rounds; speed-ups: paired per-round geometric means with the exact sign-flip test's 95% "
-          f"interval (per comparison); 'faster'/'slower' only beyond noise under {family or 'the test'}")
+          f"interval (per comparison); 'faster'/'slower' only beyond noise under {family or 'the test'}", file=out)

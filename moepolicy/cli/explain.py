@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+from typing import Sequence
 
 from moepolicy.cli._output import note
+from moepolicy.cli._replay import policy_packs
 from moepolicy.cli._target import add_target_flags
 from moepolicy.errors import PolicyError, UsageError
 from moepolicy.feasibility import wire_problem
 from moepolicy.rules.engine import Decision, decide
-from moepolicy.rules.grammar import RulePack
-from moepolicy.rules.packs import builtin_names, builtin_pack, load_user_pack
 from moepolicy.rules.vocabulary import VOCABULARY
 
 _MARK = {"fired": "=> fired", "condition-false": "   no", "not-for-this-layer": "   n/a",
@@ -53,20 +52,6 @@ def render(index: int, facts: dict, decision: Decision, out=None) -> None:
         print(f"  {_MARK[step.outcome]:12} {step.pack}/{step.rule} (priority {step.priority}){detail}", file=out)
 
 
-def _pack_for(ref) -> tuple[RulePack, str]:
-    if ref.path and Path(ref.path).is_file():
-        pack = load_user_pack(ref.path)
-    elif ref.name in builtin_names():
-        pack = builtin_pack(ref.name)
-    else:
-        raise PolicyError(f"rule pack '{ref.name}' used by this policy cannot be found"
-                          + (f" at {ref.path}" if ref.path else ""))
-    warn = "" if pack.sha256 == ref.sha256 else (
-        f"rule pack '{ref.name}' changed since the plan (sha256 {ref.sha256[:12]} -> "
-        f"{pack.sha256[:12]}); replaying with the current version")
-    return pack, warn
-
-
 def measured_lines(doc, layer) -> list[str]:
     """What measured facts did to this layer: the timings, the order per token bucket, and the
     rules' decision without them (what a runtime with another tuning key uses)."""
@@ -88,22 +73,23 @@ def measured_lines(doc, layer) -> list[str]:
     return out
 
 
-def explain_from_file(path: str, index: int) -> int:
-    from moepolicy.policy_reader import read_policy
+def explain_from_file(path: str, index: int, rules: Sequence[str] = ()) -> int:
+    from moepolicy.cli._replay import read_for_replay
     from moepolicy.target import target_from_doc
 
-    loaded = read_policy(path)
+    loaded = read_for_replay(path)
     doc = loaded.doc
     layers = {layer.index: layer for layer in doc.layers}
     if index not in layers:
         raise UsageError(f"--layer {index} is not in {path} (layers 0-{len(doc.layers) - 1})")
     layer = layers[index]
     packs = []
-    for ref in doc.rules.packs:
-        pack, warn = _pack_for(ref)
-        if warn:
-            note(warn)
-        packs.append(pack)
+    for found in policy_packs(doc, path, rules):
+        if found.pack is None:
+            raise PolicyError(found.note)
+        if found.note:
+            note(found.note + "; replaying with the current version")
+        packs.append(found.pack)
     target = target_from_doc(doc.target)
     from moepolicy.planner import replay_facts
 
@@ -130,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if args.policy and args.model:
         raise UsageError("give a policy file or --model, not both")
     if args.policy:
-        return explain_from_file(args.policy, args.layer)
+        return explain_from_file(args.policy, args.layer, args.rules)
     if not args.model:
         raise UsageError("give a policy file, or --model with target flags")
     from moepolicy.cli.plan import build_plan

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from moepolicy.cli._output import note
+from moepolicy.cli._output import add_output_flag, note, output_path, write_output
 from moepolicy.cli.validate import add_serving_flags, serving_note
-from moepolicy.policy_yaml import atomic_write
 from moepolicy.weights_memory import fit_note
 
 
@@ -20,15 +18,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=["shell", "json", "launch"], default=None,
                    help="vllm: shell (default) or json; sglang: json (the --deepep-config, default) or launch "
                         "(a launch_server command with every flag SGLang can take)")
-    p.add_argument("-o", "--output", help="write here instead of stdout")
+    add_output_flag(p, "the export")
     add_serving_flags(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.cli._replay import read_for_replay
 
-    doc = read_policy(args.policy).doc
+    output = output_path(args.output, [("the policy being exported", args.policy)])  # before any work
+    doc = read_for_replay(args.policy).doc
     serving_note(args)
     fits = fit_note(args.model or doc.model.name, doc.target.gpu, doc.target.ep_size, doc.target.engine)
     if fits:
@@ -60,8 +59,5 @@ def run(args: argparse.Namespace) -> int:
 
         result = export(doc, args.policy)
         text = json.dumps(result, indent=2) + "\n" if args.format == "json" else render_shell(result, doc.model.name)
-    if args.output:
-        atomic_write(args.output, text)
-    else:
-        sys.stdout.write(text)
+    write_output(output, text)
     return 0

@@ -13,8 +13,13 @@ _COMMANDS = ("models", "plan", "explain", "audit", "validate", "export", "tune",
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, like every other usage error
-        print(f"moepolicy: {one_line(message)} (see 'moepolicy {self.prog.split()[-1]} --help')"
-              if " " in self.prog else f"moepolicy: {one_line(message)}", file=sys.stderr)
+        from moepolicy.text import printable
+
+        # the message quotes what was typed (unrecognized arguments, an invalid choice): escaped as
+        # every other message is (argparse runs before the escaping streams are in place)
+        message = printable(one_line(message), one_line=True)
+        print(f"moepolicy: {message} (see 'moepolicy {self.prog.split()[-1]} --help')"
+              if " " in self.prog else f"moepolicy: {message}", file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -148,7 +153,7 @@ def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
             raise
         return code
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
+    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr, "standard error")
     try:
         return _run(args, bench_source)
     finally:
@@ -170,9 +175,13 @@ def _run(args: argparse.Namespace, bench_source) -> int:
         if isinstance(exc, BrokenPipeError):
             _silence_stdout()
             return 0
-        if isinstance(exc, OSError):  # standard output on a full disk or a closed descriptor
-            _silence_stdout()
-            print(f"moepolicy: cannot write to standard output ({exc.strerror or exc})", file=sys.stderr)
+        if isinstance(exc, OSError):  # what really failed: standard output (a full disk, a closed
+            from moepolicy.cli._output import os_error_line  # descriptor), or a file a command used
+
+            if getattr(exc, "moepolicy_stream", None) == "standard output":
+                _silence_stdout()
+            if getattr(exc, "moepolicy_stream", None) != "standard error":
+                print(f"moepolicy: {one_line(os_error_line(exc))}", file=sys.stderr)
             return 1
         raise
 

@@ -6,10 +6,9 @@ import argparse
 import sys
 
 from moepolicy.checkpoint import read_model
-from moepolicy.cli._output import note
+from moepolicy.cli._output import add_output_flag, model_inputs, note, output_path, rules_inputs, write_output
 from moepolicy.cli._target import add_target_flags, target_from_args
-from moepolicy.policy_yaml import dumps, write_document
-from moepolicy.files import write_target
+from moepolicy.policy_yaml import dumps
 from moepolicy.redact import redact_command
 from moepolicy.planner import Plan, build_document, make_plan
 from moepolicy.rules.packs import builtin_pack, pack_stack
@@ -21,8 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True,
                    help="catalog name, Hugging Face id (org/name[@rev]), config.json, or model folder")
     add_target_flags(p)
-    p.add_argument("-o", "--output", help="write the policy here (default, or '-': standard output); a symbolic "
-                                          "link is written through")
+    add_output_flag(p, "the policy")
     p.add_argument("--format", choices=["yaml", "json"], help="output format (default: from -o, else yaml)")
     p.set_defaults(run=run)
 
@@ -66,17 +64,12 @@ def _sends(decision) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.output and args.output != "-":
-        write_target(args.output)  # before any work
+    output = output_path(args.output, [*model_inputs(args.model), *rules_inputs(args.rules)])  # before any work
     plan = build_plan(args)
     doc = build_document(plan, command="moepolicy " + redact_command(sys.argv[1:]))
     diff = vllm_difference(plan)
     if diff:
         note(diff)
-    fmt = args.format or ("json" if args.output and args.output.endswith(".json") else "yaml")
-    if args.output and args.output != "-":
-        write_document(doc, args.output, fmt)
-        note(f"wrote {args.output} ({len(doc['layers'])} layers)")
-    else:
-        sys.stdout.write(dumps(doc, fmt))
+    fmt = args.format or ("json" if output and output.endswith(".json") else "yaml")
+    write_output(output, dumps(doc, fmt), f"{len(doc['layers'])} layers")
     return 0

@@ -9,15 +9,16 @@ which first. Outside the model's measured envelope the policy keeps DeepEP's def
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from typing import Optional
 
 from moepolicy.cli._deepep_summary import overlap_lines
-from moepolicy.cli._output import note, progress_to_stderr, table
+from moepolicy.cli._output import (add_output_flag, model_inputs, note, output_path, progress_to_stderr, rules_inputs,
+                                   table, write_result)
 from moepolicy.cli._target import add_target_flags
-from moepolicy.policy_yaml import dumps, write_document
-from moepolicy.files import write_target
+from moepolicy.policy_yaml import dumps
 from moepolicy.errors import MoePolicyError, TuningError, UsageError
 from moepolicy.tuning.bench_source import BenchChoice, BenchSource
 from moepolicy.tuning.overlap_report import OverlapBucketRow
@@ -27,9 +28,10 @@ from moepolicy.tuning.options import (
 from moepolicy.redact import redact_command
 from moepolicy.tuning.bench import REGIMES
 from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
-from moepolicy.tuning.storage import check_storage
+from moepolicy.tuning.storage import check_storage, storage_failure
 
 DEFAULT_NODE_GPUS = 8
+MAX_TRIAL_TIMEOUT_S = 86400.0  # the live watchdog: a day per trial at most
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -87,9 +89,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--launcher", choices=["local", "torchrun"], default="local",
                    help="torchrun: one process per rank from torchrun's environment; rank 0 alone "
                         "talks to the study (coordination over gloo; with --bench model)")
-    p.add_argument("-o", "--output", default="policy.yaml",
-                   help="policy file to write (default policy.yaml; '-' for standard output); a symbolic "
-                        "link is written through")
+    add_output_flag(p, "the policy", default="policy.yaml")
     p.set_defaults(run=run)
 
 
@@ -124,8 +124,9 @@ def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
         raise UsageError(f"--seed must be between 0 and 2**32 - 1, got {args.seed}")
     if args.max_buffer_mb < 1:
         raise UsageError(f"--max-buffer-mb must be at least 1, got {args.max_buffer_mb}")
-    if args.trial_timeout <= 0:
-        raise UsageError(f"--trial-timeout must be positive, got {args.trial_timeout}")
+    if not (math.isfinite(args.trial_timeout) and 0 < args.trial_timeout <= MAX_TRIAL_TIMEOUT_S):
+        raise UsageError(f"--trial-timeout must be a number of seconds from 0 to {MAX_TRIAL_TIMEOUT_S} (the live "
+                         f"watchdog; nan and inf would turn it off), got {args.trial_timeout}")
     overlap = None
     if args.confirm_rounds < MIN_ROUNDS:
         raise UsageError(f"--confirm-rounds must be at least {MIN_ROUNDS} (the fewest in which the paired test with "
@@ -162,19 +163,19 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
         raise UsageError(f"--launcher torchrun measures on its {world} ranks; --ep-size {args.ep_size} differs")
     args.ep_size = world
     from moepolicy.target import TargetSpec, resolve_target
-    from moepolicy.tuning.coordinate import CoordinatedBench, serve
+    from moepolicy.tuning.coordinate import CoordinatedBench, join_group, serve
 
     if args.bench == "live":
         import torch
 
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        join_group("nccl", note, device_id=torch.device("cuda", local))
         from moepolicy.tuning.live_bench import RankBench
 
         inner = RankBench(dist.group.WORLD, args.max_buffer_mb * 1024 * 1024 // 128 * 128)
     else:
-        dist.init_process_group("gloo")
+        join_group("gloo", note)
         inner = source.build(BenchChoice("model", "torchrun", world),
                              resolve_target(TargetSpec(gpu=args.gpu, ep_size=world), probe=False).gpu, 0, 0.0, 0)
     try:
@@ -229,9 +230,8 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench, 
     note(f"bench: {choice.kind} ({choice.why})")
     objective, space = load_objective(), load_space()
     options = tune_options(args, objective)
-    if args.output != "-":
-        write_target(args.output)  # before any work: a path that cannot be written is said now
     check_storage(options.storage)
+    output = output_path(args.output, tune_inputs(args, options.storage))  # before any work
     default_ep = choice.ranks if choice.kind == "live" else None
     if choice.kind == "model" and args.ep_size is None:
         default_ep = args.gpus_per_node or DEFAULT_NODE_GPUS
@@ -239,7 +239,7 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench, 
              "(pass --ep-size to choose)")
     plan = build_plan(args, default_ep=default_ep)
     if plan.target.deepep.api == "v2":
-        return _tune_v2(args, choice, plan, options, build_v2_bench)
+        return _tune_v2(args, choice, plan, options, build_v2_bench, output)
     try:
         import optuna
     except ImportError:
@@ -248,20 +248,23 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench, 
     from moepolicy.tuning.runner import tune_plan
 
     with progress_to_stderr(verbose=args.verbose):
-        result = tune_plan(plan, build_bench(plan, objective), options, space, objective)
+        try:
+            result = tune_plan(plan, build_bench(plan, objective), options, space, objective)
+        except Exception as exc:  # noqa: BLE001 (the study database failing: one line; anything else re-raised)
+            failed = storage_failure(exc, options.storage)
+            if failed is None:
+                raise
+            raise failed from None
     if choice.shared:
         mark_functional(result.document, choice)
     render(result)
-    if args.output == "-":
-        sys.stdout.write(dumps(result.document))
-        return _after_interrupt(result)
-    output = _output_for(result, args.output)
-    write_document(result.document, output)
-    note(f"wrote {output}" + (" (a partial result, marked so in the file)" if result.interrupted else ""))
+    write_result(_output_for(result, output), dumps(result.document),
+                 "a partial result, marked so in the file" if result.interrupted else "")
     return _after_interrupt(result)
 
 
-def _tune_v2(args: argparse.Namespace, choice: BenchChoice, plan, options, build_v2_bench) -> int:
+def _tune_v2(args: argparse.Namespace, choice: BenchChoice, plan, options, build_v2_bench,
+             output: Optional[str]) -> int:
     """DeepEP v2: its SM count and prefer-overlap option, measured live (no model of v2 exists)."""
     if choice.kind != "live" or build_v2_bench is None:
         raise UsageError(
@@ -279,11 +282,7 @@ def _tune_v2(args: argparse.Namespace, choice: BenchChoice, plan, options, build
         note(f"  T={tokens}, report rounds: " + (speedup.words() if speedup is not None else times))
     if chosen.report_weighted is not None:
         note(f"  weighted over the buckets, report rounds: {chosen.report_weighted.words()}")
-    if args.output == "-":
-        sys.stdout.write(dumps(document))
-    else:
-        write_document(document, args.output)
-        note(f"wrote {args.output}")
+    write_result(output, dumps(document))
     return 0
 
 
@@ -306,12 +305,19 @@ def _after_interrupt(result) -> int:
     return 0
 
 
-def _output_for(result, output: str) -> str:
+def tune_inputs(args: argparse.Namespace, storage: str) -> list[tuple[str, object]]:
+    """What a tune reads, which its ``-o`` must not name: the checkpoint, the rule packs, the study database."""
+    from moepolicy.tuning.storage import storage_file
+
+    return [*model_inputs(args.model), *rules_inputs(args.rules), ("the study database", storage_file(storage))]
+
+
+def _output_for(result, output: Optional[str]) -> Optional[str]:
     """Where the result goes: ``output``, unless the tune was interrupted and ``output`` holds a
     complete policy, which a partial result never replaces (it goes beside it, ``*.partial.yaml``)."""
     from pathlib import Path
 
-    if not result.interrupted or not Path(output).exists():
+    if output is None or not result.interrupted or not Path(output).exists():
         return output
     from moepolicy.policy_reader import read_policy
 

@@ -47,6 +47,7 @@ def _rekey(path: str, strict: bool) -> None:
     from moepolicy.keys import compute_keys
     from moepolicy.policy_reader import MAX_POLICY_BYTES, _parse_raw, parse_policy
     from moepolicy.files import read_bounded
+    from moepolicy.cli._replay import stored_facts_problem
 
     raw = _parse_raw(read_bounded(path, MAX_POLICY_BYTES, PolicyError).decode("utf-8", "replace"), path)
     if "layers" not in raw or "target" not in raw:
@@ -57,7 +58,10 @@ def _rekey(path: str, strict: bool) -> None:
         raise PolicyError(f"{path}: cannot rekey, a key part is missing or malformed ({exc})") from None
     fmt = "json" if path.endswith(".json") else "yaml"
     text = dumps(raw, fmt)
-    parse_policy(text, f"{path} (rekeyed, not written)", strict=strict)  # refuses before anything is written
+    loaded = parse_policy(text, f"{path} (rekeyed, not written)", strict=strict)  # refuses before anything is written
+    problem = stored_facts_problem(loaded.doc)
+    if problem:
+        raise PolicyError(f"{path} (rekeyed, not written): {problem}")
     atomic_write(path, text)
     note(f"rekeyed {path}")
 
@@ -95,6 +99,11 @@ def _validate(path: str, args: argparse.Namespace) -> None:
     for warning in loaded.warnings:
         note(f"warning: {warning}")
     doc = loaded.doc
+    from moepolicy.cli._replay import stored_facts_problem
+
+    problem = stored_facts_problem(doc)
+    if problem:
+        raise PolicyError(f"{args.policy}: {problem}")
     if doc.deepep.partial is not None:
         raise PolicyError(f"{path}: a partial result ({doc.deepep.partial.reason}); load_policy uses DeepEP's "
                           "default configs and the decisions without measured facts for it; re-run the tune")

@@ -7,12 +7,17 @@ extra, matplotlib). Each figure draws only what the document records:
   engine's default, with the speed-ups' 95 % intervals;
 - ``orders.png``: both orders per bucket, where a live tune timed them;
 - ``overlap.png``: the overlap split scan, where the policy has one.
+
+The fields drawn (``provenance.scan``, ``buckets[].measured.confirm``, ``overlap.splits_us``) are
+free-form in the schema: a row that is not in the form ``tune`` writes (a hand edit, another tool)
+is left out, a figure with nothing well-formed left is skipped with a note, never a crash.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
 
@@ -26,14 +31,27 @@ def _pyplot():
     return plt
 
 
-def draw(doc: dict[str, Any], folder: Path) -> list[Path]:
-    """Write every figure the document has data for into ``folder``; returns the files written."""
+FIGURES = ("sms", "kept_vs_default", "orders", "overlap")
+MAX_PANELS = 16  # token buckets side by side in one figure
+MAX_POINTS = 1000  # rows drawn per figure
+
+
+def draw(doc: dict[str, Any], folder: Path, notes: Optional[list[str]] = None) -> list[Path]:
+    """Write every figure the document has data for into ``folder``; returns the files written.
+    A figure whose data is malformed is skipped, and why is appended to ``notes``."""
     folder.mkdir(parents=True, exist_ok=True)
     deepep = doc["deepep"]
-    label = deepep["provenance"]["source"]
+    label = str((deepep.get("provenance") or {}).get("source", "?"))
     written = []
-    for name, fn in (("sms", _sms), ("kept_vs_default", _kept), ("orders", _orders), ("overlap", _overlap)):
-        fig = fn(deepep, label)
+    for name, fn in zip(FIGURES, (_sms, _kept, _orders, _overlap)):
+        try:
+            fig = fn(deepep, label)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as exc:
+            _pyplot().close("all")
+            if notes is not None:
+                notes.append(f"{name}.png not drawn: its data is not in the form tune writes ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:120]})")
+            continue
         if fig is None:
             continue
         path = folder / f"{name}.png"
@@ -43,23 +61,46 @@ def draw(doc: dict[str, Any], folder: Path) -> list[Path]:
     return written
 
 
+def _number(x: Any) -> Optional[float]:
+    """A finite number (not a bool), or None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        value = float(x)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) and abs(value) < 1e15 else None
+
+
+def _rows(items: Any, fields: tuple[str, ...]) -> list[dict[str, float]]:
+    """The mappings of ``items`` whose ``fields`` are all finite numbers (those fields, as floats)."""
+    out = []
+    for item in items if isinstance(items, list) else ():
+        if isinstance(item, dict) and all(_number(item.get(f)) is not None for f in fields):
+            out.append({f: _number(item[f]) for f in fields} | {k: v for k, v in item.items() if k not in fields})
+        if len(out) >= MAX_POINTS:
+            break
+    return out
+
+
 def _sms(deepep: dict, label: str):
-    prov = deepep["provenance"]
-    scan = prov.get("scan") or (prov.get("search") or {}).get("scan") or []  # 2.2: under provenance.search
+    prov = deepep.get("provenance") or {}
+    scan = _rows(prov.get("scan") or (prov.get("search") or {}).get("scan"),  # 2.2: under provenance.search
+                 ("tokens", "num_sms", "best_us"))
     if not scan:
         return None
     plt = _pyplot()
-    tokens = sorted({row["tokens"] for row in scan})
+    tokens = sorted({row["tokens"] for row in scan})[:MAX_PANELS]
     fig, axes = plt.subplots(1, len(tokens), figsize=(4.2 * len(tokens), 3.4), squeeze=False)
     for ax, t in zip(axes[0], tokens):
         rows = sorted((r for r in scan if r["tokens"] == t), key=lambda r: r["num_sms"])
         ax.plot([r["num_sms"] for r in rows], [r["best_us"] for r in rows], "o-", label="search best")
-        with_default = [r for r in rows if "default_us" in r]
+        with_default = [r for r in rows if _number(r.get("default_us")) is not None]
         ax.plot([r["num_sms"] for r in with_default], [r["default_us"] for r in with_default], "s--",
                 label="DeepEP default chunks")
         ax.axvline(deepep["num_sms"], color="green", label=f"chosen ({deepep['num_sms']})")
         ax.axvline(VLLM_HT_NUM_SMS, color="grey", linestyle=":", label=f"vLLM ({VLLM_HT_NUM_SMS})")
-        ax.set(title=f"{t} tokens per rank", xlabel="DeepEP SMs", ylabel="dispatch + combine, us")
+        ax.set(title=f"{t:g} tokens per rank", xlabel="DeepEP SMs", ylabel="dispatch + combine, us")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"DeepEP time against its SMs ({label}; search samples)", y=1.04)
     return fig
@@ -83,7 +124,7 @@ def _evidence(bucket: dict):
 def _kept(deepep: dict, label: str):
     from moepolicy.measure.rounds import speedup_words
 
-    buckets = [b for b in deepep["buckets"] if _evidence(b)]
+    buckets = [b for b in deepep["buckets"] if _evidence(b)][:MAX_PANELS]
     if not buckets:
         return None
     plt = _pyplot()
@@ -123,6 +164,7 @@ def _orders(deepep: dict, label: str):
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.4))
+    timed = timed[:MAX_POINTS]
     xs = range(len(timed))
     ax.bar([x - 0.2 for x in xs], [t["quant_then_dispatch_us"] for t in timed], width=0.4, label="quantize first")
     ax.bar([x + 0.2 for x in xs], [t["dispatch_then_quant_us"] for t in timed], width=0.4, label="dispatch bf16 first")
@@ -140,14 +182,17 @@ def _orders(deepep: dict, label: str):
 
 
 def _overlap(deepep: dict, label: str):
-    splits = (deepep.get("overlap") or {}).get("splits_us") or {}
-    if not splits:
+    overlap = deepep.get("overlap") if isinstance(deepep.get("overlap"), dict) else {}
+    splits = overlap.get("splits_us") if isinstance(overlap.get("splits_us"), dict) else {}
+    points = sorted((int(k), _number(v)) for k, v in splits.items()
+                    if str(k).strip().isdigit() and len(str(k)) < 7 and _number(v) is not None)[:MAX_POINTS]
+    if not points:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    points = sorted((int(k), v) for k, v in splits.items())
     ax.plot([p[0] for p in points], [p[1] for p in points], "o-")
-    ax.axvline(deepep["overlap"].get("comm_sms", deepep["num_sms"]), color="green", label="chosen")
+    chosen = _number(overlap.get("comm_sms"))
+    ax.axvline(chosen if chosen is not None else deepep["num_sms"], color="green", label="chosen")
     ax.axvline(VLLM_HT_NUM_SMS, color="grey", linestyle=":", label="vLLM's split (20)")
     ax.set(xlabel="communication SMs (the GEMM gets the rest)", ylabel="overlapped MoE step, us",
            title=f"overlap split scan ({label})")

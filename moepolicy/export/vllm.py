@@ -259,7 +259,6 @@ def policy_actions(doc: PolicyDoc, deepep_v2: bool = False) -> dict[int, list[ac
 
 def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, cannot: list) -> None:
     deepep = doc.deepep
-    source = deepep.provenance.source
     applied.append(f"DeepEP num_sms {deepep.num_sms}" + (f" (vLLM alone fixes {VLLM_HT_NUM_SMS})"
                                                           if deepep.num_sms != VLLM_HT_NUM_SMS else ""))
     applied.append(actions.configs_line(deepep.provenance.source, len(deepep.buckets)))

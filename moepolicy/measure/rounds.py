@@ -247,7 +247,6 @@ def _sign_flip_numpy(logs: list[float], exact: bool, seed: int, interval: bool =
 
 
 def _sign_flip_python(logs: list[float], exact: bool, seed: int):
-    n = len(logs)
     if exact:
         subsets = [(0.0, 0)]
         for x in logs:

@@ -237,7 +237,7 @@ def run(arms: tuple[Arm, ...], spec: StepSpec, world: int, outdir: str) -> dict:
     os.makedirs(outdir, exist_ok=True)
     try:
         mp.start_processes(_entry, args=(world, arms, spec, outdir), nprocs=world, start_method="spawn", join=True)
-    except mp.ProcessException as exc:  # a rank raised or died: its last line says why
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:  # a rank raised or died: its last line says why
         lines = [line for line in str(exc).strip().splitlines() if line.strip()]
         raise MeasurementError(f"a benchmark rank failed: {lines[-1] if lines else type(exc).__name__}") from None
     return json.loads((Path(outdir) / "times.json").read_text())

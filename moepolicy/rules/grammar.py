@@ -97,9 +97,11 @@ class RulePack:
     builtin: bool = False
 
     def ref(self) -> dict[str, str]:
+        """How a policy names this pack: name, version, sha256 and, for a user pack, its file's name
+        (never its path: the policy is read where the pack's path means nothing)."""
         out = {"name": self.name, "version": self.version, "sha256": self.sha256}
-        if not self.builtin:
-            out["path"] = self.path
+        if not self.builtin and _is_name(Path(self.path).name):
+            out["path"] = Path(self.path).name
         return out
 
 
@@ -293,6 +295,14 @@ def parse_rule(ctx: _Ctx, raw: Any, path: str, pack: str) -> Rule:
                 pack=pack)
 
 
+def _is_name(text: str) -> bool:
+    import re
+
+    from moepolicy.schema.policy_rules import NAME_MAX_LENGTH, NAME_PATTERN
+
+    return len(text) <= NAME_MAX_LENGTH and re.fullmatch(NAME_PATTERN, text) is not None
+
+
 def parse_pack(raw: Any, file: str, text_sha: str, known_caps: frozenset[str],
                builtin: bool = False) -> RulePack:
     try:
@@ -312,6 +322,9 @@ def _parse_pack(raw: Any, file: str, text_sha: str, known_caps: frozenset[str],
     name, version = raw.get("pack"), raw.get("version")
     if not isinstance(name, str) or not name:
         raise RulePackError(f"{file}: 'pack' (the pack's name) must be a non-empty string")
+    if not _is_name(name):
+        raise RulePackError(f"{file}: 'pack' must be a name (letters, digits, '_', '+', '-' and single dots, no "
+                            f"'/'; a policy names its packs), got {name!r}")
     if not isinstance(raw.get("rules"), list):
         raise RulePackError(f"{file}: 'rules' must be a list")
     rules = tuple(parse_rule(ctx, r, f"rules[{i}]", name) for i, r in enumerate(raw["rules"]))
@@ -325,9 +338,10 @@ def _parse_pack(raw: Any, file: str, text_sha: str, known_caps: frozenset[str],
 
 
 def load_pack(path: Path, known_caps: frozenset[str], builtin: bool = False) -> RulePack:
-    from moepolicy.datasheets import read_yaml
+    from moepolicy.datasheets import MAX_DATA_FILE_BYTES, read_yaml
+    from moepolicy.files import read_bounded
 
     raw = read_yaml(path)
-    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    sha = hashlib.sha256(read_bounded(path, MAX_DATA_FILE_BYTES, RulePackError)).hexdigest()
     return parse_pack(raw, str(path) if not builtin else f"moepolicy/data/rules/{path.name}", sha,
                       known_caps, builtin=builtin)

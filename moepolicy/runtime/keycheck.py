@@ -7,7 +7,8 @@ process already imported or from NVML, never by importing torch or deep_ep.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Sequence
 
 from moepolicy.policy_reader import PolicyView
 
@@ -83,37 +84,82 @@ def _layout_check(doc: PolicyView, ep_size: Optional[int]) -> SubCheck:
                     f"EP{ep_size} with {doc.target.gpus_per_node}/node is {layout}; policy {doc.target.layout}")
 
 
-def _packs_check(doc: PolicyView) -> SubCheck:
+def _packs_check(doc: PolicyView, places: Sequence[Path]) -> SubCheck:
+    """Each rule pack the plan used, against its file now: a built-in pack in moepolicy's data, a
+    user pack by its name in ``places`` (what the caller named, the policy's folder), never at a
+    path the policy gives; what is found does not depend on the working folder."""
     import hashlib
-    from pathlib import Path
 
     from moepolicy._resources import data_dir
+    from moepolicy.files import read_bounded
+    from moepolicy.policy_reader import MAX_PACK_BYTES, find_user_pack
+    from moepolicy.errors import PolicyError
 
-    changed, checked = [], 0
+    changed, missing, checked = [], [], 0
+    builtin = data_dir("rules")
     for ref in doc.rules.packs:
-        path = Path(ref.path) if ref.path else data_dir("rules") / f"{ref.name}.yaml"
-        if not path.is_file():
-            continue
+        if not _is_name(ref.name):
+            return SubCheck("decision", "rule_packs", "mismatched", f"pack name {ref.name!r} is not a name")
+        if (builtin / f"{ref.name}.yaml").is_file():
+            try:
+                sha = hashlib.sha256(read_bounded(builtin / f"{ref.name}.yaml", MAX_PACK_BYTES, PolicyError)).hexdigest()
+            except PolicyError:
+                continue
+        else:
+            found = find_user_pack(ref.name, getattr(ref, "path", None), places)
+            if found is None:
+                missing.append(ref.name)
+                continue
+            sha = found.sha256
         checked += 1
-        if hashlib.sha256(path.read_bytes()).hexdigest() != ref.sha256:
+        if sha != ref.sha256:
             changed.append(ref.name)
     if changed:
         return SubCheck("decision", "rule_packs", "mismatched", f"changed since the plan: {', '.join(changed)}")
+    if missing:  # not a mismatch: a pack need not be deployed beside the policy
+        return SubCheck("decision", "rule_packs", "unchecked",
+                        f"{checked} pack(s) unchanged; user pack(s) {', '.join(missing)} not found beside the policy "
+                        "or where load_policy was told (rules=)")
     if checked == 0:
         return SubCheck("decision", "rule_packs", "unchecked", "no pack found to compare")
     return SubCheck("decision", "rule_packs", "matched", f"{checked} pack(s) unchanged")
 
 
+def _is_name(text: object) -> bool:
+    import re
+
+    from moepolicy.schema.policy_rules import NAME_PATTERN
+
+    return isinstance(text, str) and re.fullmatch(NAME_PATTERN, text) is not None
+
+
 def _sheets_check(doc: PolicyView) -> SubCheck:
+    """The data sheets the plan was made from, hashed as they are now (by name only, reads bounded)."""
     from moepolicy._resources import sheets_sha256
 
     recorded = getattr(doc.target, "sheets_sha256", None)
     if not recorded:
         return SubCheck("decision", "data_sheets", "unchecked", "the policy does not record its sheets (before 2.1)")
-    status = "matched" if sheets_sha256(doc.target.deep_ep.sheet) == recorded else "mismatched"
+    name = doc.target.deep_ep.sheet
+    if not _is_name(name):
+        return SubCheck("decision", "data_sheets", "mismatched", f"sheet {name!r} is not a sheet's name")
+    status = "matched" if sheets_sha256(name, _bounded_or_none) == recorded else "mismatched"
     detail = "unchanged since the plan" if status == "matched" else (
         "the DeepEP, expert-kernel or GPU sheet changed since the plan (re-plan with this moepolicy)")
     return SubCheck("decision", "data_sheets", status, detail)
+
+
+def _bounded_or_none(path: Path) -> Optional[bytes]:
+    from moepolicy.errors import PolicyError
+    from moepolicy.files import file_kind, read_bounded
+    from moepolicy.policy_reader import MAX_PACK_BYTES
+
+    if file_kind(path) is None:
+        return None
+    try:
+        return read_bounded(path, MAX_PACK_BYTES, PolicyError)
+    except PolicyError:
+        return b"unreadable"
 
 
 def _ep_check(doc: PolicyView, ep_size: Optional[int]) -> SubCheck:
@@ -157,9 +203,9 @@ def _schedule_check(doc: PolicyView, schedule: Optional[str]) -> SubCheck:
 
 
 def check_keys(doc: PolicyView, *, ep_size: Optional[int], model,
-               schedule: Optional[str] = None) -> list[SubCheck]:
+               schedule: Optional[str] = None, pack_places: Sequence[Path] = ()) -> list[SubCheck]:
     return [_facts_check(doc, model), _arch_check(doc), _layout_check(doc, ep_size),
-            _packs_check(doc), _sheets_check(doc), _ep_check(doc, ep_size), _gpu_check(doc), _deepep_check(doc),
+            _packs_check(doc, pack_places), _sheets_check(doc), _ep_check(doc, ep_size), _gpu_check(doc), _deepep_check(doc),
             _schedule_check(doc, schedule)]
 
 

@@ -8,9 +8,10 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from moepolicy.errors import PolicyError
 from moepolicy.wire import Scale, Wire
@@ -29,7 +30,11 @@ def _warn_once(source: str, message: str) -> None:
         _WARNED.add((source, message))
     import logging  # only when there is something to say: keeps the loader's import light
 
-    logging.getLogger("moepolicy").warning("moepolicy: %s", message)
+    from moepolicy.text import printable
+
+    # a policy's text (its model name, a reason, the path) reaches the operator's terminal through
+    # the engine's log: control and bidirectional characters escaped, one line
+    logging.getLogger("moepolicy").warning("moepolicy: %s", printable(message, one_line=True))
 
 
 def _settings_from_doc(deepep: dict) -> DeepEPSettings:
@@ -119,20 +124,62 @@ def _hidden_hint(path: str | Path, model: Optional[str]) -> Optional[int]:
         return None
 
 
+MAX_EP_SIZE = 65536  # the schema's bound on target.ep_size
+
+
+def _argument_problem(ep_size: object, model: object, rules: object = ()) -> Optional[str]:
+    """Why ``load_policy``'s own arguments cannot be used (a caller's mistake, not the file's), or None."""
+    if ep_size is not None:
+        import operator
+
+        try:
+            n = operator.index(ep_size) if not isinstance(ep_size, bool) else None
+        except TypeError:
+            n = None
+        if n is None or not 1 <= n <= MAX_EP_SIZE:
+            return f"ep_size must be a whole number from 1 to {MAX_EP_SIZE} (the EP ranks serving), got {ep_size!r}"
+    if model is not None and not isinstance(model, (str, os.PathLike, ServedModel)):
+        return (f"model must be a name, a config.json or a folder (a string), or the ServedModel an engine loaded, "
+                f"got {type(model).__name__}")
+    given = [rules] if isinstance(rules, (str, os.PathLike)) else rules
+    if not isinstance(given, (list, tuple)) or not all(isinstance(p, (str, os.PathLike)) for p in given):
+        return f"rules must be a list of files or folders (rule packs), got {type(rules).__name__}"
+    return None
+
+
+def _places(path: str | Path, rules: object) -> tuple[Path, ...]:
+    """Where user rule packs are looked up: what the caller named (files or folders), then the
+    policy's own folder; absolute, so that the working folder does not change what is found."""
+    given = [rules] if isinstance(rules, (str, os.PathLike)) else list(rules)
+    return tuple(Path(p).absolute() for p in given) + (Path(path).absolute().parent,)
+
+
 def load_policy(path: str | Path, *, ep_size: Optional[int] = None, model: Optional[str | ServedModel] = None,
-                strict: bool = False, schedule: Optional[str] = None) -> Policy:
-    """Load ``path`` for a serving process (see :func:`_load`); never raises unless ``strict``."""
+                strict: bool = False, schedule: Optional[str] = None, rules: Sequence[str | Path] = ()) -> Policy:
+    """Load ``path`` for a serving process (see :func:`_load`); never raises unless ``strict``.
+
+    ``rules``: files or folders holding the user rule packs the policy was planned with (the
+    policy names them, never their paths); the policy's own folder is always searched.
+    """
+    problem = _argument_problem(ep_size, model, rules)
+    if problem is not None:
+        if strict:
+            raise PolicyError(f"{path}: {problem}")
+        return _safe(str(path), problem, None, {"decision": "unchecked", "tuning": "unchecked"},
+                     hidden=_hidden_hint(path, model if isinstance(model, str) else None))
+    ep_size = None if ep_size is None else int(ep_size)
+    places = _places(path, rules)
     if strict:
-        return _load(path, ep_size=ep_size, model=model, strict=True, schedule=schedule)
+        return _load(path, ep_size=ep_size, model=model, strict=True, schedule=schedule, places=places)
     try:
-        return _load(path, ep_size=ep_size, model=model, strict=False, schedule=schedule)
+        return _load(path, ep_size=ep_size, model=model, strict=False, schedule=schedule, places=places)
     except Exception as exc:  # noqa: BLE001 (serving must never be taken down by a policy file)
         return _safe(str(path), f"unexpected error while loading ({type(exc).__name__}: {exc})", ep_size,
                      {"decision": "unchecked", "tuning": "unchecked"}, hidden=_hidden_hint(path, model))
 
 
 def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str | ServedModel], strict: bool,
-          schedule: Optional[str] = None) -> Policy:
+          schedule: Optional[str] = None, places: Sequence[Path] = ()) -> Policy:
     """Load ``path`` for a serving process with ``ep_size`` ranks serving ``model``.
 
     Args:
@@ -161,7 +208,7 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str | Ser
         _warn_once(source, warning)
     data = loaded.doc
     doc = View(data)
-    checks = check_keys(doc, ep_size=ep_size, model=model, schedule=schedule)
+    checks = check_keys(doc, ep_size=ep_size, model=model, schedule=schedule, pack_places=places)
     report = {"decision": summarise(checks, "decision", "model_facts"),
               "tuning": summarise(checks, "tuning", "ep_size")}
     details = tuple(c.render() for c in checks)

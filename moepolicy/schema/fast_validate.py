@@ -50,7 +50,7 @@ def _core(node: dict[str, Any]):
         return cs.literal_schema(list(node["enum"]))
     kind = node.get("type")
     if kind == "string":
-        return cs.str_schema(pattern=node.get("pattern"))
+        return cs.str_schema(pattern=node.get("pattern"), max_length=node.get("maxLength"))
     if kind == "integer":
         return cs.int_schema(ge=node.get("minimum"), le=node.get("maximum"), gt=node.get("exclusiveMinimum"))
     if kind == "number":
@@ -166,6 +166,19 @@ def _cross_checks(doc: dict[str, Any]) -> Optional[str]:
     return None
 
 
+def error_message(err: dict[str, Any]) -> str:
+    """One validation error (pydantic's or pydantic-core's) in the policy readers' words."""
+    kind = err.get("type")
+    if kind == "missing":
+        return "missing (a policy needs it)"
+    if kind in ("string_pattern_mismatch", "string_too_long") and rules.NAME_PATTERN in str(
+            (err.get("ctx") or {}).get("pattern", rules.NAME_PATTERN)):
+        seen = repr(err.get("input"))[:80]  # repr escapes control and bidirectional characters
+        return (f"must be a name, never a path (letters, digits, '_', '+', '-' and single dots, at most "
+                f"{rules.NAME_MAX_LENGTH} characters; no '/', no '..'), got {seen}")
+    return str(err.get("msg", "invalid")).removeprefix("Value error, ")
+
+
 def validate(raw: dict[str, Any], source: str) -> dict[str, Any]:
     """The validated (and coerced) document, or :class:`PolicyError` naming the place."""
     from pydantic_core import ValidationError
@@ -175,8 +188,7 @@ def validate(raw: dict[str, Any], source: str) -> dict[str, Any]:
     except ValidationError as exc:
         err = exc.errors()[0]
         more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        msg = "missing (a policy needs it)" if err.get("type") == "missing" else err.get("msg", "invalid")
-        raise PolicyError(f"{source}: {yaml_path(tuple(err.get('loc', ())))}: {msg}{more}") from None
+        raise PolicyError(f"{source}: {yaml_path(tuple(err.get('loc', ())))}: {error_message(err)}{more}") from None
     except RecursionError:
         raise PolicyError(f"{source}: nested too deeply to be a policy") from None
     problem = rules.version_problem(raw)  # before defaults: a 1.x document does not have 2.0's fields

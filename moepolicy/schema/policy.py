@@ -104,11 +104,17 @@ class ModelDoc(_Doc):
     top_k: int = Field(ge=0)
 
 
+def _name(**kwargs: Any) -> Any:
+    """A data sheet's or rule pack's name: never a path (the runtime looks the file up by name)."""
+    return Field(pattern=rules.NAME_PATTERN, max_length=rules.NAME_MAX_LENGTH, **kwargs)
+
+
 class DeepEPBuildDoc(_Doc):
     api: Literal["legacy", "v2"]
     version: str
     evidence: str
-    sheet: str = ""
+    # the DeepEP capability sheet's name (``deepep-legacy-29d31c0``); empty before 2.0
+    sheet: str = Field(default="", pattern=f"^$|{rules.NAME_PATTERN}", max_length=rules.NAME_MAX_LENGTH)
 
 
 class TargetDoc(_Doc):
@@ -128,10 +134,13 @@ class TargetDoc(_Doc):
 
 
 class PackRefDoc(_Doc):
-    name: str
+    """A rule pack the plan used: its name, version and sha256; a user pack also its file's name
+    (never a path: the runtime and ``explain`` look for it where they are told, and beside the policy)."""
+
+    name: str = _name()
     version: str
     sha256: str
-    path: Optional[str] = None
+    path: Optional[str] = _name(default=None)
 
 
 class RulesDoc(_Doc):

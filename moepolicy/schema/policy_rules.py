@@ -31,6 +31,12 @@ V2_LAYER_FIELDS = ("orders", "unmeasured", "combine")
 V2_DEEPEP_FIELDS = ("partial", "schedule", "regime", "measured_orders")
 
 
+# what a policy may call a data sheet or a rule pack (and a pack's file): a name, never a path: no
+# '/', no '\\', no '..', not absolute, not hidden; letters, digits, '_', '+', '-' and single dots
+NAME_PATTERN = r"^[A-Za-z0-9_+-]+(\.[A-Za-z0-9_+-]+)*$"
+NAME_MAX_LENGTH = 128
+
+
 # a DeepEP Config's chunk fields, in its argument order; the RDMA ones may be omitted (intranode)
 CHUNK_FIELDS = ("num_max_nvl_chunked_send_tokens", "num_max_nvl_chunked_recv_tokens",
                 "num_max_rdma_chunked_send_tokens", "num_max_rdma_chunked_recv_tokens")

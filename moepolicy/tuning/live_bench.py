@@ -42,6 +42,40 @@ def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands,
     dist.destroy_process_group()
 
 
+def quiet_worker(worker, *args) -> None:
+    """A worker process's entry: Ctrl-C (sent by a terminal to the whole process group) is the
+    supervisor's to handle, which stops or kills the group; a worker ignores it and never prints a
+    traceback for it (nor for SIGTERM: the group is ended by its supervisor)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started; ignored now
+    try:
+        worker(*args)
+    except KeyboardInterrupt:
+        os._exit(130)
+
+
+class _sigint_blocked:
+    """Block SIGINT in this thread while worker processes start: a process inherits the mask, so a
+    Ctrl-C while one starts (its interpreter and imports, before :func:`quiet_worker` runs) does not
+    reach it; the supervisor still gets the Ctrl-C (another thread, or once the block ends)."""
+
+    def __enter__(self):
+        import signal
+
+        self._old = (signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                     if hasattr(signal, "pthread_sigmask") else None)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self._old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
+
+
 def serve_commands(rank: int, commands, results, handlers) -> None:
     """A worker's loop: answer each (token, kind, args) with ``handlers[kind](token, *args)`` until ``None``.
     Every rank measures (the measurement is collective); rank 0 answers; an error from any rank is
@@ -193,11 +227,13 @@ class LiveBench(Bench):
         self._results = ctx.Queue()
         self._commands = [ctx.Queue() for _ in range(self.world)]
         rendezvous = tempfile.mktemp(prefix="moepolicy-live-")
-        self._procs = [ctx.Process(target=self._worker, args=(r, self.world, rendezvous, self.buffer_bytes,
-                                                         self._commands[r], self._results, self.reps),
+        self._procs = [ctx.Process(target=quiet_worker, args=(self._worker, r, self.world, rendezvous,
+                                                              self.buffer_bytes, self._commands[r], self._results,
+                                                              self.reps),
                                    daemon=True) for r in range(self.world)]
-        for p in self._procs:
-            p.start()
+        with _sigint_blocked():  # the workers start with Ctrl-C blocked: it is the supervisor's alone
+            for p in self._procs:
+                p.start()
         ready = 0
         deadline = time.monotonic() + self.start_timeout_s
         while ready < self.world:

@@ -383,7 +383,7 @@ def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, flo
 def _select_gate_report(m: _Measurer, candidates: list[SplitConfig], measured: dict[SplitConfig, float],
                         vllm: SplitConfig, rounds: int) -> OverlapSearch:
     """Phases 3-5: select in the search's group, gate and report each in a fresh worker group."""
-    bench, buckets, order = m.bench, m.buckets, m.order
+    buckets, order = m.buckets, m.order
     log.info(f"overlap phase 3 (selection): {len(candidates)} configs side by side, {rounds} rotated rounds")
     complete = confirm(m, candidates, rounds)
     if not complete:

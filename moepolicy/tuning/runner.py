@@ -26,7 +26,7 @@ from moepolicy.tuning import progress
 from moepolicy.tuning.options import TuneOptions
 from moepolicy.tuning.space import Space
 from moepolicy.redact import redact_url
-from moepolicy.tuning.storage import make_storage
+from moepolicy.tuning.storage import StorageFailed, make_storage, storage_failure
 from moepolicy.tuning.study import (BucketResult, SmsResult, SubStudy, choose_sms, fingerprint, open_parent_study,
                                      pareto_front, tune_bucket)
 
@@ -340,11 +340,19 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
     kept, interruption = _protocol(run, chosen, why, envelope, interruption)
     timings = () if interruption else _both_orders(run, kept)
     bench.close()
-    section = _section(run, chosen, results, kept, interruption is not None)
+    section = _partial_because(_section(run, chosen, results, kept, interruption is not None), interruption)
     doc = build_document(with_measurements(plan, timings), deepep=section, command=options.command)
     outcomes = tuple(BucketOutcome(t, p, kept.outcomes.get(t)) for t, p in kept.points.items())
     return TuneResult(document=doc, label=label, region=region, num_sms=kept.num_sms, why=kept.why,
                       buckets=outcomes, interruption=interruption, protocol=kept.result)
+
+
+def _partial_because(section: dict[str, Any], interruption: Optional[BaseException]) -> dict[str, Any]:
+    """A partial result ended by the study database failing says so (not "interrupted")."""
+    if isinstance(interruption, StorageFailed):
+        section["partial"]["reason"] = section["partial"]["reason"].replace(
+            "interrupted", f"the study database failed ({interruption.cause})", 1)
+    return section
 
 
 def _protocol(run: _Run, chosen: SmsResult, why: str, envelope,
@@ -425,6 +433,12 @@ def _search(run: _Run, storage, space: Space, sms_list: list[int]) -> tuple[list
     except KeyboardInterrupt as exc:
         log.info("interrupted: keeping the best found so far")
         return results, exc
+    except Exception as exc:  # noqa: BLE001 (the study database failing mid-tune ends it as an interrupt does)
+        failed = storage_failure(exc, options.storage)
+        if failed is None:
+            raise
+        log.info("the study database failed (%s): keeping the best found so far", failed.cause)
+        return results, failed
     return results, None
 
 

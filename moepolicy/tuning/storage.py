@@ -2,48 +2,91 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 from moepolicy.errors import TuningError
-from moepolicy.redact import redact_text, redact_url
+from moepolicy.redact import redact_text, redact_url, storage_url_problem
 
-def check_storage(url: str) -> None:
-    """Refuse, before any work, a file storage whose folder does not exist, and a database URL
-    that the driver would read otherwise than it is shown (see :func:`ambiguous_password`)."""
-    from pathlib import Path
+RDB_SCHEMES = ("sqlite", "postgresql", "mysql")
 
-    problem = ambiguous_password(url)
-    if problem:
-        raise TuningError(f"storage {redact_url(url)}: {problem}", field="storage")
+
+def storage_file(url: str) -> Optional[Path]:
+    """The file a storage URL reads and writes (a SQLite database, a journal), or None (a server)."""
     if url.endswith(".log") or url.startswith("journal:"):
-        path = url.removeprefix("journal:")
-    elif url.startswith("sqlite:///"):
-        path = url.removeprefix("sqlite:///").split("?", 1)[0]
-    else:
-        return
-    folder = Path(path).parent
-    if path and not folder.is_dir():
-        raise TuningError(f"storage {redact_url(url)}: the folder {folder} does not exist", field="storage")
-
-
-def ambiguous_password(url: str) -> Optional[str]:
-    """Why a database URL's password would reach the driver wrong, or None.
-
-    An ``@`` in a password must be written ``%40``: SQLAlchemy's own parser (``make_url``, which
-    optuna's RDB storage uses) splits the URL at the first ``@``, so the rest of the password would
-    be taken for the host, sent to a name server and echoed in the driver's error message.
-    """
-    if not url.startswith(("sqlite", "postgresql", "mysql")):
+        return Path(url.removeprefix("journal:"))
+    if not url.startswith("sqlite:"):
         return None
     try:
         from sqlalchemy.engine import make_url
 
-        host = make_url(url).host or ""
-    except Exception:  # noqa: BLE001 (not a URL SQLAlchemy reads: the storage says so when opened)
+        database = make_url(url).database
+    except Exception:  # noqa: BLE001 (unparsable: check_storage refuses it)
+        database = url.removeprefix("sqlite:///").split("?", 1)[0] if url.startswith("sqlite:///") else None
+    if not database or database == ":memory:" or database.startswith("file:"):
         return None
-    if "@" in host:
-        return "the password holds an '@', which the database driver reads as the start of the host; write it as %40"
-    return None
+    return Path(database)
+
+
+def check_storage(url: str) -> None:
+    """Refuse, before any work: a URL that is neither an optuna RDB URL nor a journal file; a database
+    URL that the driver would read otherwise than it is shown (:func:`moepolicy.redact.storage_url_problem`);
+    a storage file in a folder that does not exist, or that is a FIFO, a device or a folder (opening a
+    FIFO would block the tune forever)."""
+    from moepolicy.files import file_kind
+
+    scheme = url.strip().split(":", 1)[0].split("+", 1)[0]
+    is_journal = url.endswith(".log") or url.startswith("journal:")
+    if not is_journal and scheme not in RDB_SCHEMES:
+        raise TuningError(f"storage {redact_url(url)!r}: expected an optuna RDB URL (sqlite:///FILE, postgresql://, "
+                          "mysql://) or a journal file (*.log)", field="storage")
+    problem = None if is_journal else storage_url_problem(url)
+    if problem:
+        raise TuningError(f"storage {redact_url(url)}: {problem}", field="storage")
+    path = storage_file(url)
+    if path is None:
+        return
+    if not path.parent.is_dir():
+        raise TuningError(f"storage {redact_url(url)}: the folder {path.parent} does not exist", field="storage")
+    kind = file_kind(path)
+    if kind not in (None, "a regular file"):
+        raise TuningError(f"storage {redact_url(url)}: {path} is {kind}, not a database file; give a file path",
+                          field="storage")
+
+
+class StorageFailed(TuningError):
+    """The study database failed while a tune wrote to it (a full disk, a lost server): the tune
+    stops, keeps what it measured (a partial result) and says what failed in one line."""
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message, field="storage")
+        self.cause = cause
+
+
+def storage_failure(exc: BaseException, url: str) -> Optional[StorageFailed]:
+    """``exc`` as a :class:`StorageFailed` when it came from the study database (optuna's storage
+    errors, SQLAlchemy's, the sqlite3 or PostgreSQL driver's, a full disk under a journal), else None."""
+    import errno
+
+    if isinstance(exc, StorageFailed):
+        return exc
+    if isinstance(exc, (KeyboardInterrupt, TuningError)):
+        return None
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 20:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    storage_kinds = ("StorageInternalError", "OperationalError", "DatabaseError", "InterfaceError", "DiskFull")
+    from_storage = [e for e in chain if type(e).__name__ in storage_kinds or (
+        isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EROFS))]
+    if not from_storage:
+        return None
+    root = chain[-1]
+    cause = redact_text(" ".join(str(getattr(root, "orig", None) or root).split()) or type(root).__name__, url)
+    cause = cause.split(" [SQL:", 1)[0]
+    return StorageFailed(f"storage {redact_url(url)}: the study database failed during the tune ({cause}); the trials "
+                         "it stored are kept: fix it (free space, restart the server) and run the same command to "
+                         "resume", cause)
 
 
 def make_storage(url: str):
@@ -60,7 +103,7 @@ def make_storage(url: str):
         path = url.removeprefix("journal:")
         return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(path))
     if url.startswith(("sqlite", "postgresql", "mysql")):
-        problem = ambiguous_password(url)
+        problem = storage_url_problem(url)
         if problem:
             raise TuningError(f"storage {redact_url(url)}: {problem}", field="storage")
         try:

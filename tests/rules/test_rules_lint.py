@@ -103,7 +103,8 @@ def test_a_user_catch_all_shadows_the_builtin_pack(tmp_path):
 
 def test_audit_prints_the_lint(tmp_path):
     pack_path, _ = _pack(tmp_path)
-    policy = tmp_path / "p.yaml"
+    (tmp_path / "out").mkdir()
+    policy = tmp_path / "out" / "p.yaml"  # not beside the pack: audit finds it only where it is told
     planned = run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--rules", str(pack_path), "-o", str(policy))
     assert planned.returncode == 0, planned.stderr
     import yaml
@@ -112,7 +113,7 @@ def test_audit_prints_the_lint(tmp_path):
     dense = [layer for layer in layers if layer["kind"] == "dense"]
     # mine/hopper (no layer.kind in its condition) holds for dense layers too, but its order cannot apply
     assert dense and all(layer["order"] == "none" and layer["rule"] == "dense/none" for layer in dense)
-    explained = run_cli("explain", str(policy), "--layer", str(dense[0]["index"]))
+    explained = run_cli("explain", str(policy), "--layer", str(dense[0]["index"]), "--rules", str(pack_path))
     assert "n/a" in explained.stdout and "order no_quant does not apply to a dense layer" in explained.stdout
     result = run_cli("audit", str(policy), "--rules", str(pack_path))
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,165 @@
+"""Commands that fail half-way, as machines make them fail: a bench rank dies, the study database
+fills up, a torchrun peer never comes, Ctrl-C lands on every rank of a live tune. Each ends in one
+line with the documented exit code, and a tune keeps what it measured. (Each test runs real
+processes: the slow profile.)"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import cli_command, run_cli
+
+pytestmark = pytest.mark.slow
+ENV = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
+MODEL = "Qwen3-30B-A3B-FP8"
+
+
+def _last_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    return stderr.strip().splitlines()[-1]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _spawned_ranks(pid: int) -> list[int]:
+    ranks = []
+    for child in _children(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            ranks.append(child)
+    return sorted(ranks)
+
+
+def test_a_bench_rank_that_dies_ends_the_bench_in_one_line(tmp_path):
+    torch = pytest.importorskip("torch", reason="bench needs torch")  # noqa: F841
+    policy = tmp_path / "p.yaml"
+    assert run_cli("plan", "--model", MODEL, "--ep-size", "2", "-o", str(policy)).returncode == 0
+    bench = subprocess.Popen(cli_command("bench", str(policy), "--transport", "emulated", "--tokens", "16",
+                                         "--rounds", "200", "--reps", "5", "--routing", "uniform"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    deadline = time.monotonic() + 120
+    while len(_spawned_ranks(bench.pid)) < 2 and time.monotonic() < deadline and bench.poll() is None:
+        time.sleep(0.2)
+    ranks = _spawned_ranks(bench.pid)
+    assert len(ranks) == 2, "the bench did not start its ranks"
+    time.sleep(3)  # the ranks are measuring
+    os.kill(ranks[-1], signal.SIGKILL)  # a rank dies (the OOM killer, a device trap)
+    _, err = bench.communicate(timeout=120)
+    assert bench.returncode == 9, err
+    assert "a benchmark rank failed" in _last_line(err)
+
+
+FULL_DISK = textwrap.dedent("""
+    import sys
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+    pages = int(sys.argv[1])
+    @event.listens_for(Engine, "connect")
+    def cap(connection, record):  # SQLite's own limit: it answers SQLITE_FULL, 'database or disk is full'
+        cursor = connection.cursor()
+        cursor.execute(f"PRAGMA max_page_count = {pages}")
+        cursor.close()
+    from moepolicy.cli.main import main
+    sys.exit(main(sys.argv[2:]))
+""")
+
+
+def _tune_on_a_small_disk(tmp_path, pages: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", FULL_DISK, str(pages), "tune", "--model", MODEL, "--ep-size", "2",
+                           "--gpu", "h200", "--bench", "model", "--trials", "20", "--tokens", "128,1024",
+                           "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "p.yaml")],
+                          capture_output=True, text=True, env=ENV, timeout=600)
+
+
+def test_a_study_database_that_fills_up_mid_tune_ends_in_one_line_with_a_partial_policy(tmp_path):
+    from moepolicy import load_policy
+
+    result = _tune_on_a_small_disk(tmp_path, 60)  # about 40 trials fit
+    assert result.returncode == 7, result.stderr
+    line = _last_line(result.stderr)
+    assert "database or disk is full" in line and "run the same command to resume" in line, line
+    assert result.stderr.count("database or disk is full") <= 3  # no chained tracebacks, no SQL
+    partial = yaml.safe_load((tmp_path / "p.yaml").read_text())["deepep"]["partial"]
+    assert "the study database failed (database or disk is full)" in partial["reason"]
+    validate = run_cli("validate", str(tmp_path / "p.yaml"))
+    assert validate.returncode == 6 and "partial result" in validate.stderr
+    policy = load_policy(tmp_path / "p.yaml", ep_size=2)
+    assert not policy.is_fallback or "partial" in policy.fallback_reason
+
+
+def test_a_study_database_full_before_the_search_is_one_line(tmp_path):
+    result = _tune_on_a_small_disk(tmp_path, 5)
+    assert result.returncode == 7 and "database or disk is full" in _last_line(result.stderr)
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("rank, sig, code, said", [
+    ("0", signal.SIGINT, 130, "interrupted"), ("0", signal.SIGTERM, 143, "terminated"),
+    ("1", signal.SIGINT, 130, "interrupted"), ("1", signal.SIGTERM, 143, "terminated")])
+def test_a_torchrun_rank_waiting_for_a_missing_peer_says_so_and_honours_signals(tmp_path, rank, sig, code, said):
+    pytest.importorskip("torch.distributed", reason="--launcher torchrun needs torch")
+    env = {**ENV, "RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": rank, "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port())}
+    proc = subprocess.Popen(cli_command("tune", "--launcher", "torchrun", "--bench", "model", "--model", MODEL,
+                                        "--gpu", "h200", "--trials", "1", "--storage", f"sqlite:///{tmp_path}/s.db",
+                                        "-o", str(tmp_path / "p.yaml")),
+                            stderr=subprocess.PIPE, text=True, env=env)
+    import threading
+
+    silent = threading.Timer(60, proc.kill)  # a rank that says nothing for a minute fails the test
+    silent.start()
+    first = proc.stderr.readline()  # until the rank says what it waits for
+    silent.cancel()
+    waiting = "waiting for 1 more" if rank == "0" else "waiting for rank 0's store at 127.0.0.1:"
+    assert f"rank {rank}:" in first and waiting in first, first
+    proc.send_signal(sig)
+    try:
+        rest = proc.stderr.read()
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == code and rest.strip() == f"moepolicy: {said}", rest
+
+
+def test_ctrl_c_during_a_live_tune_prints_no_traceback_from_any_rank(tmp_path):
+    """A terminal sends Ctrl-C to the whole process group: the tune and every worker rank."""
+    cmd = cli_command("tune", "--model", MODEL, "--ep-size", "2", "--gpu", "h200", "--bench", "live",
+                      "--trials", "30", "--tokens", "128,1024", "--storage", f"sqlite:///{tmp_path}/s.db",
+                      "-o", str(tmp_path / "p.yaml"), fake_deepep=2)
+    for delay in (1.0, 6.0):  # while the ranks start (their interpreters importing), and while they measure
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+                                start_new_session=True)
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert _last_line(err) == "moepolicy: interrupted"
