@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import math
-import sys
 import types
 from typing import Any, Optional
 

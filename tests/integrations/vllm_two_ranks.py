@@ -10,7 +10,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from _pytest.monkeypatch import MonkeyPatch
 

@@ -27,7 +27,7 @@ def test_a_policy_written_before_the_change_loads_with_its_keys_matched(kind, mo
     # installed sheets are taken to be the ones they were planned with
     import moepolicy._resources as resources
 
-    monkeypatch.setattr(resources, "sheets_sha256", lambda sheet: doc["target"]["sheets_sha256"])
+    monkeypatch.setattr(resources, "sheets_sha256", lambda *args, **kwargs: doc["target"]["sheets_sha256"])
     policy = load_policy(path, ep_size=2, model="Qwen3-30B-A3B-FP8", strict=True)
     assert not policy.is_fallback and dict(policy.loaded.report) == {"decision": "matched", "tuning": "matched"}
     assert policy.deepep.num_sms == doc["deepep"]["num_sms"] == 48 and policy.deepep.source == kind
