@@ -43,7 +43,7 @@ class InfeasibleError(MoePolicyError):
 
 
 class PolicyError(MoePolicyError):
-    """A policy document is damaged, of an unsupported version, or does not match its key."""
+    """A policy document is damaged, of an unsupported version, does not match its key, or would not apply in serving."""
 
     exit_code = 6
 

@@ -17,7 +17,12 @@ STDOUT = "-"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out=None) -> None:
+    """A plain-text table on ``out`` (stdout by default); a table on stderr is a note (``-q`` hides it)."""
+    from moepolicy.cli._logging import Settings
+
     out = out or sys.stdout
+    if Settings.quiet and out is sys.stderr:
+        return
     cells = [[str(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
               for i, h in enumerate(headers)]
@@ -28,7 +33,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out=None) ->
 
 
 def note(message: str) -> None:
-    """A line for the user on stderr (progress, the target used, warnings)."""
+    """A line for the user on stderr (progress, the target used, warnings); with ``-q`` only warnings."""
+    from moepolicy.cli._logging import Settings
+
+    if Settings.quiet and not message.startswith("warning"):
+        return
     print(message, file=sys.stderr, flush=True)
 
 
@@ -41,26 +50,37 @@ class progress_to_stderr:
         self.verbose = verbose
 
     def __enter__(self):
+        from moepolicy.cli._logging import Settings
+
         self._loggers = []
-        bars = _Bars() if not self.verbose and sys.stderr.isatty() else None
-        self._attach("moepolicy.tuning", _Lines(bars), logging.DEBUG if self.verbose else logging.INFO)
+        verbose = self.verbose or Settings.level <= logging.DEBUG
+        if Settings.quiet:  # -q: no progress; warnings still reach stderr through the root logger
+            return self
+        bars = _Bars() if not verbose and sys.stderr.isatty() else None
+        self._attach("moepolicy.tuning", _Lines(bars), logging.DEBUG if verbose else logging.INFO)
         if bars is not None:
             self._attach("moepolicy.tuning.progress", bars, logging.INFO)
         return self
 
     def _attach(self, name: str, handler, level: int) -> None:
-        import logging
+        from moepolicy.cli._logging import Settings
 
         logger = logging.getLogger(name)
         self._loggers.append((logger, handler, logger.level, logger.propagate))
         logger.addHandler(handler)
         logger.setLevel(level)
         logger.propagate = False
+        if Settings.file_handler is not None and Settings.file_handler not in logger.handlers:
+            logger.addHandler(Settings.file_handler)  # --log-file keeps the progress lines too
+            self._loggers.append((logger, Settings.file_handler, logger.level, False))
 
     def __exit__(self, *exc) -> None:
-        for logger, handler, level, propagate in self._loggers:
+        from moepolicy.cli._logging import Settings
+
+        for logger, handler, level, propagate in reversed(self._loggers):
             logger.removeHandler(handler)
-            handler.close()
+            if handler is not Settings.file_handler:
+                handler.close()
             logger.setLevel(level)
             logger.propagate = propagate
 

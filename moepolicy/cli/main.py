@@ -17,18 +17,33 @@ class _Parser(argparse.ArgumentParser):
 
         # the message quotes what was typed (unrecognized arguments, an invalid choice): escaped as
         # every other message is (argparse runs before the escaping streams are in place)
-        message = printable(one_line(message), one_line=True)
+        message = printable(one_line(message), one_line=True) + _did_you_mean(message)
         print(f"moepolicy: {message} (see 'moepolicy {self.prog.split()[-1]} --help')"
               if " " in self.prog else f"moepolicy: {message}", file=sys.stderr)
         raise SystemExit(2)
 
 
+def _did_you_mean(message: str) -> str:
+    """" (did you mean 'plan'?)" for a mistyped command."""
+    import difflib
+    import re
+
+    typed = re.search(r"invalid choice: '([^']*)'", message)
+    if not typed or "COMMAND" not in message:
+        return ""
+    close = difflib.get_close_matches(typed.group(1), _COMMANDS, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
+    from moepolicy.cli import _logging
+
     parser = _Parser(prog="moepolicy", description=(
         "Decide, per MoE layer, whether activations are quantized before or after DeepEP dispatch; "
-        "tune DeepEP; emit a policy the serving runtime loads."))
+        "tune DeepEP; emit a policy the serving runtime loads."), epilog=exit_codes(),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     from moepolicy._version import __version__
 
     parser.add_argument("--version", action="version", version=f"moepolicy {__version__}")
@@ -36,7 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in _COMMANDS:
         importlib.import_module(f"moepolicy.cli.{name}").add_parser(sub)
+    for command in sub.choices.values():
+        _logging.add_flags(command)
+        command.epilog = command.epilog or exit_codes()
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
+
+
+def exit_codes() -> str:
+    """The exit codes, from the error classes (one home)."""
+    from moepolicy import errors
+
+    leaves = sorted({cls.exit_code: cls for cls in vars(errors).values()
+                     if isinstance(cls, type) and issubclass(cls, errors.MoePolicyError)}.items())
+    lines = ["exit codes: 0 done", "  1 any other error moepolicy names (in one line)"]
+    lines += [f"  {code} {(cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip('.')}" for code, cls in leaves
+              if cls is not errors.MoePolicyError]
+    lines += ["  130 interrupted (Ctrl-C), 143 terminated (SIGTERM)"]
+    return "\n".join(lines)
 
 
 # library field names whose flag is not the field's name with dashes
@@ -97,24 +129,6 @@ def _on_unraisable(event) -> None:
     resend.start()
 
 
-def _log_to_stderr() -> None:
-    """Library log records (SQLAlchemy's, optuna's warnings) on stderr as Python's last-resort
-    handler prints them, except a record of an interrupt: the CLI reports that itself in one line
-    (SQLAlchemy logs "Exception during reset or similar" with a traceback when Ctrl-C lands while a
-    database connection is checked in). A root logger configured by whoever embeds the CLI stands."""
-    import logging
-
-    class LastResortWithoutInterrupts(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
-                return
-            logging.lastResort.handle(record)  # sys.stderr at emit time, as when unconfigured
-
-    root = logging.getLogger()
-    if not root.handlers:
-        root.addHandler(LastResortWithoutInterrupts(logging.WARNING))
-
-
 def interrupt_exit(exc: BaseException) -> Optional[int]:
     """For Ctrl-C or SIGTERM, one line on stderr and the shell's exit code (130 or 143); None for
     anything else. An interrupt that lands while a module imports can surface as another exception
@@ -143,7 +157,9 @@ def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
     ``tune`` gets its measurements (tests inject fakes here)."""
     install_signal_handlers()  # first: an interrupt while the commands load ends in one line too
     try:
-        _log_to_stderr()
+        from moepolicy.cli import _logging
+
+        _logging.log_to_stderr()
         parser = build_parser()
         args = parser.parse_args(argv)
         from moepolicy.cli._output import SafeStream
@@ -161,7 +177,10 @@ def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
 
 
 def _run(args: argparse.Namespace, bench_source) -> int:
+    from moepolicy.cli import _logging
+
     try:
+        _logging.configure(args)
         code = int(args.run(args, bench_source) if args.command == "tune" else args.run(args) or 0)
         sys.stdout.flush()
         return code

@@ -33,8 +33,9 @@ def _write(tmp_path, doc, edit):
 
 
 FREE_FORM_EDITS = {
-    "confirm without rounds": lambda d: d["deepep"]["buckets"][0]["measured"]["confirm"]["vs_engine"].pop("rounds"),
-    "confirm a list": lambda d: d["deepep"]["buckets"][0]["measured"].update(confirm=[1, 2]),
+    "modelled without its times": lambda d: d["deepep"]["buckets"][0]["modelled"].pop("us"),
+    "a 2.1 confirm without rounds": lambda d: d["deepep"]["buckets"][0].update(
+        measured={"confirm": {"vs_engine": {"speedup": 1.1}, "median_us": {"engine": 1}}}),
     "an overlap row of strings": lambda d: d["deepep"]["buckets"][0].update(measured={"overlapped_us": "fast"}),
     "an overlap row dividing by zero": lambda d: d["deepep"]["buckets"][0].update(
         measured={"overlapped_us": 1.0, "comm_us": 0, "gemm_us": 0}),

@@ -1,0 +1,41 @@
+"""The conventions every command follows: -q, --log-level, --log-file, exit codes in --help, and
+"did you mean" for a mistyped command."""
+
+from conftest import run_cli
+
+
+def test_quiet_leaves_only_warnings_and_errors(tmp_path):
+    out = tmp_path / "p.yaml"
+    loud = run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "-o", str(out))
+    assert loud.returncode == 0 and "target:" in loud.stderr and "wrote" in loud.stderr
+    quiet = run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "-o", str(out), "-q")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    warned = run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "2", "-o", str(out), "-q")
+    assert warned.returncode == 0 and warned.stderr.startswith("warning:")  # the weights do not fit
+
+
+def test_log_file_keeps_the_tunes_lines_with_times(tmp_path):
+    log = tmp_path / "tune.log"
+    done = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "model", "--tokens", "1024",
+                   "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "p.yaml"), "-q",
+                   "--log-level", "info", "--log-file", str(log))
+    assert done.returncode == 0, done.stderr
+    text = log.read_text()
+    assert "moepolicy.tuning" in text and " INFO " in text
+    assert done.stderr == ""  # -q: nothing on stderr, everything in the file
+
+
+def test_an_unopenable_log_file_is_one_line(tmp_path):
+    done = run_cli("models", "--log-file", str(tmp_path / "no" / "such" / "x.log"))
+    assert done.returncode == 8 and done.stderr.strip().startswith("moepolicy: --log-file")
+
+
+def test_help_lists_the_exit_codes():
+    done = run_cli("--help")
+    assert "exit codes:" in done.stdout and "130 interrupted" in done.stdout and "  6 A policy document" in done.stdout
+    assert "exit codes:" in run_cli("validate", "--help").stdout
+
+
+def test_a_mistyped_command_gets_a_suggestion():
+    done = run_cli("paln", "--model", "x")
+    assert done.returncode == 2 and "(did you mean 'plan'?)" in done.stderr
