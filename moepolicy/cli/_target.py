@@ -10,7 +10,7 @@ from moepolicy.target import OPT_INS, Target, TargetSpec, resolve_target
 
 def add_target_flags(p: argparse.ArgumentParser, ep_required_hint: str = "required") -> None:
     g = p.add_argument_group("target")
-    g.add_argument("--gpu", help="hardware profile (h100, h200, b200, ...); default: the visible GPU, else h200")
+    g.add_argument("--gpu", help=f"hardware profile ({', '.join(_profiles())}); default: the visible GPU, else h200")
     g.add_argument("--ep-size", type=int, help=f"expert-parallel ranks ({ep_required_hint})")
     g.add_argument("--gpus-per-node", type=int, help="ranks per NVLink domain; EP above it is internode (default 8)")
     g.add_argument("--backend", default="deepep_ht", choices=["deepep_ht", "deepep_ll"],
@@ -19,7 +19,9 @@ def add_target_flags(p: argparse.ArgumentParser, ep_required_hint: str = "requir
                    "flashinfer_cutlass); default: what vLLM picks for the GPU and scheme")
     g.add_argument("--engine", default="vllm", choices=["vllm", "sglang"],
                    help="whose conventions to follow (ignore-list matching, scale layout)")
-    g.add_argument("--deep-ep-version", help="capability sheet; default: probed from the installed deep_ep, else the newest")
+    g.add_argument("--deep-ep-version", help=f"DeepEP capability sheet ({', '.join(_sheets())}); default: probed from "
+                   "the installed deep_ep, else the newest. Planning on a machine without DeepEP for a cluster with "
+                   "it: name the cluster's build, or the policy's tuning key will not match there")
     g.add_argument("--rules", action="append", default=[], metavar="FILE",
                    help="extra rule pack (file or built-in name such as 'vllm'), higher priority than the built-in one")
     g.add_argument("--opt-in", action="append", default=[], choices=list(OPT_INS),
@@ -34,3 +36,16 @@ def target_from_args(args: argparse.Namespace, default_ep: Optional[int] = None,
         gpu=args.gpu, ep_size=args.ep_size, gpus_per_node=args.gpus_per_node, backend=args.backend,
         expert_kernel=args.expert_kernel, engine=args.engine, deep_ep_version=args.deep_ep_version,
         options=tuple(args.opt_in), static_scale=args.static_scale), probe=probe, default_ep=default_ep)
+
+
+def _profiles() -> list[str]:
+    """The GPU profiles of moepolicy/data/sheets/gpus.yaml (for --help)."""
+    from moepolicy import datasheets
+
+    return sorted(datasheets.gpu_sheet().gpus)
+
+
+def _sheets() -> list[str]:
+    from moepolicy.datasheets import deepep_sheets
+
+    return sorted(deepep_sheets())

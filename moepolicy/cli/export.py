@@ -12,8 +12,10 @@ from moepolicy.weights_memory import fit_note
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="the vLLM plugin launch, or SGLang's --deepep-config JSON or launch command")
-    p.add_argument("policy")
-    p.add_argument("--to", required=True, choices=["sglang", "vllm"])
+    p.add_argument("policy", help="policy file written by plan or tune")
+    p.add_argument("--to", required=True, choices=["sglang", "vllm"],
+                   help="vllm: the plugin's launch (env and flags) and what it applies per layer; sglang: "
+                        "--deepep-config JSON, or --format launch for a launch_server command")
     p.add_argument("--tokens", type=int, help="SGLang takes one config: the bucket for this many tokens per rank (default: the largest)")
     p.add_argument("--format", choices=["shell", "json", "launch"], default=None,
                    help="vllm: shell (default) or json; sglang: json (the --deepep-config, default) or launch "

@@ -36,7 +36,8 @@ MAX_TRIAL_TIMEOUT_S = 86400.0  # the live watchdog: a day per trial at most
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="tune DeepEP (optuna, live or modelled) and write the policy")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True,
+                   help="catalog name, Hugging Face id (org/name[@rev]), config.json, or model folder")
     add_target_flags(p, ep_required_hint="default: the visible GPU count when tuning live, else one full node")
     p.add_argument("--bench", choices=["live", "model"], help="default: live when deep_ep and GPUs are present")
     p.add_argument("--trials", type=int, default=None,
@@ -45,10 +46,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-sms", type=int, help="the most SMs DeepEP may take (default: the bench's range and the GPU)")
     p.add_argument("--sms", help="explicit SM counts to try, e.g. 20,24 (default: the space's grid)")
     p.add_argument("--max-buffer-mb", type=int, default=2048, help="NVLink buffer budget (default 2048)")
-    p.add_argument("--tokens", help="token buckets per rank, e.g. 128,1024,4096 (default from moepolicy/data/tuning/objective.yaml)")
+    p.add_argument("--tokens", help=f"token buckets per rank, e.g. 128,1024,4096 (default {_default_buckets()}, from "
+                                    "moepolicy/data/tuning/objective.yaml); the largest should reach what one rank "
+                                    "dispatches at vLLM's --max-num-batched-tokens")
     p.add_argument("--storage", help="optuna storage URL (default sqlite:///moepolicy-studies.db)")
-    p.add_argument("--study", help="study name (default from model and target)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--study", "--study-name", dest="study",
+                   help="optuna study name (default from model and target); an existing study is resumed")
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0): the same seed, the same trials")
     p.add_argument("--trial-timeout", type=float, default=90.0, help="live watchdog per trial, seconds")
     p.add_argument("--overlap", action="store_true",
                    help="choose DeepEP's SMs and send chunks against the experts' GEMM on the other SMs "
@@ -87,8 +91,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "or run-ahead engine); default: the engine's (host for vllm and sglang with deepep_ht)")
     p.add_argument("-v", "--verbose", action="store_true", help="a line per trial instead of progress bars")
     p.add_argument("--launcher", choices=["local", "torchrun"], default="local",
-                   help="torchrun: one process per rank from torchrun's environment; rank 0 alone "
-                        "talks to the study (coordination over gloo; with --bench model)")
+                   help="torchrun: one process per rank from torchrun's environment (several nodes); rank 0 alone "
+                        "talks to the study; --bench live measures on every rank's GPU (NCCL), --bench model "
+                        "checks the coordination on CPUs (gloo)")
     add_output_flag(p, "the policy", default="policy.yaml")
     p.set_defaults(run=run)
 
@@ -112,6 +117,15 @@ def _sms(text: Optional[str]) -> tuple[int, ...]:
         return tuple(sorted({int(s) for s in text.split(",") if s.strip()}))
     except ValueError:
         raise UsageError(f"--sms takes even integers like 20,24, got {text!r}") from None
+
+
+def _default_buckets() -> str:
+    from moepolicy.tuning.space import load_objective
+
+    try:
+        return ",".join(str(b["tokens"]) for b in load_objective()["buckets"])
+    except Exception:  # noqa: BLE001 (help text only)
+        return "128,1024,4096"
 
 
 def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
