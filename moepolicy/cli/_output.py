@@ -32,6 +32,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out=None) ->
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
 
 
+def add_format_flag(p) -> None:
+    """``--format table|json``: what a listing command prints (json: one document on stdout)."""
+    p.add_argument("--format", choices=["table", "json"], default="table",
+                   help="table (default, for people) or json (one document on standard output, for programs)")
+
+
+def print_json(value) -> None:
+    import json
+
+    print(json.dumps(value, indent=2, default=str))
+
+
 def note(message: str) -> None:
     """A line for the user on stderr (progress, the target used, warnings); with ``-q`` only warnings."""
     from moepolicy.cli._logging import Settings

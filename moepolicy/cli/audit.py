@@ -8,7 +8,7 @@ import argparse
 from collections import defaultdict
 
 from moepolicy.cli._deepep_summary import deepep_lines
-from moepolicy.cli._output import table
+from moepolicy.cli._output import add_format_flag, print_json, table
 from moepolicy.text import index_ranges
 
 FALLBACK_ORDERS = ("dispatch_then_quant",)
@@ -20,6 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rules", action="append", default=[], metavar="FILE",
                    help="a user rule pack the policy was planned with (a file or a folder of packs), to lint it too; "
                         "packs beside the policy and built-in packs are found by name")
+    add_format_flag(p)
     p.set_defaults(run=run)
 
 
@@ -42,37 +43,52 @@ def packs_for_lint(doc, policy_path: str, extra: list[str]) -> tuple[list, list[
 def run(args: argparse.Namespace) -> int:
     from moepolicy.policy_reader import read_policy
 
-    loaded = read_policy(args.policy)
-    doc = loaded.doc
+    doc = read_policy(args.policy).doc
+    found = audit(doc)
+    lint = lint_result(doc, args)
+    if args.format == "json":
+        print_json({**found, "deepep": deepep_lines(doc.deepep), "lint": lint})
+        return 0
+    print(found["headline"])
+    table(["order", "rule", "layers", "indices"],
+          [[("FALLBACK " if g["fallback"] else "") + g["order"], g["rule"], len(g["layers"]), g["indices"]]
+           for g in found["groups"]])
+    for line in found["per_bucket"]:
+        print(line)
+    fallbacks = [g for g in found["groups"] if g["fallback"]]
+    if fallbacks:
+        print("\nwhy the fallbacks happened:")
+        for g in fallbacks:
+            print(f"- {len(g['layers'])} layer(s) [{g['indices']}] by {g['rule']}: {g['reason']}")
+            print(f"  see: moepolicy explain {args.policy} --layer {g['layers'][0]}")
+    print()
+    for line in deepep_lines(doc.deepep):
+        print(line)
+    print_lint(lint)
+    return 0
+
+
+def audit(doc) -> dict:
+    """The policy's layers grouped by (order, rule, reason), fallbacks first; what per-bucket orders
+    there are; one headline."""
     groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     measured_choice: set[str] = set()  # rules that sent bf16 because it was measured faster: no fallback
     for layer in doc.layers:
         groups[(layer.order, layer.rule, layer.reason)].append(layer.index)
         if layer.unmeasured is not None:
             measured_choice.add(layer.rule)
-    fallback = {k: v for k, v in groups.items() if k[0] in FALLBACK_ORDERS and k[1] not in measured_choice}
-    moe = sum(1 for layer in doc.layers if layer.kind == "moe")
-    n_fb = sum(len(v) for v in fallback.values())
-    print(f"{doc.model.name} on {doc.target.gpu} EP{doc.target.ep_size} {doc.target.backend} "
-          f"({doc.target.expert_kernel}): {len(doc.layers)} layers, {moe} MoE, "
-          f"{n_fb} fell back to bf16 dispatch with quantization after it")
     rows = []
-    for (order, rule, _reason), idx in sorted(groups.items(), key=lambda kv: (kv[0][0] not in FALLBACK_ORDERS, kv[0][0], kv[0][1])):
-        mark = "FALLBACK " if order in FALLBACK_ORDERS and rule not in measured_choice else ""
-        rows.append([f"{mark}{order}", rule, len(idx), index_ranges(idx)])
-    table(["order", "rule", "layers", "indices"], rows)
-    for line in _per_bucket_lines(doc):
-        print(line)
-    if fallback:
-        print("\nwhy the fallbacks happened:")
-        for (_order, rule, reason), idx in fallback.items():
-            print(f"- {len(idx)} layer(s) [{index_ranges(idx)}] by {rule}: {reason}")
-            print(f"  see: moepolicy explain {args.policy} --layer {idx[0]}")
-    print()
-    for line in deepep_lines(doc.deepep):
-        print(line)
-    print_lint(doc, args)
-    return 0
+    for (order, rule, reason), idx in sorted(groups.items(),
+                                             key=lambda kv: (kv[0][0] not in FALLBACK_ORDERS, kv[0][0], kv[0][1])):
+        rows.append({"order": order, "rule": rule, "reason": reason, "layers": idx, "indices": index_ranges(idx),
+                     "fallback": order in FALLBACK_ORDERS and rule not in measured_choice})
+    moe = sum(1 for layer in doc.layers if layer.kind == "moe")
+    n_fb = sum(len(g["layers"]) for g in rows if g["fallback"])
+    headline = (f"{doc.model.name} on {doc.target.gpu} EP{doc.target.ep_size} {doc.target.backend} "
+                f"({doc.target.expert_kernel}): {len(doc.layers)} layers, {moe} MoE, "
+                f"{n_fb} fell back to bf16 dispatch with quantization after it")
+    return {"headline": headline, "model": doc.model.name, "layers": len(doc.layers), "moe_layers": moe,
+            "fallback_layers": n_fb, "groups": rows, "per_bucket": _per_bucket_lines(doc)}
 
 
 def _per_bucket_lines(doc) -> list[str]:
@@ -90,15 +106,22 @@ def _per_bucket_lines(doc) -> list[str]:
             for what, idx in groups.items()]
 
 
-def print_lint(doc, args) -> None:
+def lint_result(doc, args) -> dict:
+    """The rule packs that decided the policy, linted (cached per pack stack)."""
     from moepolicy.rules.lint import lint_packs_cached
 
     packs, notes = packs_for_lint(doc, args.policy, args.rules)
     findings = lint_packs_cached(packs) if packs else []
-    names = ", ".join(p.name for p in packs) or "none"
+    return {"packs": [p.name for p in packs], "findings": [{"kind": f.kind, "message": f.message} for f in findings],
+            "notes": notes}
+
+
+def print_lint(lint: dict) -> None:
+    names = ", ".join(lint["packs"]) or "none"
+    findings = lint["findings"]
     print(f"\nrule packs ({names}): " + (f"{len(findings)} finding(s)" if findings else "no shadowed rules, "
                                           "no same-priority overlaps"))
     for finding in findings:
-        print(f"- {finding.kind}: {finding.message}")
-    for note in notes:
+        print(f"- {finding['kind']}: {finding['message']}")
+    for note in lint["notes"]:
         print(f"- note: {note}")

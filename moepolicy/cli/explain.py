@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from moepolicy.cli._output import note
+from moepolicy.cli._output import add_format_flag, note, print_json
 from moepolicy.cli._replay import policy_packs
 from moepolicy.cli._target import add_target_flags
 from moepolicy.errors import PolicyError, UsageError
@@ -29,13 +29,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="plan this model instead of reading a policy file")
     p.add_argument("--vocab", action="store_true", help="list the facts rules may use, with types")
     add_target_flags(p)
+    add_format_flag(p)
     p.set_defaults(run=run)
+
+
+def wire_words(wire) -> str:
+    """A wire in words: ``fp8_e4m3 with block-128 float32 scales (row)``, ``bf16``."""
+    wire = wire if isinstance(wire, dict) else getattr(wire, "as_dict", lambda: {"dtype": str(wire)})()
+    scale = wire.get("scale")
+    if not scale:
+        return str(wire.get("dtype", "bf16")) + (" (no scales: a static scale the receiver knows)"
+                                                 if wire.get("dtype") == "fp8_e4m3" else "")
+    group = f"-{scale['group']}" if scale.get("group") else ""
+    return f"{wire['dtype']} with {scale['granularity']}{group} {scale['dtype']} scales ({scale.get('layout', 'row')})"
+
+
+def as_json(index: int, facts: dict, decision: Decision) -> dict:
+    return {"layer": index, "order": decision.order, "wire": wire_words(decision.wire), "combine": decision.combine,
+            "numerics": decision.numerics, "rule": decision.rule, "why": decision.reason, "source": decision.source,
+            "evidence": [item.render() for item in decision.evidence],
+            "facts": {name: facts[name] for name in VOCABULARY if name in facts},
+            "trace": [{"rule": f"{step.pack}/{step.rule}", "priority": step.priority, "outcome": step.outcome,
+                       "detail": step.detail} for step in decision.trace]}
 
 
 def render(index: int, facts: dict, decision: Decision, out=None) -> None:
     out = out or sys.stdout
     print(f"layer {index}: {decision.order}  (rule {decision.rule}, numerics {decision.numerics})", file=out)
-    print(f"  wire: {decision.wire}", file=out)
+    print(f"  wire: {wire_words(decision.wire)}", file=out)
     if decision.combine != "bf16":
         print(f"  combine: {decision.combine}", file=out)
     print(f"  why: {decision.reason}", file=out)
@@ -45,11 +66,17 @@ def render(index: int, facts: dict, decision: Decision, out=None) -> None:
     print("  facts the rules saw:", file=out)
     for name in VOCABULARY:
         if name in facts:
-            print(f"    {name} = {facts[name]}", file=out)
+            print(f"    {name} = {_fact_words(facts[name])}", file=out)
     print("  rules considered, in order:", file=out)
     for step in decision.trace:
         detail = f": {step.detail}" if step.detail and step.outcome != "fired" else ""
         print(f"  {_MARK[step.outcome]:12} {step.pack}/{step.rule} (priority {step.priority}){detail}", file=out)
+
+
+def _fact_words(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) if value else "(none)"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def measured_lines(doc, layer) -> list[str]:
@@ -73,7 +100,7 @@ def measured_lines(doc, layer) -> list[str]:
     return out
 
 
-def explain_from_file(path: str, index: int, rules: Sequence[str] = ()) -> int:
+def explain_from_file(path: str, index: int, rules: Sequence[str] = (), fmt: str = "table") -> int:
     from moepolicy.cli._replay import read_for_replay
     from moepolicy.target import target_from_doc
 
@@ -96,9 +123,12 @@ def explain_from_file(path: str, index: int, rules: Sequence[str] = ()) -> int:
     facts = replay_facts(layer.index, layer.facts)
     decision = decide(facts, packs, target.deepep, lambda then, f: wire_problem(then, f, target),
                       allow_inferred="inferred-capabilities" in target.options)
-    render(index, facts, decision)
-    for line in measured_lines(doc, layer):
-        print(line)
+    if fmt == "json":
+        print_json({**as_json(index, facts, decision), "measured": measured_lines(doc, layer)})
+    else:
+        render(index, facts, decision)
+        for line in measured_lines(doc, layer):
+            print(line)
     if (decision.order, decision.rule) != (layer.order, layer.rule):
         note(f"note: the file records {layer.order} by rule {layer.rule}; replay now gives "
              f"{decision.order} by {decision.rule}")
@@ -107,6 +137,9 @@ def explain_from_file(path: str, index: int, rules: Sequence[str] = ()) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.vocab:
+        if args.format == "json":
+            print_json({name: {"kind": t.kind, "values": list(t.values or ()), "doc": t.doc} for name, t in VOCABULARY.items()})
+            return 0
         for name, ftype in VOCABULARY.items():
             values = f" {{{', '.join(ftype.values)}}}" if ftype.values else ""
             print(f"{name:26} {ftype.kind}{values}  {ftype.doc}")
@@ -116,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     if args.policy and args.model:
         raise UsageError("give a policy file or --model, not both")
     if args.policy:
-        return explain_from_file(args.policy, args.layer, args.rules)
+        return explain_from_file(args.policy, args.layer, args.rules, args.format)
     if not args.model:
         raise UsageError("give a policy file, or --model with target flags")
     from moepolicy.cli.plan import build_plan
@@ -127,5 +160,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--layer {args.layer} is not a layer of {plan.model.name} "
                          f"(layers 0-{len(plan.layers) - 1})")
     lp = matches[0]
-    render(args.layer, lp.facts, lp.decision)
+    if args.format == "json":
+        print_json(as_json(args.layer, lp.facts, lp.decision))
+    else:
+        render(args.layer, lp.facts, lp.decision)
     return 0

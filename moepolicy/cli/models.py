@@ -7,7 +7,7 @@ import argparse
 from moepolicy.checkpoint import catalog
 from moepolicy.checkpoint.reader import facts_from_raw
 from moepolicy.checkpoint.source import resolve
-from moepolicy.cli._output import table
+from moepolicy.cli._output import add_format_flag, print_json, table
 
 
 def _scheme(facts) -> str:
@@ -26,8 +26,13 @@ def _scheme(facts) -> str:
     return f"{facts.quant_method}: W {weight}, A {act}"
 
 
+HEADERS = ("model", "quant scheme (experts)", "moe", "dense", "experts", "top-k", "hidden", "config")
+KEYS = ("model", "scheme", "moe_layers", "dense_layers", "experts", "top_k", "hidden", "config")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the built-in catalog of MoE checkpoints")
+    add_format_flag(p)
     p.set_defaults(run=run)
 
 
@@ -41,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
             moe.num_experts if moe else 0, moe.top_k if moe else 0, facts.hidden_size,
             "partial" if entry.partial else "complete",
         ])
-    table(["model", "quant scheme (experts)", "moe", "dense", "experts", "top-k", "hidden", "config"], rows)
+    if args.format == "json":
+        print_json([dict(zip(KEYS, row)) for row in rows])
+        return 0
+    table(HEADERS, rows)
     if any(entry.partial for entry in catalog.entries()):
         print("partial: the catalog's copy lacks part of the real config (see its SOURCE.md); plan from the "
               "checkpoint instead: its folder, or its id with a revision (org/name@main) from the hub")

@@ -54,29 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="optuna study name (default from model and target); an existing study is resumed")
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0): the same seed, the same trials")
     p.add_argument("--trial-timeout", type=float, default=90.0, help="live watchdog per trial, seconds")
-    p.add_argument("--overlap", action="store_true",
-                   help="choose DeepEP's SMs and send chunks against the experts' GEMM on the other SMs "
-                        "(live bench; --trials joint trials after a scan of the --sms splits)")
-    p.add_argument("--overlap-gemm", choices=list(OVERLAP_GEMMS),
-                   default="auto",
-                   help="--overlap: the experts' GEMM beside the communication: persistent (block-fp8 grouped "
-                        "Triton kernel on exactly the GEMM's SMs), persistent-clustered (the same in 2-CTA "
-                        "clusters, as DeepGEMM's multicast launches), grouped (torch's fp8 grouped GEMM) or dense "
-                        "(one cuBLAS fp8 GEMM); auto (default): persistent-clustered where the experts run "
-                        "DeepGEMM, else persistent; a kind that cannot run falls back")
-    p.add_argument("--overlap-confine", choices=list(OVERLAP_CONFINES), default="grid",
-                   help="--overlap: grid (default): the GEMM is held to its SMs only by the persistent kernel's "
-                        "grid, as serving does when it tells DeepGEMM its SMs; green: also a green context "
-                        "(an idealised partition, for analysis)")
-    p.add_argument("--overlap-order", choices=["gemm-first", "comm-first", "comm-first-no-wait", "mean"],
-                   default="gemm-first",
-                   help="--overlap: which launch order the split is chosen for: gemm-first (default: the GEMM "
-                        "already holds its SMs when DeepEP launches), comm-first (DeepEP's calls are enqueued "
-                        "first, as vLLM's DBO and SGLang's TBO schedules order them; the full dispatch's host "
-                        "wait for its receive counts then delays the GEMM's launch), comm-first-no-wait (the "
-                        "same order with the dispatch given num_worst_tokens, so the host does not wait: what "
-                        "a CUDA-graph or run-ahead engine can do), or the mean of gemm-first and comm-first; "
-                        "all are always measured and recorded")
+    _add_overlap_flags(p)
     p.add_argument("--confirm-rounds", type=int, default=DEFAULT_ROUNDS,
                    help="rotated rounds of each phase of the re-measurement protocol: selection, gate and report, "
                         "each in fresh workers (a new Buffer) after a dropped warm-up pass. The gate decides with "
@@ -117,6 +95,33 @@ def _sms(text: Optional[str]) -> tuple[int, ...]:
         return tuple(sorted({int(s) for s in text.split(",") if s.strip()}))
     except ValueError:
         raise UsageError(f"--sms takes even integers like 20,24, got {text!r}") from None
+
+
+def _add_overlap_flags(p: argparse.ArgumentParser) -> None:
+    """--overlap and how its GEMM, confinement and launch order are chosen."""
+    p.add_argument("--overlap", action="store_true",
+                   help="choose DeepEP's SMs and send chunks against the experts' GEMM on the other SMs "
+                        "(live bench; --trials joint trials after a scan of the --sms splits)")
+    p.add_argument("--overlap-gemm", choices=list(OVERLAP_GEMMS),
+                   default="auto",
+                   help="--overlap: the experts' GEMM beside the communication: persistent (block-fp8 grouped "
+                        "Triton kernel on exactly the GEMM's SMs), persistent-clustered (the same in 2-CTA "
+                        "clusters, as DeepGEMM's multicast launches), grouped (torch's fp8 grouped GEMM) or dense "
+                        "(one cuBLAS fp8 GEMM); auto (default): persistent-clustered where the experts run "
+                        "DeepGEMM, else persistent; a kind that cannot run falls back")
+    p.add_argument("--overlap-confine", choices=list(OVERLAP_CONFINES), default="grid",
+                   help="--overlap: grid (default): the GEMM is held to its SMs only by the persistent kernel's "
+                        "grid, as serving does when it tells DeepGEMM its SMs; green: also a green context "
+                        "(an idealised partition, for analysis)")
+    p.add_argument("--overlap-order", choices=["gemm-first", "comm-first", "comm-first-no-wait", "mean"],
+                   default="gemm-first",
+                   help="--overlap: which launch order the split is chosen for: gemm-first (default: the GEMM "
+                        "already holds its SMs when DeepEP launches), comm-first (DeepEP's calls are enqueued "
+                        "first, as vLLM's DBO and SGLang's TBO schedules order them; the full dispatch's host "
+                        "wait for its receive counts then delays the GEMM's launch), comm-first-no-wait (the "
+                        "same order with the dispatch given num_worst_tokens, so the host does not wait: what "
+                        "a CUDA-graph or run-ahead engine can do), or the mean of gemm-first and comm-first; "
+                        "all are always measured and recorded")
 
 
 def _default_buckets() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from moepolicy.cli._output import note
+from moepolicy.cli._output import add_format_flag, note, print_json
 from moepolicy.errors import PolicyError
 
 
@@ -19,6 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "size (ranks share a GPU where there are fewer GPUs: a functional check, not a speed one): "
                         "buffer, configs, every bucket and wire format, dispatch and combine against the reference")
     add_serving_flags(p)
+    add_format_flag(p)
     p.set_defaults(run=run)
 
 
@@ -83,14 +84,34 @@ def run(args: argparse.Namespace) -> int:
         from moepolicy.errors import UsageError
 
         raise UsageError("--rekey rewrites one policy at a time; name one file")
+    results = []
     for path in args.policy:
-        _validate(path, args)
-    if args.live:
-        _live(args.policy)
+        results.append(_validate(path, args))
+        if args.format == "table":
+            print(_ok_line(results[-1]))
+            print(results[-1]["serving"]["summary"])
+    live = _live(args.policy, show=args.format == "table") if args.live else []
+    if args.format == "json":
+        for result, report in zip(results, live or [None] * len(results)):
+            result["live"] = report
+        print_json(results)
+    failures = [r["failure"] for r in live if r["failure"]]
+    if failures:
+        raise PolicyError(failures[0] + (f" (and {len(failures) - 1} more polic(ies) failed)" if len(failures) > 1
+                                         else ""))
     return 0
 
 
-def _validate(path: str, args: argparse.Namespace) -> None:
+def _ok_line(result: dict) -> str:
+    return (f"ok: {result['policy']}: schema {result['schema_version']}, {result['model']}, {result['layers']} layers, "
+            f"{result['gpu']} EP{result['ep_size']} {result['backend']}, deepep {result['deepep_source']}, "
+            "keys intact")
+
+
+def _validate(path: str, args: argparse.Namespace) -> dict:
+    """One policy checked (schema, keys, stored facts, complete, what serving would do); raises the
+    first problem as a PolicyError."""
+    from moepolicy.cli._replay import stored_facts_problem
     from moepolicy.policy_reader import read_policy
 
     if args.rekey:
@@ -99,24 +120,23 @@ def _validate(path: str, args: argparse.Namespace) -> None:
     for warning in loaded.warnings:
         note(f"warning: {warning}")
     doc = loaded.doc
-    from moepolicy.cli._replay import stored_facts_problem
-
     problem = stored_facts_problem(doc)
     if problem:
-        raise PolicyError(f"{args.policy}: {problem}")
+        raise PolicyError(f"{path}: {problem}")
     if doc.deepep.partial is not None:
         raise PolicyError(f"{path}: a partial result ({doc.deepep.partial.reason}); load_policy uses DeepEP's "
                           "default configs and the decisions without measured facts for it; re-run the tune")
     outcome = serving_outcome(path, args)
-    print(f"ok: {path}: schema {doc.schema_version}, {doc.model.name}, {len(doc.layers)} layers, "
-          f"{doc.target.gpu} EP{doc.target.ep_size} {doc.target.backend}, deepep {doc.deepep.provenance.source}, "
-          f"keys intact")
-    print(outcome.summary())
+    return {"policy": path, "schema_version": doc.schema_version, "model": doc.model.name, "layers": len(doc.layers),
+            "gpu": doc.target.gpu, "ep_size": doc.target.ep_size, "backend": doc.target.backend,
+            "deepep_source": doc.deepep.provenance.source, "keys": "intact",
+            "serving": {"state": outcome.state, "reason": outcome.reason, "checks": dict(outcome.report),
+                        "summary": outcome.summary()}}
 
 
-def _live(paths: list[str]) -> None:
+def _live(paths: list[str], show: bool = True) -> list[dict]:
     """``--live``: the preflight on the GPUs visible, the policies of one EP size in one group of
-    ranks; a failed case is an error (exit 6)."""
+    ranks; one result per policy, in the order given (``failure``: its one line, or None)."""
     from moepolicy.errors import UsageError
     from moepolicy.measure.placement import visible_placement
     from moepolicy.preflight import describe_failure, plan_preflight, render, run_preflight
@@ -124,7 +144,7 @@ def _live(paths: list[str]) -> None:
 
     plans = [plan_preflight(path) for path in paths]
     missing = deep_ep_importable()
-    failures = []
+    reports = {}
     for ep_size in sorted({plan.ep_size for plan in plans}):
         try:
             placement = visible_placement(ep_size)
@@ -133,16 +153,22 @@ def _live(paths: list[str]) -> None:
         if missing:
             raise UsageError(f"--live runs DeepEP on CUDA GPUs: {missing}")
         note(f"validate --live: EP {ep_size}: {placement.describe()}")
+        shown: list = []
 
-        def show(report) -> None:
-            print("\n".join(render(report)), flush=True)
+        def display(report, shown=shown) -> None:
+            shown.append(report)
+            if show:
+                print("\n".join(render(report)), flush=True)
 
-        shown = []
         for report in run_preflight([plan for plan in plans if plan.ep_size == ep_size], placement,
-                                    on_report=lambda r: (show(r), shown.append(r))):
+                                    on_report=display):
             if not any(report is r for r in shown):  # failed or not run: shown at the end
-                show(report)
-            failures += [describe_failure(report)] if not report.ok else []
-    if failures:
-        raise PolicyError(failures[0] + (f" (and {len(failures) - 1} more polic(ies) failed)" if len(failures) > 1
-                                         else ""))
+                display(report)
+            reports[id(report.plan)] = report
+    return [_live_result(reports[id(plan)], describe_failure) for plan in plans]
+
+
+def _live_result(report, describe_failure) -> dict:
+    return {"ok": report.ok, "placement": report.placement.describe(), "shared_gpu": report.placement.shared,
+            "rows": [vars(row) for row in report.rows], "not_checked": list(report.plan.not_checked),
+            "error": report.error or None, "failure": None if report.ok else describe_failure(report)}
