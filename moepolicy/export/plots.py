@@ -37,12 +37,13 @@ MAX_POINTS = 1000  # rows drawn per figure
 
 
 def draw(doc: dict[str, Any], folder: Path, notes: Optional[list[str]] = None) -> list[Path]:
-    """Write every figure the document has data for into ``folder``; returns the files written.
-    A figure whose data is malformed is skipped, and why is appended to ``notes``."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write every figure the document has data for into ``folder`` (made only if one is drawn);
+    returns the files written. A figure whose data is malformed is skipped, and why is appended to
+    ``notes``."""
     deepep = doc["deepep"]
     label = str((deepep.get("provenance") or {}).get("source", "?"))
-    written = []
+    context = _context(doc, label)
+    figures = []
     for name, fn in zip(FIGURES, (_sms, _kept, _orders, _overlap)):
         try:
             fig = fn(deepep, label)
@@ -52,13 +53,37 @@ def draw(doc: dict[str, Any], folder: Path, notes: Optional[list[str]] = None) -
                 notes.append(f"{name}.png not drawn: its data is not in the form tune writes ({type(exc).__name__}: "
                              f"{' '.join(str(exc).split())[:120]})")
             continue
-        if fig is None:
-            continue
+        if fig is not None:
+            _caption(fig, context)
+            figures.append((name, fig))
+    if figures:
+        folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in figures:
         path = folder / f"{name}.png"
         fig.savefig(path, dpi=110, bbox_inches="tight")
         _pyplot().close(fig)
         written.append(path)
     return written
+
+
+def _caption(fig, context: str) -> None:
+    """``context`` as the figure's top line, above its own title (a suptitle, laid out with it)."""
+    existing = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""
+    fig.suptitle((existing + "\n" if existing else "") + context, fontsize=8 if existing else 7,
+                 color="black" if existing else "dimgrey")
+
+
+def _context(doc: dict[str, Any], label: str) -> str:
+    """The line under every figure: which model, target and tune it shows."""
+    model = (doc.get("model") or {}).get("name", "?")
+    target = doc.get("target") or {}
+    regime = (doc.get("deepep") or {}).get("regime", "host")
+    words = {"modelled": "modelled: the model bench's answers, not measurements",
+             "measured": "measured on the target", "extrapolated": "extrapolated: DeepEP's defaults kept",
+             "default": "DeepEP's defaults"}.get(label, label)
+    return (f"{model} on {target.get('gpu', '?')} EP{target.get('ep_size', '?')} ({target.get('backend', '?')}); "
+            f"{words}; {regime} regime; 'vLLM' = what vLLM runs today (20 SMs, DeepEP's config table)")
 
 
 def _number(x: Any) -> Optional[float]:
@@ -91,18 +116,28 @@ def _sms(deepep: dict, label: str):
         return None
     plt = _pyplot()
     tokens = sorted({row["tokens"] for row in scan})[:MAX_PANELS]
-    fig, axes = plt.subplots(1, len(tokens), figsize=(4.2 * len(tokens), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(tokens), figsize=(4.4 * len(tokens), 3.6), squeeze=False, constrained_layout=True)
+    chosen = deepep["num_sms"]
     for ax, t in zip(axes[0], tokens):
         rows = sorted((r for r in scan if r["tokens"] == t), key=lambda r: r["num_sms"])
-        ax.plot([r["num_sms"] for r in rows], [r["best_us"] for r in rows], "o-", label="search best")
+        sms = [r["num_sms"] for r in rows]
+        ax.plot(sms, [r["best_us"] for r in rows], "o-", color="tab:blue", label="search's best (selected minimum)")
         with_default = [r for r in rows if _number(r.get("default_us")) is not None]
-        ax.plot([r["num_sms"] for r in with_default], [r["default_us"] for r in with_default], "s--",
-                label="DeepEP default chunks")
-        ax.axvline(deepep["num_sms"], color="green", label=f"chosen ({deepep['num_sms']})")
-        ax.axvline(VLLM_HT_NUM_SMS, color="grey", linestyle=":", label=f"vLLM ({VLLM_HT_NUM_SMS})")
-        ax.set(title=f"{t:g} tokens per rank", xlabel="DeepEP SMs", ylabel="dispatch + combine, us")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"DeepEP time against its SMs ({label}; search samples)", y=1.04)
+        ax.plot([r["num_sms"] for r in with_default], [r["default_us"] for r in with_default], "s--", color="tab:orange",
+                markerfacecolor="none", markersize=9, label="DeepEP's default chunks (hollow: under the best "
+                "where equal)")
+        if chosen == VLLM_HT_NUM_SMS:
+            ax.axvline(chosen, color="green", label=f"kept = vLLM's {chosen} SMs")
+        else:
+            ax.axvline(chosen, color="green", label=f"kept ({chosen} SMs)")
+            ax.axvline(VLLM_HT_NUM_SMS, color="grey", linestyle=":", label=f"vLLM ({VLLM_HT_NUM_SMS} SMs)")
+        lo, hi = min(sms + [chosen, VLLM_HT_NUM_SMS]), max(sms + [chosen, VLLM_HT_NUM_SMS])
+        ax.set_xlim(lo - max(2, (hi - lo) * 0.1), hi + max(2, (hi - lo) * 0.1))
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set(title=f"{t:g} tokens per rank", xlabel="DeepEP's SMs", ylabel="dispatch + combine (µs)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=7)
+    fig.suptitle(f"DeepEP's time against its SM count ({label}; the search's samples)")
     return fig
 
 
@@ -121,6 +156,10 @@ def _evidence(bucket: dict):
     return report if report and (report.get("median_us") or {}).get("engine") is not None else None
 
 
+_ARMS = {"engine": "vLLM today (20 SMs, DeepEP's table)", "default": "DeepEP's default chunks at the kept SMs",
+         "kept": "kept by the tune"}
+
+
 def _kept(deepep: dict, label: str):
     from moepolicy.measure.rounds import speedup_words
 
@@ -128,26 +167,23 @@ def _kept(deepep: dict, label: str):
     if not buckets:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    names = ["engine", "default", "kept"]
-    for i, name in enumerate(names):
+    fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    for i, name in enumerate(_ARMS):
         xs = [j + (i - 1) * 0.27 for j in range(len(buckets))]
         ys = [_evidence(b)["median_us"].get(name, _evidence(b)["median_us"]["engine"]) for b in buckets]
-        ax.bar(xs, ys, width=0.25, label={"engine": "engine default (20 SMs, table)",
-                                          "default": "DeepEP default chunks", "kept": "kept"}[name])
+        ax.bar(xs, ys, width=0.25, label=_ARMS[name])
+    top = max(max(_evidence(b)["median_us"].values()) for b in buckets)
     for j, b in enumerate(buckets):
         r = _evidence(b).get("vs_engine")
-        if not r:
-            continue
-        words = speedup_words(r["speedup"])
-        if label != "modelled" and r.get("ci95"):
+        words = "kept = vLLM's settings" if not r else f"kept vs vLLM: {speedup_words(r['speedup'])}"
+        if r and label != "modelled" and r.get("ci95"):
             words += f" [{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}]"
-        ax.annotate(words, (j + 0.27, 0), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7,
-                    rotation=90)
-    ax.set_xticks(range(len(buckets)), [_bucket_name(b, buckets) for b in buckets])
-    ylabel = "us (the model's answer)" if label == "modelled" else "us (median of the report rounds)"
-    ax.set(ylabel=ylabel, title=f"kept vs defaults ({label}); the kept config vs the engine")
-    ax.legend(fontsize=7)
+        ax.annotate(words, (j, top * 1.02), ha="center", fontsize=7)
+    ax.set_ylim(0, top * 1.12)
+    ax.set_xticks(range(len(buckets)), [_bucket_name(b, buckets) + " tokens" for b in buckets])
+    ylabel = "µs (the model's answer)" if label == "modelled" else "µs (median of the report rounds)"
+    ax.set(ylabel=ylabel, title=f"the kept DeepEP settings against vLLM's and DeepEP's defaults ({label})")
+    fig.legend(loc="outside lower center", ncol=3, fontsize=7)
     return fig
 
 
@@ -163,7 +199,7 @@ def _orders(deepep: dict, label: str):
     if not timed:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.4))
+    fig, ax = plt.subplots(figsize=(6.5, 3.8), constrained_layout=True)
     timed = timed[:MAX_POINTS]
     xs = range(len(timed))
     ax.bar([x - 0.2 for x in xs], [t["quant_then_dispatch_us"] for t in timed], width=0.4, label="quantize first")
@@ -171,13 +207,18 @@ def _orders(deepep: dict, label: str):
     ax.set_xticks(list(xs), [str(t["tokens"]) for t in timed])
     from moepolicy.measure.rounds import speedup_words
 
+    top = max(max(t["quant_then_dispatch_us"], t["dispatch_then_quant_us"]) for t in timed)
     for x, t in zip(xs, timed):  # 2.2: the paired test over rotated rounds; before, one sample each
         if t.get("quant_first_speedup"):
             verdict = "within noise" if t.get("faster") == "neither" else "beyond noise"
-            ax.annotate(f"quantizing first {speedup_words(t['quant_first_speedup'])}, {verdict}", (x - 0.2, 0),
-                        xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7, rotation=90)
-    ax.set(xlabel="tokens per rank", ylabel="us (medians)", title=f"both orders per bucket ({label})")
-    ax.legend(fontsize=7)
+            words = f"quantizing first:\n{speedup_words(t['quant_first_speedup'])}, {verdict}"
+        else:
+            words = "one sample each:\nno test"
+        ax.annotate(words, (x, top * 1.03), ha="center", fontsize=7)
+    ax.set_ylim(0, top * 1.18)
+    ax.set(xlabel="tokens per rank", ylabel="µs (medians)",
+           title=f"quantize before dispatch, or dispatch bf16 and quantize after ({label})")
+    fig.legend(loc="outside lower center", ncol=2, fontsize=7)
     return fig
 
 
@@ -189,12 +230,15 @@ def _overlap(deepep: dict, label: str):
     if not points:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    ax.plot([p[0] for p in points], [p[1] for p in points], "o-")
+    fig, ax = plt.subplots(figsize=(6.5, 3.8), constrained_layout=True)
+    ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label="the split scan (one search sample each)")
+    best = min(points, key=lambda p: p[1])
+    ax.plot([best[0]], [best[1]], "v", color="tab:red", markersize=9, label=f"the scan's fastest ({best[0]} SMs)")
     chosen = _number(overlap.get("comm_sms"))
-    ax.axvline(chosen if chosen is not None else deepep["num_sms"], color="green", label="chosen")
-    ax.axvline(VLLM_HT_NUM_SMS, color="grey", linestyle=":", label="vLLM's split (20)")
-    ax.set(xlabel="communication SMs (the GEMM gets the rest)", ylabel="overlapped MoE step, us",
-           title=f"overlap split scan ({label})")
-    ax.legend(fontsize=7)
+    chosen = chosen if chosen is not None else deepep["num_sms"]
+    ax.axvline(chosen, color="green", label=f"kept ({chosen:g} SMs: decided on fresh rounds, not on this scan)")
+    ax.axvline(VLLM_HT_NUM_SMS, color="grey", linestyle=":", label=f"vLLM's split ({VLLM_HT_NUM_SMS} SMs)")
+    ax.set(xlabel="DeepEP's SMs (the experts' GEMM gets the rest)", ylabel="overlapped MoE step (µs)",
+           title=f"DeepEP's SMs beside the experts' GEMM ({label})")
+    fig.legend(loc="outside lower center", ncol=2, fontsize=7)
     return fig

@@ -29,7 +29,7 @@ def _is_png(path):
 
 
 def test_a_tuned_policy_draws_its_sm_scan_and_kept_vs_defaults(tuned, tmp_path):
-    result = run_cli("report", str(tuned), "--plots", str(tmp_path / "plots"))
+    result = run_cli("report", str(tuned), str(tmp_path / "plots"))
     assert result.returncode == 0, result.stderr
     files = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert files == ["kept_vs_default.png", "sms.png"]  # no orders or overlap in a modelled serial tune
@@ -51,7 +51,34 @@ def test_every_figure_the_document_has_data_for(tuned, tmp_path):
 def test_a_default_policy_has_nothing_to_draw_and_says_so(tmp_path):
     out = tmp_path / "ds.yaml"
     assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out)).returncode == 0
-    result = run_cli("report", str(out), "--plots", str(tmp_path / "plots"))
-    assert result.returncode == 0 and "nothing tuned to draw" in result.stderr
+    result = run_cli("report", str(out), str(tmp_path / "plots"))
+    assert result.returncode == 1 and "nothing tuned to draw" in result.stderr
+    assert not (tmp_path / "plots").exists()  # no empty folder left behind
     result = run_cli("report", str(out), "--plots", str(tmp_path / "missing" / "deeper"))
     assert result.returncode != 0 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_folder_defaults_to_the_policys_name_beside_it(tuned, tmp_path):
+    import shutil
+
+    policy = tmp_path / "mine.yaml"
+    shutil.copy(tuned, policy)
+    result = run_cli("report", str(policy))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "mine-plots").iterdir()) == ["kept_vs_default.png", "sms.png"]
+
+
+def test_every_figure_says_which_model_target_and_tune_it_shows(tuned, tmp_path):
+    """The caption names the model, GPU, EP size and what the numbers are; units are µs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from moepolicy.export import plots
+
+    doc = yaml.safe_load(tuned.read_text())
+    for fn in (plots._sms, plots._kept):
+        fig = fn(doc["deepep"], "modelled")
+        plots._caption(fig, plots._context(doc, "modelled"))
+        texts = [fig._suptitle.get_text()] + [t.get_text() for ax in fig.axes for t in (ax.title, ax.yaxis.label)]
+        joined = " ".join(texts)
+        assert "Qwen/Qwen3-30B-A3B-FP8 on h200 EP2" in joined and "µs" in joined and " us" not in joined
