@@ -18,6 +18,7 @@ import sys
 
 from moepolicy.cli._output import STDOUT, add_output_flag, note, output_path, table, write_output
 from moepolicy.errors import UsageError
+from moepolicy.measure.placement import SHARED_LABEL
 from moepolicy.measure.rounds import DEFAULT_ROUNDS
 
 WHAT_IT_IS = ("DeepEP with the project's expert GEMM stand-in, following each arm's choices: the 'vllm' arm "
@@ -57,19 +58,23 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 
 def _transport(asked: str, ep_size: int) -> tuple[str, int, str]:
+    """(transport, ranks, why). DeepEP with a GPU per rank; asked for on fewer GPUs, DeepEP's ranks
+    share them: a functional run (no times compared); else the emulated transport."""
+    from moepolicy.measure.placement import SHARED_LABEL
     from moepolicy.tuning.live_bench import deep_ep_importable, visible_gpus
 
     if asked == "emulated":
         return "emulated", 0, "asked for the emulated transport"
     gpus, missing = visible_gpus(), deep_ep_importable()
-    if gpus >= 2 and not missing:
-        if gpus < ep_size:
-            raise UsageError(f"the policy is for EP{ep_size}; {gpus} GPUs are visible (use --transport emulated)")
+    if gpus >= 2 and not missing and gpus >= ep_size:
         return "deepep", ep_size, f"deep_ep imports and {gpus} GPUs are visible"
-    why = missing or f"{gpus} CUDA GPU(s) visible"
+    if asked == "deepep" and gpus >= 1 and not missing:
+        return "deepep", ep_size, f"{ep_size} ranks on {gpus} GPU(s): {SHARED_LABEL}"
+    why = missing or f"{gpus} CUDA GPU(s) visible for EP{ep_size}"
     if asked == "deepep":
         raise UsageError(f"--transport deepep: {why}")
-    return "emulated", 0, f"{why}: the emulated transport"
+    return "emulated", 0, (f"{why}: the emulated transport (--transport deepep runs DeepEP's ranks on the GPUs "
+                           "there are, as a functional check)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     kind, world, why = _transport(args.transport, doc.target.ep_size)
     world = world or args.ranks
     emulated = kind == "emulated"
+    functional = EMULATED if emulated else (why if SHARED_LABEL in why else "")
     tokens = _ints(args.tokens, "--tokens") if args.tokens else ((32, 128) if emulated else (128, 1024, 4096))
     try:
         import torch  # noqa: F401
@@ -111,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     arms = build_arms(doc)
     if not arms[0].kinds:
         raise UsageError(f"{args.policy}: no MoE layer goes through DeepEP's dispatch; nothing to time")
-    note(f"bench: {kind} ({why}), {world} ranks; {EMULATED if emulated else WHAT_IT_IS}")
+    note(f"bench: {kind} ({why}), {world} ranks; {functional or WHAT_IT_IS}")
     for arm in arms:
         note(f"  {arm.name}: {arm.label}; " + ", ".join(f"{k.count} layers {k.order}" for k in arm.kinds))
     if args.dry_run:
@@ -123,12 +129,12 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="moepolicy-bench-") as tmp:
         times = run_step(arms, spec, world, tmp)
     rows = comparison(times)
-    render(rows, emulated, args.rounds, out=sys.stderr if args.output == STDOUT else sys.stdout)
+    render(rows, functional, args.rounds, out=sys.stderr if args.output == STDOUT else sys.stdout)
     if args.output:
-        write_output(output, json.dumps({"what": EMULATED if emulated else WHAT_IT_IS, "transport": kind,
+        write_output(output, json.dumps({"what": functional or WHAT_IT_IS, "transport": kind,
                                          "ranks": world, "policy": args.policy, "spec": spec_doc(spec),
                                          "arms": {a.name: a.label for a in arms}, "times_us": times,
-                                         "comparison": [] if emulated else rows}, indent=1) + "\n")
+                                         "comparison": [] if functional else rows}, indent=1) + "\n")
     return 0
 
 
@@ -179,12 +185,14 @@ def _ratio(r: dict) -> str:
     return f"{speedup_words(r['speedup'])}{tail} [{interval_words(low, high)}]"
 
 
-def render(rows: list[dict], emulated: bool, rounds: int = 0, out=None) -> None:
+def render(rows: list[dict], functional: str, rounds: int = 0, out=None) -> None:
+    """The comparison table; for a functional run (``functional`` says why: the emulated transport,
+    or DeepEP's ranks sharing a GPU) only that every arm ran end to end."""
     out = out or sys.stdout
-    if emulated:
+    if functional:
         runs = sum(len(r["median_us"]) for r in rows)
         print(f"plumbing ok: {runs} arm runs ({len(rows)} routing x bucket pairs, {rounds} rounds each) went end to "
-              f"end; {EMULATED}: no time is shown or compared", file=out)
+              f"end; {functional}: no time is shown or compared", file=out)
         return
     table(["routing", "tokens", "policy us", "vllm us", "deepep-default us", "policy vs vllm", "vs deepep-default"],
           [[r["routing"], r["tokens"], r["median_us"]["policy"], r["median_us"]["vllm"],

@@ -172,11 +172,13 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
     from moepolicy.measure.rounds import rotated_rounds
 
     gpu = spec.transport == "deepep"
-    if gpu:
-        torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
-                            init_method=f"file://{outdir}/rendezvous")
-    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
+    if gpu:  # a GPU per rank (NCCL), or ranks sharing the GPUs visible (gloo): measure.placement
+        from moepolicy.measure.deepep_ops import join_group
+
+        device = join_group(rank, world, f"{outdir}/rendezvous")
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"file://{outdir}/rendezvous")
+        device = torch.device("cpu")
     buffer = _buffer(arms, spec, world) if gpu else None
     experts = StandInExperts(spec.num_experts // world, spec.hidden, spec.intermediate, device,
                              torch.bfloat16 if gpu else torch.float32)

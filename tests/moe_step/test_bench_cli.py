@@ -76,7 +76,7 @@ def test_the_runs_comparisons_are_tested_together_and_a_loss_is_printed_as_one(c
     rows = comparison(_times(15, policy_gain=1.0 / 1.2, sigma=0.02))  # the policy 1.2x slower everywhere
     assert all(row["vs_vllm"]["verdict"] == "slower" for row in rows)
     assert rows[0]["vs_vllm"]["correction"] == "Holm over 12 comparisons of this run"
-    render(rows, emulated=False, rounds=15)
+    render(rows, functional="", rounds=15)
     out = capsys.readouterr().out
     assert "x1.200 slower, a loss beyond noise" in out or "slower, a loss beyond noise" in out
     equal = comparison(_times(15, seed=3))
