@@ -30,12 +30,16 @@ def add_target_flags(p: argparse.ArgumentParser, ep_required_hint: str = "requir
                    help="static per-tensor input scale convention (default: one global max, as vLLM loads it)")
 
 
+def target_spec(args: argparse.Namespace) -> TargetSpec:
+    """The target the flags ask for (resolved and checked by ``target.resolve_target``)."""
+    return TargetSpec(gpu=args.gpu, ep_size=args.ep_size, gpus_per_node=args.gpus_per_node, backend=args.backend,
+                      expert_kernel=args.expert_kernel, engine=args.engine, deep_ep_version=args.deep_ep_version,
+                      options=tuple(args.opt_in), static_scale=args.static_scale)
+
+
 def target_from_args(args: argparse.Namespace, default_ep: Optional[int] = None,
                      probe: bool = True) -> Target:
-    return resolve_target(TargetSpec(
-        gpu=args.gpu, ep_size=args.ep_size, gpus_per_node=args.gpus_per_node, backend=args.backend,
-        expert_kernel=args.expert_kernel, engine=args.engine, deep_ep_version=args.deep_ep_version,
-        options=tuple(args.opt_in), static_scale=args.static_scale), probe=probe, default_ep=default_ep)
+    return resolve_target(target_spec(args), probe=probe, default_ep=default_ep)
 
 
 def _profiles() -> list[str]:

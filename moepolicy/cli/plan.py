@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moepolicy.checkpoint import read_model
+from moepolicy import api
 from moepolicy.cli._output import add_output_flag, model_inputs, note, output_path, rules_inputs, write_output
-from moepolicy.cli._target import add_target_flags, target_from_args
+from moepolicy.cli._target import add_target_flags, target_spec
 from moepolicy.policy_yaml import dumps
 from moepolicy.redact import redact_command
-from moepolicy.planner import Plan, build_document, make_plan
-from moepolicy.rules.packs import builtin_pack, pack_stack
+from moepolicy.planner import Plan, make_plan
+from moepolicy.rules.packs import builtin_pack
 from moepolicy.weights_memory import fit_note
 
 
@@ -26,10 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_plan(args: argparse.Namespace, default_ep=None) -> Plan:
-    target = target_from_args(args, default_ep=default_ep)
-    facts = read_model(args.model, engine=target.engine)
-    packs = pack_stack(args.rules)
-    plan = make_plan(facts, target, packs)
+    plan = api.plan(args.model, target_spec(args), rules=args.rules, default_ep=default_ep)
+    target = plan.target
     note(target.describe(plan.kernel_label))
     fits = fit_note(args.model, target.gpu, target.ep_size, target.engine)
     if fits:
@@ -66,7 +64,7 @@ def _sends(decision) -> str:
 def run(args: argparse.Namespace) -> int:
     output = output_path(args.output, [*model_inputs(args.model), *rules_inputs(args.rules)])  # before any work
     plan = build_plan(args)
-    doc = build_document(plan, command="moepolicy " + redact_command(sys.argv[1:]))
+    doc = api.policy_document(plan, command="moepolicy " + redact_command(sys.argv[1:]))
     diff = vllm_difference(plan)
     if diff:
         note(diff)

@@ -1,0 +1,128 @@
+"""The library's front door: plan, tune, write and load a policy from Python.
+
+    import moepolicy
+    plan = moepolicy.plan("Qwen3-30B-A3B-FP8", moepolicy.TargetSpec(gpu="h200", ep_size=8))
+    result = moepolicy.tune(plan, bench="model")          # optional: DeepEP's settings
+    moepolicy.write_policy(result, "policy.yaml")
+    policy = moepolicy.load_policy("policy.yaml", model="Qwen/Qwen3-30B-A3B-FP8", ep_size=8)
+
+``load_policy`` is the serving runtime's (``moepolicy.runtime.loader``), light enough for every
+rank. The CLI is a shell over these functions. They return typed values and print nothing: progress and
+notes go to the ``moepolicy`` loggers. Errors are :class:`moepolicy.MoePolicyError` subclasses.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence, Union
+
+from moepolicy.errors import TuningError, UsageError
+from moepolicy.planner import Plan, build_document, make_plan
+from moepolicy.target import TargetSpec, resolve_target
+from moepolicy.tuning.options import DEFAULT_STORAGE, TuneOptions
+
+DEFAULT_NODE_GPUS = 8  # the EP a model-bench tune assumes when neither the plan nor the GPUs say
+
+
+def plan(model: str, target: Optional[TargetSpec] = None, *, rules: Sequence[str] = (),
+         default_ep: Optional[int] = None) -> Plan:
+    """Decide every layer of ``model`` (catalog name, Hugging Face id, ``config.json`` or folder) for
+    ``target``; ``rules`` are extra rule packs (files or built-in names), above the built-in pack."""
+    from moepolicy.checkpoint import read_model
+    from moepolicy.rules.packs import pack_stack
+
+    resolved = resolve_target(target or TargetSpec(), default_ep=default_ep)
+    return make_plan(read_model(model, engine=resolved.engine), resolved, pack_stack(list(rules)))
+
+
+def choose_bench(kind: str = "auto", ep_size: Optional[int] = None):
+    """The bench ``kind`` resolves to here (``tuning.bench_source.BenchChoice``), or a one-line error."""
+    from moepolicy.tuning.bench_source import BenchSource
+
+    if kind not in ("auto", "live", "model"):
+        raise UsageError(f"bench: expected auto, live or model, got {kind!r}")
+    try:
+        return BenchSource().choose(None if kind == "auto" else kind, ep_size)
+    except TuningError as exc:
+        raise UsageError(f"bench {kind}: {exc}") from None
+
+
+def tune(plan: Plan, *, bench: str = "auto", tokens: Sequence[int] = (), trials: Optional[int] = None,
+         storage: str = DEFAULT_STORAGE, study_name: Optional[str] = None, seed: int = 0,
+         trial_timeout_s: float = 90.0, options: Optional[TuneOptions] = None):
+    """Tune DeepEP's SM count and chunk sizes for ``plan`` with optuna, returning the
+    ``tuning.runner.TuneResult`` (write it with :func:`write_policy`). ``tokens`` are the token
+    buckets per rank (default: moepolicy/data/tuning/objective.yaml's); ``bench`` is ``auto`` (live
+    when deep_ep imports and GPUs are visible, else the calibrated model), ``live`` or ``model``, and
+    ``trial_timeout_s`` the live bench's watchdog per trial; ``options`` (a full
+    :class:`TuneOptions`) replaces ``tokens``, ``trials``, ``storage``, ``study_name`` and ``seed``."""
+    from moepolicy.tuning.space import load_objective, load_space
+
+    choice = choose_bench(bench, plan.target.ep_size)
+    check_bench_fits(choice, plan.target.ep_size)
+    objective, space = load_objective(), load_space()
+    options = options or TuneOptions(buckets=buckets(tokens, objective), trials=trials, storage=storage,
+                                     study=study_name, seed=seed)
+    return tune_with(plan, choice, options, objective, space, trial_timeout_s)
+
+
+def check_bench_fits(choice, ep_size: Optional[int]) -> None:
+    """A live bench measures on its own ranks: a plan for another EP size cannot be tuned there."""
+    if choice.kind == "live" and ep_size is not None and ep_size != choice.ranks:
+        raise UsageError(f"live tuning runs on the {choice.ranks} visible GPUs; the plan is for EP {ep_size} "
+                         f"(tune with the model bench, or where {ep_size} GPUs are visible)")
+
+
+def buckets(tokens: Sequence[int], objective: dict) -> tuple[tuple[int, float], ...]:
+    """Token buckets as (tokens per rank, weight): ``tokens`` weighted alike, else the objective's."""
+    if tokens:
+        chosen = sorted({int(t) for t in tokens})
+        if chosen[0] <= 0:
+            raise UsageError(f"tokens: positive token counts per rank are needed, got {list(tokens)}")
+        return tuple((t, 1.0) for t in chosen)
+    return tuple(sorted((int(b["tokens"]), float(b.get("weight", 1.0))) for b in objective["buckets"]))
+
+
+def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, trial_timeout_s: float = 90.0):
+    """The tune itself, for a bench already chosen: optuna's study over the plan's wire formats."""
+    from moepolicy.tuning.bench_source import BenchSource
+    from moepolicy.tuning.storage import check_storage, storage_failure
+
+    if plan.target.deepep.api == "v2":
+        raise UsageError(f"{plan.target.deepep.name}: DeepEP v2 is tuned only by 'moepolicy tune' on GPUs with it "
+                         "(its own live bench); plan it to get DeepEP's defaults")
+    try:
+        import optuna
+    except ImportError:
+        raise UsageError("tuning needs optuna: pip install 'moepolicy[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from moepolicy.tuning.runner import tune_plan
+
+    check_storage(options.storage)
+    bench = BenchSource().build(choice, plan.target.gpu, options.max_buffer_bytes, trial_timeout_s,
+                                int(objective.get("reps", 20)))
+    try:
+        return tune_plan(plan, bench, options, space, objective)
+    except Exception as exc:  # noqa: BLE001 (the study database failing: one line; anything else re-raised)
+        failed = storage_failure(exc, options.storage)
+        if failed is None:
+            raise
+        raise failed from None
+
+
+def policy_document(result, command: str = "") -> dict:
+    """The policy document of a :class:`Plan` (DeepEP's defaults) or of a tune's result."""
+    if isinstance(result, Plan):
+        return build_document(result, command=command)
+    return result.document
+
+
+def write_policy(result, path: Union[str, "os.PathLike[str]"], *, fmt: Optional[str] = None,
+                 command: str = "") -> dict:
+    """Write the policy of ``result`` (a :class:`Plan` or a tune's result) to ``path`` atomically
+    (YAML, or JSON for a ``.json`` path or ``fmt='json'``); returns the document written."""
+    from moepolicy.policy_yaml import write_document
+
+    doc = policy_document(result, command=command)
+    write_document(doc, path, fmt)
+    return doc
