@@ -277,6 +277,7 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench, 
     if choice.shared:
         mark_functional(result.document, choice)
     render(result)
+    _closing_line(plan, result)
     write_result(_output_for(result, output), dumps(result.document),
                  "a partial result, marked so in the file" if result.interrupted else "")
     return _after_interrupt(result)
@@ -303,6 +304,22 @@ def _tune_v2(args: argparse.Namespace, choice: BenchChoice, plan, options, build
         note(f"  weighted over the buckets, report rounds: {chosen.report_weighted.words()}")
     write_result(output, dumps(document))
     return 0
+
+
+def _closing_line(plan, result) -> None:
+    """How the policy differs from what vLLM runs today: its decisions, then its DeepEP settings."""
+    from moepolicy.cli.plan import vllm_difference
+
+    kept = {getattr(b.confirmed.kept, "name", "") if b.confirmed else "" for b in result.buckets}
+    if result.label == "extrapolated" or not result.buckets:
+        deepep = f"DeepEP: its default configs ({result.label}), as vLLM runs it"
+    elif kept == {"engine"}:
+        deepep = f"DeepEP: vLLM's own settings kept ({result.num_sms} SMs, DeepEP's table; {result.label})"
+    else:
+        deepep = f"DeepEP: {result.num_sms} SMs (vLLM runs 20) and the configs above ({result.label})"
+    line = vllm_difference(plan, deepep)
+    if line:
+        note(line)
 
 
 def mark_functional(document: dict, choice: BenchChoice) -> None:

@@ -64,6 +64,24 @@ def test_plan_reports_difference_from_vllm(write_config):
     assert {layer["rule"] for layer in doc["layers"]} == {"vllm/ht-per-token"}
 
 
+def test_tune_ends_with_how_the_policy_differs_from_vllm(write_config, tmp_path):
+    config = {"hidden_size": 4096, "num_hidden_layers": 4, "num_experts": 64, "num_experts_per_tok": 8,
+              "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {
+                  "targets": ["Linear"],
+                  "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": False},
+                  "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}}
+    result = run_cli("tune", "--model", str(write_config(config)), "--ep-size", "8", "--bench", "model",
+                     "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "p.yaml"))
+    assert result.returncode == 0, result.stderr
+    last = result.stderr.strip().splitlines()[-2]  # then "wrote ..."
+    assert last.startswith("this policy differs from vLLM's own choice on 4 of 4 MoE layers"), result.stderr
+    assert "DeepEP: its default configs (extrapolated)" in last
+    same = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "model", "--tokens", "128",
+                   "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "q.yaml"))
+    assert same.returncode == 0, same.stderr
+    assert "this policy matches vLLM's own choice on all 48 MoE layers; DeepEP: " in same.stderr
+
+
 def test_infeasible_exits_nonzero_with_reason():
     result = run_cli("plan", "--model", "Qwen1.5-MoE-A2.7B-Chat-GPTQ-Int4", "--ep-size", "8")
     assert_one_line_error(result, "infeasible", code=5)
