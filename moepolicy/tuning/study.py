@@ -83,7 +83,21 @@ def open_parent_study(storage, name: str, fp: str):
         raise TuningError(
             f"study '{name}' was made for another model, target, search space or bench "
             f"(fingerprint {existing[:12]} != {fp[:12]}); use a new study name or another storage")
+    else:
+        finished = _finished_sub_trials(storage, name)
+        log.info("resuming study '%s': %d finished trial%s from before count%s toward the budget and %s not "
+                 "measured again", name, finished, "" if finished == 1 else "s", "s" if finished == 1 else "",
+                 "is" if finished == 1 else "are")
     return study
+
+
+def _finished_sub_trials(storage, name: str) -> int:
+    """Finished trials of the sub-studies (``<name>/...``) already in ``storage``."""
+    import optuna
+
+    names = [n for n in optuna.study.get_all_study_names(storage) if n.startswith(name + "/")]
+    return sum(1 for n in names for t in optuna.load_study(study_name=n, storage=storage).get_trials(deepcopy=False)
+               if t.state.is_finished())
 
 
 def _heartbeat(storage, trial_id: int, stop: threading.Event) -> None:

@@ -82,6 +82,17 @@ def test_tune_ends_with_how_the_policy_differs_from_vllm(write_config, tmp_path)
     assert "this policy matches vLLM's own choice on all 48 MoE layers; DeepEP: " in same.stderr
 
 
+def test_tune_says_when_it_resumes_a_study(tmp_path):
+    argv = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "model", "--tokens", "128,1024",
+            "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "p.yaml")]
+    first = run_cli(*argv)
+    assert first.returncode == 0, first.stderr
+    assert "resuming" not in first.stderr
+    again = run_cli(*argv)
+    assert again.returncode == 0, again.stderr
+    assert "resuming study 'Qwen3-30B-A3B-FP8-h200-ep2-deepep_ht-model': 2 finished trials from before" in again.stderr
+
+
 def test_infeasible_exits_nonzero_with_reason():
     result = run_cli("plan", "--model", "Qwen1.5-MoE-A2.7B-Chat-GPTQ-Int4", "--ep-size", "8")
     assert_one_line_error(result, "infeasible", code=5)
