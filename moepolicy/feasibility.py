@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from moepolicy.names import QUANTIZED_ORDERS
 from moepolicy.rules.grammar import Then
 from moepolicy.schema.capability import DeepEPLimits
 from moepolicy.schema.facts import ModelFacts
@@ -117,7 +118,7 @@ def wire_problem(then: Then, facts: dict[str, Any], target: Target) -> Optional[
     """Why ``then`` cannot run for this layer on ``target`` (None when it can)."""
     if then.combine == "logfmt" and target.backend != "deepep_ll":
         return "a LogFMT combine exists only in DeepEP's low-latency combine (use_logfmt)"
-    if then.order not in ("quant_then_dispatch", "in_kernel_quant"):
+    if then.order not in QUANTIZED_ORDERS:
         return None
     limits = target.deepep.limits
     if limits.needs_sm90_for_fp8 and target.arch == "sm80":

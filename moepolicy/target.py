@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from moepolicy import datasheets
+from moepolicy.names import Backend as Backends, Engine
 from moepolicy.deepep.probe import import_features, matching_sheet
 from moepolicy.errors import UsageError
 from moepolicy.schema.capability import DeepEPSheet, GpuProfile
 
-Backend = Literal["deepep_ht", "deepep_ll"]
 OPT_INS = ("inferred-capabilities", "per-sender-scales")
 
 
@@ -108,9 +108,9 @@ def resolve_target(spec: TargetSpec = TargetSpec(), *, probe: bool = True,
     per_node = gpus_per_node if gpus_per_node is not None else 8
     if per_node < 1:
         raise UsageError(f"gpus_per_node must be a positive integer, got {per_node}", field="gpus_per_node")
-    if backend not in ("deepep_ht", "deepep_ll"):
+    if backend not in Backends.values():
         raise UsageError(f"backend must be deepep_ht or deepep_ll, got {backend!r}", field="backend")
-    if engine not in ("vllm", "sglang"):
+    if engine not in Engine.values():
         raise UsageError(f"engine must be vllm or sglang, got {engine!r}", field="engine")
     if static_scale not in ("global-max", "per-expert"):
         raise UsageError(f"static_scale must be global-max or per-expert, got {static_scale!r}", field="static_scale")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
+from moepolicy.names import Backend, Engine
 from moepolicy.target import OPT_INS, Target, TargetSpec, resolve_target
 
 
@@ -13,11 +14,11 @@ def add_target_flags(p: argparse.ArgumentParser, ep_required_hint: str = "requir
     g.add_argument("--gpu", help=f"hardware profile ({', '.join(_profiles())}); default: the visible GPU, else h200")
     g.add_argument("--ep-size", type=int, help=f"expert-parallel ranks ({ep_required_hint})")
     g.add_argument("--gpus-per-node", type=int, help="ranks per NVLink domain; EP above it is internode (default 8)")
-    g.add_argument("--backend", default="deepep_ht", choices=["deepep_ht", "deepep_ll"],
+    g.add_argument("--backend", default="deepep_ht", choices=Backend.values(),
                    help="DeepEP high-throughput (normal) or low-latency kernels (default deepep_ht)")
     g.add_argument("--expert-kernel", help="what consumes dispatched tokens (deepgemm, cutlass, triton, marlin, "
                    "flashinfer_cutlass); default: what vLLM picks for the GPU and scheme")
-    g.add_argument("--engine", default="vllm", choices=["vllm", "sglang"],
+    g.add_argument("--engine", default="vllm", choices=Engine.values(),
                    help="whose conventions to follow (ignore-list matching, scale layout)")
     g.add_argument("--deep-ep-version", help=f"DeepEP capability sheet ({', '.join(_sheets())}); default: probed from "
                    "the installed deep_ep, else the newest. Planning on a machine without DeepEP for a cluster with "

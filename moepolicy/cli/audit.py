@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
+from moepolicy.names import Order
 from moepolicy.cli._deepep_summary import deepep_lines
 from moepolicy.cli._output import add_format_flag, print_json, table
 from moepolicy.text import index_ranges
 
-FALLBACK_ORDERS = ("dispatch_then_quant",)
+FALLBACK_ORDERS = (Order.DISPATCH_THEN_QUANT,)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from moepolicy.names import Order, WireDtype
 from moepolicy.errors import PolicyError
 from moepolicy.schema.policy import PolicyDoc
 
@@ -118,9 +119,9 @@ def _dispatcher_dtype(doc: PolicyDoc) -> tuple[Optional[str], str]:
     order, dtype, granularity, group = next(iter(wires))
     if dtype == "bf16":
         return "bf16", ""
-    if order == "quant_then_dispatch" and dtype == "fp8_e4m3" and granularity == "block" and group == 128:
+    if order == Order.QUANT_THEN_DISPATCH and dtype == WireDtype.FP8_E4M3 and granularity == "block" and group == 128:
         return "fp8", ""
-    if order == "quant_then_dispatch" and dtype == "nvfp4":
+    if order == Order.QUANT_THEN_DISPATCH and dtype == WireDtype.NVFP4:
         return "nvfp4", ""  # SGLang quantizes NVFP4 with the checkpoint's input global scale before dispatch
     if dtype != "fp8_e4m3":
         return None, f"{order} with an {dtype} wire is not one of SGLang's dispatcher dtypes, so it is left to SGLang (auto)"

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
+from moepolicy.names import Order, WireDtype
 from moepolicy.text import index_ranges
 
 # vLLM 0.33.0's experts class for each expert-kernel name of moepolicy/data/sheets/expert_kernels.yaml,
@@ -81,7 +82,7 @@ def action_for(order: str, wire_dtype: str, scale_granularity: Optional[str], la
     mismatch = kernel_mismatch(layer.policy_kernel, layer.experts)
     if mismatch:
         return _left(mismatch)
-    bf16 = wire_dtype == "bf16" and order in ("dispatch_then_quant", "no_quant")
+    bf16 = wire_dtype == WireDtype.BF16 and order in (Order.DISPATCH_THEN_QUANT, Order.NO_QUANT)
     if layer.defer_input_quant:
         if not bf16:
             return _left(f"{layer.experts} quantize their own input (bf16 in); the policy sends {wire_dtype}")
@@ -90,7 +91,7 @@ def action_for(order: str, wire_dtype: str, scale_granularity: Optional[str], la
         if not bf16:
             return _left(f"the plugin sends bf16 or fp8 only; vLLM's layer is not fp8 and the policy sends {wire_dtype}")
         return Action(VLLM, "bf16 on the wire, as in vLLM")
-    if order == "quant_then_dispatch" and wire_dtype == "fp8_e4m3":
+    if order == Order.QUANT_THEN_DISPATCH and wire_dtype == WireDtype.FP8_E4M3:
         return _quantized_first(scale_granularity, layer)
     if bf16:
         if layer.block:

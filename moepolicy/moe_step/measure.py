@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 
+from moepolicy.names import Order
 from moepolicy.errors import MeasurementError
 from moepolicy.moe_step.arms import Arm, LayerKind
 
@@ -152,7 +153,7 @@ def _transport(arm: Arm, tokens: int, spec: StepSpec, buffer):
 def _kind_step(kind: LayerKind, transport, experts: StandInExperts, inputs, backend: str):
     from moepolicy.reference.prepare_finalize import PrepareFinalize, QuantSpec
 
-    order = kind.order if kind.order in ("quant_then_dispatch", "dispatch_then_quant") else "no_quant"
+    order = kind.order if kind.order in (Order.QUANT_THEN_DISPATCH, Order.DISPATCH_THEN_QUANT) else Order.NO_QUANT.value
     # a static per-tensor scale is the checkpoint's; the stand-in times the work with a fixed one
     spec = QuantSpec.from_wire(_wire(kind.consumes), static_scale=STAND_IN_STATIC_SCALE)
     pf = PrepareFinalize(order, spec, transport, backend=backend)

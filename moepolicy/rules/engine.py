@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from moepolicy.names import QUANTIZED_ORDERS, Order
 from moepolicy.errors import RulePackError
 from moepolicy.rules.grammar import All, AnyOf, Cond, Leaf, Not, Rule, RulePack, Then
 from moepolicy.schema.capability import DeepEPSheet
@@ -159,7 +160,7 @@ def capability_block(rule: Rule, sheet: DeepEPSheet, layout: str, allowed: Seque
     return None
 
 
-_QUANTIZED_ON_WIRE = ("quant_then_dispatch", "in_kernel_quant", "fused")
+_QUANTIZED_ON_WIRE = (*QUANTIZED_ORDERS, Order.FUSED)
 
 
 def _evidence(rule: Rule, sheet: DeepEPSheet, layout: str, facts: dict[str, Any]) -> tuple[Evidence, ...]:

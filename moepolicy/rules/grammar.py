@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from moepolicy.errors import RulePackError
+from moepolicy.names import QUANTIZED_ORDERS, Order, WireDtype
 from moepolicy.wire import Scale, Wire
 from moepolicy.rules.vocabulary import VOCABULARY, FactType
 
-ORDERS = ("quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none", "fused")
+ORDERS = Order.values()
 NUMERICS = ("exact", "approximate")
-WIRE_DTYPES = ("bf16", "fp8_e4m3", "nvfp4", "none")
+WIRE_DTYPES = WireDtype.values()
 SCALE_GRANULARITIES = ("block", "token", "tensor")
 SCALE_DTYPES = ("float32", "ue8m0", "e4m3")
 SCALE_LAYOUTS = ("row", "stride0")
@@ -217,7 +218,7 @@ def _choice(ctx: _Ctx, raw: dict, key: str, options: tuple[str, ...], path: str,
 
 def parse_wire(ctx: _Ctx, raw: Any, order: str, path: str) -> Wire:
     if raw is None:
-        if order in ("quant_then_dispatch", "in_kernel_quant"):
+        if order in QUANTIZED_ORDERS:
             raise ctx.fail(path, f"order {order} needs a wire (dtype and scale)")
         return Wire("none" if order == "none" else "bf16")
     if not isinstance(raw, dict):

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from moepolicy.names import Regime
 from moepolicy.deepep.configs import ChunkConfig
 
 Chunk = ChunkConfig  # nvl_send, nvl_recv, rdma_send, rdma_recv (effective)
@@ -37,7 +38,7 @@ class Workload:
     internode: bool = False  # EP above the NVLink domain: RDMA chunks are searched too
 
 
-REGIMES = ("host", "gpu")
+REGIMES = Regime.values()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from vllm.distributed.device_communicators import all2all
 from vllm.model_executor.layers.fused_moe.prepare_finalize import deepep_v2
 
+from moepolicy.names import WireDtype
 from moepolicy.export import vllm_actions as actions
 from moepolicy.integrations.vllm import classes
 from moepolicy.integrations.vllm.classes import _PolicyLayer, _quantize_received, _tag
@@ -81,7 +82,7 @@ def sends_bf16(policy) -> bool:
     """Whether any MoE layer's decision (any bucket) puts bf16 on the wire."""
     for index in policy.target.layer_kernels:
         d = policy.layer(index)
-        if any(o.wire.dtype == "bf16" for o in d.orders) or d.wire.dtype == "bf16":
+        if any(o.wire.dtype == WireDtype.BF16 for o in d.orders) or d.wire.dtype == WireDtype.BF16:
             return True
     return False
 

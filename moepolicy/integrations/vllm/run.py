@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from moepolicy.names import Backend
 from moepolicy.errors import PolicyError
 from moepolicy.export import vllm_actions as actions
 from moepolicy.integrations.vllm import report
@@ -185,7 +186,7 @@ class ManagerRun:
             return f"{policy.warnings[0]} (MOEPOLICY_STRICT)"
         target = policy.target
         wanted = "v2" if self.kind == "v2" else "legacy"
-        if target.deepep_api != wanted or (self.kind == "ht" and target.backend != "deepep_ht"):
+        if target.deepep_api != wanted or (self.kind == "ht" and target.backend != Backend.DEEPEP_HT):
             return (f"the policy is for DeepEP {target.deepep_api} {target.backend}; vLLM runs "
                     f"{'deepep_v2' if self.kind == 'v2' else 'deepep_high_throughput'}")
         if self.kind == "ht" and policy.deepep.num_nvl_bytes is None:

@@ -1,0 +1,64 @@
+"""The names every layer shares, as string enums: orders, wire dtypes, timing regimes, DeepEP
+backends and serving engines.
+
+Members compare equal to their strings (``Order.QUANT_THEN_DISPATCH == "quant_then_dispatch"``), so
+documents, rule packs and YAML keep plain strings; code names them through these enums. (The facts
+rules may test are another vocabulary: ``moepolicy.rules.vocabulary``.)
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class _Name(str, Enum):
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(member.value for member in cls)
+
+
+class Order(_Name):
+    """Where a layer's activations are quantized relative to DeepEP's dispatch."""
+
+    QUANT_THEN_DISPATCH = "quant_then_dispatch"  # on the sender: the wire carries the quantized payload
+    DISPATCH_THEN_QUANT = "dispatch_then_quant"  # bf16 on the wire, quantized by the receiver
+    IN_KERNEL_QUANT = "in_kernel_quant"  # DeepEP's low-latency kernel quantizes while sending
+    NO_QUANT = "no_quant"  # the experts take bf16 (weight-only or unquantized checkpoints)
+    NONE = "none"  # no dispatch: a dense layer
+    FUSED = "fused"  # the expert kernel dispatches itself (DeepGEMM Mega MoE)
+
+
+QUANTIZED_ORDERS = (Order.QUANT_THEN_DISPATCH, Order.IN_KERNEL_QUANT)  # a quantized payload crosses the wire
+
+
+class WireDtype(_Name):
+    """What DeepEP carries for a layer's activations."""
+
+    BF16 = "bf16"
+    FP8_E4M3 = "fp8_e4m3"
+    NVFP4 = "nvfp4"
+    NONE = "none"
+
+
+class Regime(_Name):
+    """What a timing includes: the host's launches and waits (an eager engine), or the GPU's own time."""
+
+    HOST = "host"
+    GPU = "gpu"
+
+
+class Backend(_Name):
+    """DeepEP's kernels: high-throughput (normal) or low-latency."""
+
+    DEEPEP_HT = "deepep_ht"
+    DEEPEP_LL = "deepep_ll"
+
+
+class Engine(_Name):
+    """The serving engine whose conventions a policy follows."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
