@@ -49,12 +49,11 @@ def choose_bench(kind: str = "auto", ep_size: Optional[int] = None):
 
 def tune(plan: Plan, *, bench: str = "auto", tokens: Sequence[int] = (), trials: Optional[int] = None,
          storage: str = DEFAULT_STORAGE, study_name: Optional[str] = None, seed: int = 0,
-         trial_timeout_s: float = 90.0, options: Optional[TuneOptions] = None):
+         options: Optional[TuneOptions] = None):
     """Tune DeepEP's SM count and chunk sizes for ``plan`` with optuna, returning the
     ``tuning.runner.TuneResult`` (write it with :func:`write_policy`). ``tokens`` are the token
     buckets per rank (default: moepolicy/data/tuning/objective.yaml's); ``bench`` is ``auto`` (live
-    when deep_ep imports and GPUs are visible, else the calibrated model), ``live`` or ``model``, and
-    ``trial_timeout_s`` the live bench's watchdog per trial; ``options`` (a full
+    when deep_ep imports and GPUs are visible, else the calibrated model), ``live`` or ``model``; ``options`` (a full
     :class:`TuneOptions`) replaces ``tokens``, ``trials``, ``storage``, ``study_name`` and ``seed``."""
     from moepolicy.tuning.space import load_objective, load_space
 
@@ -63,7 +62,7 @@ def tune(plan: Plan, *, bench: str = "auto", tokens: Sequence[int] = (), trials:
     objective, space = load_objective(), load_space()
     options = options or TuneOptions(buckets=buckets(tokens, objective), trials=trials, storage=storage,
                                      study=study_name, seed=seed)
-    return tune_with(plan, choice, options, objective, space, trial_timeout_s)
+    return tune_with(plan, choice, options, objective, space)
 
 
 def check_bench_fits(choice, ep_size: Optional[int]) -> None:
@@ -83,7 +82,7 @@ def buckets(tokens: Sequence[int], objective: dict) -> tuple[tuple[int, float], 
     return tuple(sorted((int(b["tokens"]), float(b.get("weight", 1.0))) for b in objective["buckets"]))
 
 
-def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, trial_timeout_s: float = 90.0):
+def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space):
     """The tune itself, for a bench already chosen: optuna's study over the plan's wire formats."""
     from moepolicy.tuning.bench_source import BenchSource
     from moepolicy.tuning.storage import check_storage, storage_failure
@@ -99,7 +98,7 @@ def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, 
     from moepolicy.tuning.runner import tune_plan
 
     check_storage(options.storage)
-    bench = BenchSource().build(choice, plan.target.gpu, options.max_buffer_bytes, trial_timeout_s,
+    bench = BenchSource().build(choice, plan.target.gpu, options.max_buffer_bytes, options.trial_timeout_s,
                                 int(objective.get("reps", 20)))
     try:
         return tune_plan(plan, bench, options, space, objective)

@@ -44,6 +44,7 @@ class TuneOptions:
     overlap: Optional[OverlapOptions] = None
     regime: str = "host"  # Workload.regime: what the timings include (tuning.bench.REGIMES)
     confirm_rounds: int = DEFAULT_ROUNDS  # rotated rounds of each protocol phase (tuning.confirm)
+    trial_timeout_s: float = 90.0  # the live bench's watchdog per trial
 
     @property
     def max_buffer_bytes(self) -> int:
