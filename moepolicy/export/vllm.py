@@ -284,9 +284,10 @@ def render_shell(result: dict[str, Any], model: str) -> str:
     served = result.get("model") or model
     lines = []
     if result.get("package"):
-        lines.append(f"# install {result['package']} into the Python environment vLLM runs in: "
-                     f"<vllm's python> -m pip install {shlex.quote(result['package'])} (it neither installs nor replaces "
-                     f"vLLM; the plugin checks vLLM {CHECKED_VLLM})")
+        lines.append(f"# install {result['package']} into the Python environment vLLM runs in, from its checkout (it is "
+                     f"not on a package index): <vllm's python> -m pip install /path/to/{result['package']} (it "
+                     f"neither installs nor replaces vLLM or torch; the plugin checks vLLM {CHECKED_VLLM}), the same "
+                     "on every node")
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in result["env"].items()]
     lines += [f"# {_comment(note)}" for note in result.get("notes", ())]
     lines.append(" ".join(["vllm", "serve", shlex.quote(served), *(shlex.quote(a) for a in result["args"])]))

@@ -47,6 +47,7 @@ def test_the_launch_is_the_plugin_with_the_policys_ep_layout(tmp_path):
     lines = result.stdout.splitlines()
     # into vLLM's own environment: no extra that would install or replace vLLM
     assert lines[0].startswith("# install moepolicy into the Python environment vLLM runs in") and "[vllm]" not in lines[0]
+    assert "-m pip install /path/to/moepolicy " in lines[0] and "not on a package index" in lines[0]
     assert f"export MOEPOLICY_POLICY={shlex.quote(str(out.resolve()))}" in lines
     serve = next(line for line in lines if line.startswith("vllm serve"))
     words = shlex.split(serve)
