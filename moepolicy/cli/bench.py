@@ -86,14 +86,7 @@ def run(args: argparse.Namespace) -> int:
     _check_counts(args)
     output = output_path(args.output, [("the policy being benchmarked", args.policy)])  # before any work
     doc = read_for_replay(args.policy).doc
-    if doc.target.backend != "deepep_ht":
-        raise UsageError(f"{args.policy}: bench times DeepEP high-throughput; this policy is for {doc.target.backend}")
-    if args.rounds < 1:
-        raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
-    routings = tuple(r.strip() for r in args.routing.split(",") if r.strip())
-    bad = [r for r in routings if r not in ("uniform", "zipf")]
-    if bad or not routings:
-        raise UsageError(f"--routing takes uniform, zipf or both, got {args.routing!r}")
+    routings = _checked_request(args, doc)
     kind, world, why = _transport(args.transport, doc.target.ep_size)
     world = world or args.ranks
     emulated = kind == "emulated"
@@ -136,6 +129,19 @@ def run(args: argparse.Namespace) -> int:
                                          "arms": {a.name: a.label for a in arms}, "times_us": times,
                                          "comparison": [] if functional else rows}, indent=1) + "\n")
     return 0
+
+
+def _checked_request(args: argparse.Namespace, doc) -> tuple[str, ...]:
+    """What ``bench`` is asked to time, checked against the policy: its routings."""
+    if doc.target.backend != "deepep_ht":
+        raise UsageError(f"{args.policy}: bench times DeepEP high-throughput; this policy is for {doc.target.backend}")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
+    routings = tuple(r.strip() for r in args.routing.split(",") if r.strip())
+    bad = [r for r in routings if r not in ("uniform", "zipf")]
+    if bad or not routings:
+        raise UsageError(f"--routing takes uniform, zipf or both, got {args.routing!r}")
+    return routings
 
 
 def _check_counts(args: argparse.Namespace) -> None:
