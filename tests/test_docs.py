@@ -1,6 +1,8 @@
 """Every `moepolicy ...` command line in the docs' ```bash blocks parses with the current CLI: a flag
-renamed or removed in the code fails here, not in a reader's terminal. Parsing only: nothing runs."""
+renamed or removed in the code fails here, not in a reader's terminal. Parsing only: nothing runs.
+And every test the docs cite (`tests/...py::test_name`) exists."""
 
+import re
 import shlex
 from pathlib import Path
 
@@ -8,7 +10,9 @@ import pytest
 
 from moepolicy.cli.main import build_parser
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+VERBATIM = {"DEEPEP_FACTS.md"}  # a verbatim copy of notes outside the repository: it cites DeepEP's own tests
 SHELL_OPERATORS = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "2>&1"}
 
 
@@ -83,3 +87,37 @@ def test_a_stale_flag_is_caught():
     assert moepolicy_commands("torchrun --nnodes 2 -m moepolicy tune --bench live | tee log # note") == [
         ["tune", "--bench", "live"]]
     assert bash_lines("```bash\nmoepolicy plan \\\n  --model m\n```\n") == ["moepolicy plan --model m"]
+
+
+def cited_tests(text: str) -> list[tuple[str, str]]:
+    """(file, test name) for each `tests/....py::name` cited; a bare `::name` is in the last file named
+    earlier on the same line. A file cited alone is returned with an empty name."""
+    out = []
+    for line in text.splitlines():
+        last = None
+        for match in re.finditer(r"`(tests/[\w/]+\.py)?(?:::(\w+))?", line):
+            path, name = match.groups()
+            last = path or last
+            if path or name:
+                out.append((last or "", name or ""))
+    return out
+
+
+def test_every_test_the_docs_cite_exists():
+    missing = []
+    for doc in sorted(DOCS.glob("*.md")):
+        if doc.name in VERBATIM:
+            continue
+        for path, name in cited_tests(doc.read_text()):
+            source = ROOT / path if path else None
+            if source is None or not source.is_file():
+                missing.append(f"{doc.name}: {path or '(no file)'}::{name}")
+            elif name and not re.search(rf"^(async )?def {name}\(", source.read_text(), re.MULTILINE):
+                missing.append(f"{doc.name}: {path}::{name}")
+    assert not missing, missing
+
+
+def test_a_stale_citation_is_caught():
+    assert cited_tests("`tests/cli/test_outputs.py::test_a`, `::test_b`; `tests/x.py`") == [
+        ("tests/cli/test_outputs.py", "test_a"), ("tests/cli/test_outputs.py", "test_b"), ("tests/x.py", "")]
+    assert cited_tests("`::orphan`") == [("", "orphan")]
