@@ -57,7 +57,7 @@ def moepolicy_commands(line: str) -> list[list[str]]:
 
 def documented_commands() -> list[tuple[str, list[str]]]:
     out = []
-    for doc in sorted(DOCS.glob("*.md")):
+    for doc in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
         for line in bash_lines(doc.read_text()):
             out.extend((f"{doc.name}: {line}", args) for args in moepolicy_commands(line))
     return out
@@ -105,7 +105,7 @@ def cited_tests(text: str) -> list[tuple[str, str]]:
 
 def test_every_test_the_docs_cite_exists():
     missing = []
-    for doc in sorted(DOCS.glob("*.md")):
+    for doc in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
         if doc.name in VERBATIM:
             continue
         for path, name in cited_tests(doc.read_text()):

@@ -235,7 +235,7 @@ def test_policy_reader_never_crashes_serving(tmp_path_factory, text):
 # Whatever `validate` accepts, every command handles: one line and a documented exit code at worst,
 # never a traceback. Seeds: a plan, a tuned policy (search scan, re-measurement), an overlap policy;
 # mutations reach the free-form fields (provenance, measured, overlap, facts) the schema does not type.
-# Each example runs every command in this process: a fiftieth of MOEPOLICY_FUZZ_EXAMPLES, at least 30.
+# Each example runs every command in this process: a sixtieth of MOEPOLICY_FUZZ_EXAMPLES, at least 30.
 COMMAND_EXAMPLES = max(EXAMPLES // 60, 30)
 COMMAND_FUZZ = settings(max_examples=COMMAND_EXAMPLES, deadline=None, derandomize=True,
                         suppress_health_check=list(HealthCheck), database=None)
