@@ -17,14 +17,14 @@ from moepolicy._version import __version__
 from moepolicy.errors import InfeasibleError
 from moepolicy.expert_kernel import Deployment, Execution, execution_for
 from moepolicy.feasibility import model_problems, wire_problem
-from moepolicy.keys import compute_keys
+from moepolicy.document.keys import compute_keys
 from moepolicy.rules.engine import Decision, decide
 from moepolicy.rules.grammar import RulePack
 from moepolicy.rules.vocabulary import UNMEASURED, layer_facts
 from moepolicy.deepep.buffers import ht_buffer_bytes, low_latency_bytes_hint
 from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
 from moepolicy.schema.facts import LayerFacts, ModelFacts
-from moepolicy.schema.policy import SCHEMA_VERSION
+from moepolicy.document.model import SCHEMA_VERSION
 from moepolicy.target import Target
 
 LL_MAX_TOKENS_DEFAULT = 128

@@ -8,7 +8,7 @@ import sys
 from moepolicy.checkpoint import read_model
 from moepolicy.cli._output import add_output_flag, model_inputs, note, output_path, rules_inputs, write_output
 from moepolicy.cli._target import add_target_flags, target_from_args
-from moepolicy.policy_yaml import dumps
+from moepolicy.document.yaml_io import dumps
 from moepolicy.redact import redact_command
 from moepolicy.planner import Plan, build_document, make_plan
 from moepolicy.rules.packs import builtin_pack, pack_stack

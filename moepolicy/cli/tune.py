@@ -18,7 +18,7 @@ from moepolicy.cli._deepep_summary import overlap_lines
 from moepolicy.cli._output import (add_output_flag, model_inputs, note, output_path, progress_to_stderr, rules_inputs,
                                    table, write_result)
 from moepolicy.cli._target import add_target_flags
-from moepolicy.policy_yaml import dumps
+from moepolicy.document.yaml_io import dumps
 from moepolicy.errors import MoePolicyError, TuningError, UsageError
 from moepolicy.tuning.bench_source import BenchChoice, BenchSource
 from moepolicy.tuning.overlap_report import OverlapBucketRow
@@ -310,7 +310,7 @@ def mark_functional(document: dict, choice: BenchChoice) -> None:
     where the runtime looks (``deepep.partial``: the serving runtime uses DeepEP's defaults for it)."""
     from moepolicy.measure.placement import SHARED_LABEL
 
-    from moepolicy.keys import compute_keys
+    from moepolicy.document.keys import compute_keys
 
     note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
     document["deepep"]["partial"] = {"reason": f"functional run, {SHARED_LABEL} ({choice.why}); its times "
@@ -338,7 +338,7 @@ def _output_for(result, output: Optional[str]) -> Optional[str]:
 
     if output is None or not result.interrupted or not Path(output).exists():
         return output
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     try:
         previous = read_policy(output)

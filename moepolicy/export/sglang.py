@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from moepolicy.errors import PolicyError
-from moepolicy.schema.policy import PolicyDoc
+from moepolicy.document.model import PolicyDoc
 
 CONFIG_KWARGS = ("num_sms", "num_max_nvl_chunked_send_tokens", "num_max_nvl_chunked_recv_tokens",
                  "num_max_rdma_chunked_send_tokens", "num_max_rdma_chunked_recv_tokens")

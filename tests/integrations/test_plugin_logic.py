@@ -60,9 +60,9 @@ def test_a_layer_table_joins_its_order_buckets_and_deepeps():
 def _policy(tmp_path, mutate=None):
     from moepolicy import load_policy
     from moepolicy.checkpoint import read_model
-    from moepolicy.keys import compute_keys
+    from moepolicy.document.keys import compute_keys
     from moepolicy.planner import build_document, make_plan
-    from moepolicy.policy_yaml import write_document
+    from moepolicy.document.yaml_io import write_document
     from moepolicy.rules.packs import pack_stack
     from moepolicy.target import TargetSpec, resolve_target
 

@@ -7,7 +7,7 @@ from moepolicy.errors import InfeasibleError
 from moepolicy.planner import build_document, make_plan
 from moepolicy.checkpoint import read_model
 from moepolicy.rules.packs import pack_stack
-from moepolicy.schema.policy import PolicyDoc
+from moepolicy.document.model import PolicyDoc
 from moepolicy.target import TargetSpec, resolve_target
 
 from moepolicy._resources import data_dir
