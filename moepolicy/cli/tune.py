@@ -291,10 +291,12 @@ def _tune_v2(args: argparse.Namespace, choice: BenchChoice, plan, options, build
             "analytical count, and prefer_overlap_with_compute) are measured only live, on GPUs with DeepEP v2 (it "
             "needs NCCL with GIN; unverified on this project's machines), not with the model bench or torchrun; "
             "'moepolicy plan' writes DeepEP's defaults as deepep.v2")
+    from moepolicy.planner import tuned_document
     from moepolicy.tuning.v2_tune import tune_v2_plan
 
     note("DeepEP v2: measuring its SM count and prefer-overlap option (unverified on this project's machines)")
-    document, chosen = tune_v2_plan(plan, build_v2_bench(), options)
+    kept, chosen = tune_v2_plan(plan, build_v2_bench(), options)
+    document = tuned_document(plan, kept, command=options.command)
     note(f"DeepEP v2: kept {chosen.kept.name} ({chosen.why})")
     for tokens, speedup in chosen.vs_default.items():  # the report rounds: fresh workers, they decided nothing
         times = ", ".join(f"{name} {us} us" for name, us in chosen.report_us.get(tokens, {}).items())
