@@ -130,8 +130,8 @@ def _measured_layer(plain: LayerPlan, target: Target, packs: Sequence[RulePack],
 def measured_wire(plan: LayerPlan) -> bool:
     """Whether ``tune``'s both-order timing applies to this layer: block-128 fp8 quantized first."""
     d = plan.decision
-    scale = d.wire.get("scale") or {}
-    return d.order == "quant_then_dispatch" and scale.get("granularity") == "block" and scale.get("group") == 128
+    scale = d.wire.scale
+    return d.order == "quant_then_dispatch" and scale is not None and scale.granularity == "block" and scale.group == 128
 
 
 def with_measurements(plan: "Plan", timings: Sequence[OrderTiming]) -> "Plan":
@@ -251,16 +251,16 @@ def _layer_entries(layers: Sequence[LayerPlan]) -> list[dict[str, Any]]:
     for lp in layers:
         d = lp.decision
         entry = {"index": lp.layer.index, "kind": lp.layer.kind, "order": d.order,
-                 "wire": share(d.wire), "numerics": d.numerics, "rule": d.rule,
+                 "wire": share(d.wire.as_dict()), "numerics": d.numerics, "rule": d.rule,
                  "reason": d.reason, "facts": share(stored_facts(lp.facts))}
         if lp.layer.kind == "moe":
             entry["combine"] = share({"dtype": d.combine})
         if lp.bucket_decisions:
-            entry["orders"] = [{"max_tokens": bound, "order": b.order, "wire": share(b.wire), "rule": b.rule}
+            entry["orders"] = [{"max_tokens": bound, "order": b.order, "wire": share(b.wire.as_dict()), "rule": b.rule}
                                for bound, b in lp.bucket_decisions]
         if lp.unmeasured is not None:
             u = lp.unmeasured
-            entry["unmeasured"] = {"order": u.order, "wire": share(u.wire), "numerics": u.numerics,
+            entry["unmeasured"] = {"order": u.order, "wire": share(u.wire.as_dict()), "numerics": u.numerics,
                                    "rule": u.rule, "reason": u.reason}
         out.append(entry)
     return out

@@ -57,7 +57,7 @@ def vllm_difference(plan: Plan, deepep: str = "DeepEP: its default configs, as v
 
 
 def _sends(decision) -> str:
-    wire = decision.wire.get("dtype", "bf16") if isinstance(decision.wire, dict) else getattr(decision.wire, "dtype", "bf16")
+    wire = decision.wire.dtype
     where = {"quant_then_dispatch": "quantized before dispatch", "in_kernel_quant": "quantized in the dispatch kernel",
              "dispatch_then_quant": "quantized after dispatch"}.get(decision.order, "not quantized")
     return f"sends {wire} ({where})"

@@ -71,10 +71,10 @@ def workload_for(plan: Plan, routing: str, regime: str = "host") -> Workload:
     if not moe:
         raise TuningError(f"{plan.model.name} has no MoE layers: nothing to dispatch, nothing to tune")
     first = moe[0]
-    fp8 = sum(1 for lp in plan.layers if lp.decision.wire.get("dtype") == "fp8_e4m3"
+    fp8 = sum(1 for lp in plan.layers if lp.decision.wire.dtype == "fp8_e4m3"
               and lp.decision.order == "quant_then_dispatch")
     payload = "fp8" if fp8 * 2 >= len(moe) else "bf16"
-    nvfp4 = sum(1 for lp in plan.layers if lp.decision.wire.get("dtype") == "nvfp4")
+    nvfp4 = sum(1 for lp in plan.layers if lp.decision.wire.dtype == "nvfp4")
     if nvfp4 * 2 >= len(moe):
         log.info("the policy sends NVFP4 on %d of %d MoE layers; the benches time bf16 rows (they have no NVFP4 "
                  "payload), so DeepEP's configs are chosen for about 4x the bytes NVFP4 sends", nvfp4, len(moe))
