@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Mapping, Optional, Sequence
 
 from moepolicy.deepep.configs import DOC_KEYS, ChunkConfig
-from moepolicy.deepep.kept import KeptBucket, KeptDeepEP
+from moepolicy.deepep.kept import KeptDeepEP
+from moepolicy.deepep.settings import Bucket
 
 
 def chunk_doc(config: ChunkConfig) -> dict[str, int]:
@@ -14,9 +16,9 @@ def chunk_doc(config: ChunkConfig) -> dict[str, int]:
     return dict(zip(DOC_KEYS, config.effective()))
 
 
-def _bucket(bucket: KeptBucket) -> dict[str, Any]:
+def _bucket(bucket: Bucket, evidence: Mapping[str, Any]) -> dict[str, Any]:
     return {"max_tokens": bucket.max_tokens, "dispatch": chunk_doc(bucket.dispatch),
-            "combine": chunk_doc(bucket.combine), **bucket.evidence}
+            "combine": chunk_doc(bucket.combine), **evidence}
 
 
 def deepep_section(kept: KeptDeepEP, buffers: tuple[int, int], low_latency: Optional[Mapping[str, int]] = None,
@@ -24,12 +26,12 @@ def deepep_section(kept: KeptDeepEP, buffers: tuple[int, int], low_latency: Opti
     """``kept`` with its buffer sizes ``(num_nvl_bytes, num_rdma_bytes)``, a low-latency target's
     settings and the order timings the layers were decided with."""
     section: dict[str, Any] = {"num_sms": kept.num_sms, "num_nvl_bytes": buffers[0], "num_rdma_bytes": buffers[1],
-                               "buckets": [_bucket(b) for b in kept.buckets], "provenance": dict(kept.provenance)}
+                               "buckets": [_bucket(b, kept.evidence_for(i)) for i, b in enumerate(kept.buckets)], "provenance": dict(kept.provenance)}
     if kept.overlap is not None:
         section["overlap"] = dict(kept.overlap)
     section.update({"schedule": kept.schedule, "regime": kept.regime})
     if kept.v2 is not None:
-        section["v2"] = dict(kept.v2)
+        section["v2"] = asdict(kept.v2)
     if low_latency:
         section["low_latency"] = dict(low_latency)
     if kept.partial is not None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
-from moepolicy.runtime.policy import Bucket, DeepEPSettings
+from moepolicy.deepep.settings import Bucket, DeepEPSettings
 
 ARM_NAMES = ("policy", "vllm", "deepep-default")
 

@@ -16,8 +16,9 @@ from typing import Optional, Sequence
 from moepolicy.errors import PolicyError
 from moepolicy.wire import Scale, Wire
 from moepolicy.deepep.configs import ChunkConfig
-from moepolicy.runtime.policy import (Bucket, BucketOrder, DeepEPSettings, LayerDecision, LoadReport, Policy,
-                                      PolicyTarget, SafePolicy, ServedModel, V2Settings)
+from moepolicy.deepep.settings import Bucket, DeepEPSettings, V2Settings
+from moepolicy.runtime.policy import (BucketOrder, LayerDecision, LoadReport, Policy, PolicyTarget, SafePolicy,
+                                      ServedModel)
 
 _WARNED: set[tuple[str, str]] = set()
 _WARN_LOCK = threading.Lock()

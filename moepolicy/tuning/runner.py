@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
-from moepolicy.deepep.kept import KeptBucket, KeptDeepEP, deepep_defaults
+from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
+from moepolicy.deepep.settings import Bucket
 from moepolicy.errors import TuningError
 from moepolicy.planner import OrderTiming, Plan, tuned_document
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
@@ -119,7 +120,7 @@ def _kept_deepep(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "
     """What the policy keeps: the kept SM count and chunks per bucket, per bucket what the protocol
     measured of the kept config (``measured``; ``modelled`` on the model bench) and, apart, the
     search's selected minima (``search``)."""
-    buckets = []
+    buckets, evidences = [], []
     searched = [b for b in chosen.buckets if b.best is not None]
     for i, b in enumerate(searched):
         last = i == len(searched) - 1  # open-ended, also when an interrupt left later buckets unsearched
@@ -129,7 +130,8 @@ def _kept_deepep(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "
         if outcome is not None:
             evidence["measured" if run.label == "measured" else "modelled"] = outcome.to_doc()
         evidence["search"] = _search_doc(b, chosen.num_sms, run.region)
-        buckets.append(KeptBucket(None if last else b.tokens, point.dispatch, point.combine, evidence))
+        buckets.append(Bucket(None if last else b.tokens, point.dispatch, point.combine))
+        evidences.append(evidence)
     if not buckets:
         raise TuningError("no bucket has a usable measurement")
     partial = None
@@ -137,7 +139,7 @@ def _kept_deepep(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "
         done = [r.num_sms for r in results if r.complete]
         partial = (f"interrupted: {len(done)} of {len(results)} SM counts started were "
                    f"searched in every bucket ({', '.join(map(str, done)) or 'none'})")
-    return KeptDeepEP(kept.num_sms, tuple(buckets), _provenance(run, chosen, results, kept),
+    return KeptDeepEP(kept.num_sms, tuple(buckets), _provenance(run, chosen, results, kept), tuple(evidences),
                       regime=run.options.regime, partial=partial)
 
 
@@ -266,11 +268,12 @@ def _tune_overlap(plan: Plan, bench: Bench, workload: Workload, space: Space, op
     finally:
         bench.close()
     dispatch, combine = found.chunks
-    buckets = tuple(KeptBucket(None if i == len(options.buckets) - 1 else tokens, dispatch, combine,
-                               {"measured": found.rows[tokens].to_doc()})
+    last = len(options.buckets) - 1
+    buckets = tuple(Bucket(None if i == last else tokens, dispatch, combine)
                     for i, (tokens, _) in enumerate(options.buckets))
-    kept = KeptDeepEP(found.comm_sms, buckets, {"source": "measured", "bench": "live-overlap",
-                                                "command": options.command, "date": _now()},
+    provenance = {"source": "measured", "bench": "live-overlap", "command": options.command, "date": _now()}
+    kept = KeptDeepEP(found.comm_sms, buckets, provenance, tuple({"measured": found.rows[t].to_doc()}
+                                                                 for t, _ in options.buckets),
                       schedule="overlapped", regime="gpu", overlap=found.summary())
     return TuneResult(deepep=kept, label="measured", region="overlapped", num_sms=found.comm_sms, why=found.why,
                       overlap=found, overlap_gemm_note=f"{gemm_kind} ({why_kind})")

@@ -97,8 +97,15 @@ def _heartbeat(storage, trial_id: int, stop: threading.Event) -> None:
             pass
 
 
+# A trial's config goes into optuna's storage as a string (a user attribute holds JSON-serialisable
+# values, and the string is also what workers compare to share one measurement of a config): these two
+# are the only JSON round trip a bucket's config makes between the study and the plugin.
 def _effective_key(point: TunePoint) -> str:
     return json.dumps([point.num_sms, point.tokens, list(point.dispatch), list(point.combine)])
+
+
+def _stored_point(key: str) -> TunePoint:
+    return TunePoint(*json.loads(key))
 
 
 @dataclass(frozen=True)
@@ -373,7 +380,7 @@ def _collect(study, bucket: BucketResult, num_sms: int) -> None:
     ranked, top = sorted(complete, key=lambda t: t.value), {}
     for t in ranked:
         top.setdefault(t.user_attrs["effective"], t)
-    bucket.top = tuple(TunePoint(*json.loads(key)) for key in list(top)[:TOP_K])
+    bucket.top = tuple(_stored_point(key) for key in list(top)[:TOP_K])
     best = ranked[0]
     bucket.best = bucket.top[0]
     bucket.best_measurement = Measurement(**best.user_attrs["measurement"])

@@ -18,10 +18,11 @@ search is tested against benches whose times are known; the live measurement is
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Optional, Protocol, Sequence
 
 from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
+from moepolicy.deepep.settings import V2Settings
 from moepolicy.errors import TuningError
 from moepolicy.measure.rounds import MIN_ROUNDS, Speedup, holm, paired_speedup, rotated_rounds, weighted_rounds
 from moepolicy.tuning.bench import Workload
@@ -39,10 +40,13 @@ class V2Point:
         sms = "analytical SMs" if self.num_sms == 0 else f"{self.num_sms} SMs"
         return f"{sms}, prefer overlap {'on' if self.prefer_overlap else 'off'}"
 
+    def settings(self) -> V2Settings:
+        """What the policy keeps (``deepep.v2``)."""
+        return V2Settings(self.num_sms, self.prefer_overlap)
+
     def to_doc(self) -> dict:
         """The policy's ``deepep.v2`` section."""
-        return {"num_sms": self.num_sms, "prefer_overlap_with_compute": self.prefer_overlap,
-                "allow_multiple_reduction": True}
+        return asdict(self.settings())
 
 
 DEFAULT = V2Point()  # ElasticBuffer's defaults at dd758ca
@@ -185,4 +189,4 @@ def tune_v2_plan(plan, bench: V2Bench, options, routing: str = "uniform") -> tup
                 "fields are unused",
     }
     kept = deepep_defaults(plan.target.deepep, plan.target.ep_size, "")
-    return kept.with_provenance(provenance, v2=choice.kept.to_doc(), regime=options.regime), choice
+    return kept.with_provenance(provenance, v2=choice.kept.settings(), regime=options.regime), choice

@@ -39,7 +39,7 @@ def test_a_vllm_module_maps_to_a_policy_layer_by_its_prefix(prefix, index):
 
 
 def test_a_layer_table_joins_its_order_buckets_and_deepeps():
-    from moepolicy.runtime.policy import Bucket, DeepEPSettings
+    from moepolicy.deepep.settings import Bucket, DeepEPSettings
     from moepolicy.deepep.configs import ChunkConfig
 
     chunk = lambda n: ChunkConfig(n, 256, 6, 128)  # noqa: E731

@@ -69,3 +69,20 @@ def test_a_plan_writes_deepeps_defaults_through_the_same_builder():
     assert section["buckets"] == [{"max_tokens": None, "dispatch": chunk_doc(dispatch), "combine": chunk_doc(combine)}]
     assert section["provenance"]["source"] == "default" and section["schedule"] == "serial"
     assert section["num_nvl_bytes"] > 0
+
+
+def test_the_buckets_a_tune_keeps_are_what_the_runtime_loads(tmp_path):
+    """One bucket type from the tuner to the plugin: the document, its YAML and the loader hand the
+    kept ``Bucket`` values back unchanged (with DeepEP's effective RDMA receive capacity)."""
+    from moepolicy.deepep.settings import Bucket
+    from moepolicy.document.yaml_io import write_document
+    from moepolicy.runtime import load_policy
+
+    plan = _plan("Qwen3-30B-A3B-FP8", 2)
+    options = TuneOptions(buckets=((128, 1.0), (4096, 1.0)), trials=2, storage=f"sqlite:///{tmp_path}/s.db")
+    result = tune_plan(plan, ModelBench("h200"), options, load_space(), load_objective())
+    write_document(result.document, tmp_path / "p.yaml")
+    policy = load_policy(tmp_path / "p.yaml", ep_size=2, strict=True)
+    kept = tuple(Bucket(b.max_tokens, b.dispatch.effective(), b.combine.effective()) for b in result.deepep.buckets)
+    assert policy.deepep.buckets == kept and all(type(b) is Bucket for b in policy.deepep.buckets)
+    assert policy.deepep.num_sms == result.deepep.settings.num_sms
