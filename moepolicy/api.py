@@ -120,7 +120,7 @@ def write_policy(result, path: Union[str, "os.PathLike[str]"], *, fmt: Optional[
                  command: str = "") -> dict:
     """Write the policy of ``result`` (a :class:`Plan` or a tune's result) to ``path`` atomically
     (YAML, or JSON for a ``.json`` path or ``fmt='json'``); returns the document written."""
-    from moepolicy.policy_yaml import write_document
+    from moepolicy.document.yaml_io import write_document
 
     doc = policy_document(result, command=command)
     write_document(doc, path, fmt)

@@ -33,7 +33,7 @@ def read_yaml(path: Path) -> Any:
         text = read_bounded(path, MAX_DATA_FILE_BYTES, RulePackError).decode("utf-8")
     except UnicodeDecodeError:
         raise RulePackError(f"{path}: is not UTF-8 text") from None
-    from moepolicy.policy_yaml import parse_text, yaml_problem
+    from moepolicy.document.yaml_io import parse_text, yaml_problem
 
     try:
         return parse_text(text)

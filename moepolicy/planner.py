@@ -17,14 +17,16 @@ from moepolicy._version import __version__
 from moepolicy.errors import InfeasibleError
 from moepolicy.expert_kernel import Deployment, Execution, execution_for
 from moepolicy.feasibility import model_problems, wire_problem
-from moepolicy.keys import compute_keys
+from moepolicy.document.keys import compute_keys
 from moepolicy.rules.engine import Decision, decide
 from moepolicy.rules.grammar import RulePack
 from moepolicy.rules.vocabulary import UNMEASURED, layer_facts
 from moepolicy.deepep.buffers import ht_buffer_bytes, low_latency_bytes_hint
-from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
+from moepolicy.deepep.configs import ChunkConfig, default_num_sms
+from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
+from moepolicy.document.deepep_section import deepep_section
 from moepolicy.schema.facts import LayerFacts, ModelFacts
-from moepolicy.schema.policy import SCHEMA_VERSION
+from moepolicy.document.model import SCHEMA_VERSION
 from moepolicy.target import Target
 
 LL_MAX_TOKENS_DEFAULT = 128
@@ -128,8 +130,8 @@ def _measured_layer(plain: LayerPlan, target: Target, packs: Sequence[RulePack],
 def measured_wire(plan: LayerPlan) -> bool:
     """Whether ``tune``'s both-order timing applies to this layer: block-128 fp8 quantized first."""
     d = plan.decision
-    scale = d.wire.get("scale") or {}
-    return d.order == "quant_then_dispatch" and scale.get("granularity") == "block" and scale.get("group") == 128
+    scale = d.wire.scale
+    return d.order == "quant_then_dispatch" and scale is not None and scale.granularity == "block" and scale.group == 128
 
 
 def with_measurements(plan: "Plan", timings: Sequence[OrderTiming]) -> "Plan":
@@ -176,42 +178,42 @@ def buffer_bytes(target: Target, hidden: int, num_experts: int, num_sms: int,
     return ht_buffer_bytes(num_sms, configs, hidden, target.ep_size)
 
 
-# ElasticBuffer's defaults at dd758ca (num_sms 0: get_theoretical_num_sms decides)
-V2_DEFAULTS = {"num_sms": 0, "prefer_overlap_with_compute": True, "allow_multiple_reduction": True}
-
-
-def default_deepep_section(plan: Plan) -> dict[str, Any]:
-    target = plan.target
-    num_sms = default_num_sms(target.deepep)
-    dispatch, combine = default_configs(target.deepep, target.ep_size)
+def _shapes(plan: Plan) -> tuple[int, int]:
+    """The largest MoE layer's hidden size and expert count: what DeepEP's buffers are sized for."""
     moe = plan.model.moe_layers
-    hidden = max((layer.hidden_size for layer in moe), default=plan.model.hidden_size)
-    experts = max((layer.num_experts for layer in moe), default=0)
-    nvl, rdma = buffer_bytes(target, hidden, experts, num_sms, [dispatch, combine])
-    provenance: dict[str, Any] = {
-        "source": "default",
-        "note": (f"DeepEP's built-in Config table for {target.ep_size} ranks and Buffer.num_sms "
-                 f"{num_sms} ({target.deepep.name}); buffers sized with DeepEP's hint formulas for "
-                 f"bf16 rows of hidden {hidden}"),
-    }
+    return (max((layer.hidden_size for layer in moe), default=plan.model.hidden_size),
+            max((layer.num_experts for layer in moe), default=0))
+
+
+def default_deepep(plan: Plan) -> KeptDeepEP:
+    """DeepEP's built-in configs for the plan's target (what ``plan`` writes until ``tune``)."""
+    target = plan.target
+    hidden, experts = _shapes(plan)
+    note = (f"DeepEP's built-in Config table for {target.ep_size} ranks and Buffer.num_sms "
+            f"{default_num_sms(target.deepep)} ({target.deepep.name}); buffers sized with DeepEP's hint "
+            f"formulas for bf16 rows of hidden {hidden}")
     if target.deepep.api == "v2":
-        provenance["note"] = ("DeepEP v2 sizes its own buffers; deepep.v2 holds its defaults (num_sms 0: its analytical "
-                              "count; ElasticBuffer's prefer_overlap_with_compute and allow_multiple_reduction, "
-                              "deep_ep/buffers/elastic.py:241-242 at dd758ca); the legacy fields are unused")
+        note = ("DeepEP v2 sizes its own buffers; deepep.v2 holds its defaults (num_sms 0: its analytical "
+                "count; ElasticBuffer's prefer_overlap_with_compute and allow_multiple_reduction, "
+                "deep_ep/buffers/elastic.py:241-242 at dd758ca); the legacy fields are unused")
     elif target.backend == "deepep_ll":
-        provenance["note"] = (f"low-latency: RDMA buffer by DeepEP's low-latency size hint for {LL_MAX_TOKENS_DEFAULT} "
-                              f"tokens per rank and {experts} experts, hidden {hidden}; its kernels have no chunk settings")
-    section: dict[str, Any] = {
-        "num_sms": num_sms, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma,
-        "buckets": [{"max_tokens": None, "dispatch": dispatch.to_doc(), "combine": combine.to_doc()}],
-        "provenance": provenance, "schedule": "serial", "regime": "host",
-    }
-    if target.deepep.api == "v2":
-        section["v2"] = dict(V2_DEFAULTS)
+        note = (f"low-latency: RDMA buffer by DeepEP's low-latency size hint for {LL_MAX_TOKENS_DEFAULT} "
+                f"tokens per rank and {experts} experts, hidden {hidden}; its kernels have no chunk settings")
+    return deepep_defaults(target.deepep, target.ep_size, note)
+
+
+def _deepep_doc(plan: Plan, kept: KeptDeepEP) -> dict[str, Any]:
+    """The ``deepep`` section: ``kept`` with buffers sized for the plan's shapes, a low-latency
+    target's settings and the order timings the layers were decided with."""
+    target = plan.target
+    hidden, experts = _shapes(plan)
+    configs = [c for b in kept.buckets for c in (b.dispatch, b.combine)]
+    low_latency = None
     if target.backend == "deepep_ll":
-        section["low_latency"] = {"num_max_dispatch_tokens_per_rank": LL_MAX_TOKENS_DEFAULT,
-                                  "num_qps_per_rank": max(experts // target.ep_size, 1)}
-    return section
+        low_latency = {"num_max_dispatch_tokens_per_rank": LL_MAX_TOKENS_DEFAULT,
+                       "num_qps_per_rank": max(experts // target.ep_size, 1)}
+    return deepep_section(kept, buffer_bytes(target, hidden, experts, kept.num_sms, configs), low_latency,
+                          [t.to_doc() for t in plan.timings])
 
 
 def stored_facts(facts: dict[str, Any]) -> dict[str, Any]:
@@ -249,23 +251,30 @@ def _layer_entries(layers: Sequence[LayerPlan]) -> list[dict[str, Any]]:
     for lp in layers:
         d = lp.decision
         entry = {"index": lp.layer.index, "kind": lp.layer.kind, "order": d.order,
-                 "wire": share(d.wire), "numerics": d.numerics, "rule": d.rule,
+                 "wire": share(d.wire.as_dict()), "numerics": d.numerics, "rule": d.rule,
                  "reason": d.reason, "facts": share(stored_facts(lp.facts))}
         if lp.layer.kind == "moe":
             entry["combine"] = share({"dtype": d.combine})
         if lp.bucket_decisions:
-            entry["orders"] = [{"max_tokens": bound, "order": b.order, "wire": share(b.wire), "rule": b.rule}
+            entry["orders"] = [{"max_tokens": bound, "order": b.order, "wire": share(b.wire.as_dict()), "rule": b.rule}
                                for bound, b in lp.bucket_decisions]
         if lp.unmeasured is not None:
             u = lp.unmeasured
-            entry["unmeasured"] = {"order": u.order, "wire": share(u.wire), "numerics": u.numerics,
+            entry["unmeasured"] = {"order": u.order, "wire": share(u.wire.as_dict()), "numerics": u.numerics,
                                    "rule": u.rule, "reason": u.reason}
         out.append(entry)
     return out
 
 
-def build_document(plan: Plan, deepep: Optional[dict[str, Any]] = None,
+def tuned_document(plan: Plan, deepep: KeptDeepEP, timings: Sequence[OrderTiming] = (),
                    command: str = "") -> dict[str, Any]:
+    """The composer: the plan, decided again with the timings a tune measured, and what it kept."""
+    return build_document(with_measurements(plan, timings), deepep, command)
+
+
+def build_document(plan: Plan, deepep: Optional[KeptDeepEP] = None, command: str = "") -> dict[str, Any]:
+    """The policy document: the plan's model, target, rules and layers, and ``deepep`` (DeepEP's
+    defaults where None)."""
     facts, target = plan.model, plan.target
     first = facts.first_moe
     doc: dict[str, Any] = {
@@ -283,13 +292,9 @@ def build_document(plan: Plan, deepep: Optional[dict[str, Any]] = None,
             "sheets_sha256": sheets_sha256(target.deepep.name),
         },
         "rules": {"packs": [pack.ref() for pack in plan.packs]},
-        "deepep": dict(deepep or default_deepep_section(plan)),
+        "deepep": _deepep_doc(plan, deepep or default_deepep(plan)),
         "layers": _layer_entries(plan.layers),
     }
-    doc["deepep"].setdefault("schedule", "serial")
-    doc["deepep"].setdefault("regime", "host")
-    if plan.timings:
-        doc["deepep"]["measured_orders"] = [t.to_doc() for t in plan.timings]
     doc["key"] = compute_keys(doc)
     doc["generated"] = {
         "by": f"moepolicy {__version__}",

@@ -144,7 +144,7 @@ def _policy_text():
     """A small but complete policy (DeepSeek-V3's scheme on 5 layers: dense, MoE, MTP) keeps each
     example fast; every section and code path of a real policy is there."""
     from moepolicy.checkpoint.reader import facts_from_raw
-    from moepolicy.policy_yaml import dumps
+    from moepolicy.document.yaml_io import dumps
     from moepolicy.planner import build_document, make_plan
     from moepolicy.rules.packs import pack_stack
     from moepolicy.target import TargetSpec, resolve_target
@@ -203,7 +203,7 @@ def mutated_policy(draw):
         except (KeyError, IndexError, TypeError):
             continue
     if draw(st.booleans()):  # keep the keys consistent so the deeper checks are reached
-        from moepolicy.keys import compute_keys
+        from moepolicy.document.keys import compute_keys
 
         try:
             doc["key"] = compute_keys(doc)
@@ -258,8 +258,8 @@ def seed_policies(tmp_path_factory):
     import subprocess
     import sys
 
-    from moepolicy.keys import compute_keys
-    from moepolicy.policy_yaml import dumps
+    from moepolicy.document.keys import compute_keys
+    from moepolicy.document.yaml_io import dumps
 
     folder = tmp_path_factory.mktemp("seeds")
     tuned = folder / "tuned.yaml"
@@ -350,7 +350,7 @@ def _commands(path: Path, layer: int, plots: Path) -> list[list[str]]:
 @COMMAND_FUZZ
 @given(data=st.data())
 def test_every_command_handles_whatever_validate_accepts(seed_policies, tmp_path_factory, data):
-    from moepolicy.keys import compute_keys
+    from moepolicy.document.keys import compute_keys
 
     doc = _mutate(data, yaml.safe_load(seed_policies[data.draw(st.sampled_from(range(len(seed_policies))))]))
     if data.draw(st.integers(0, 4)):  # mostly keys kept consistent: the deeper checks are reached

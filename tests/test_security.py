@@ -305,7 +305,7 @@ def test_an_unresolvable_model_is_a_mismatch_and_never_contacts_the_hub(tmp_path
 
 
 def _edited(tmp_path, edit) -> Path:
-    from moepolicy.keys import compute_keys
+    from moepolicy.document.keys import compute_keys
 
     out = tmp_path / "p.yaml"
     assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out)).returncode == 0
@@ -364,7 +364,7 @@ def _planned(tmp_path: Path, *extra: str) -> Path:
 
 def _rekeyed(path: Path, edit) -> str:
     """The policy at ``path`` edited and rekeyed (its integrity intact: only the reader's rules stand)."""
-    from moepolicy.keys import compute_keys
+    from moepolicy.document.keys import compute_keys
 
     doc = yaml.safe_load(path.read_text())
     edit(doc)

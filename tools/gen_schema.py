@@ -5,7 +5,7 @@ moepolicy/data/policy.schema.json (shipped with the package; a test keeps it cur
 import sys
 
 from moepolicy._resources import data_file
-from moepolicy.schema.json_schema import render
+from moepolicy.document.json_schema import render
 
 if __name__ == "__main__":
     data_file("policy.schema.json").write_text(render())

@@ -26,7 +26,7 @@ class FoundPack:
 
 def policy_packs(doc, policy_path: str, given: Sequence[str]) -> list[FoundPack]:
     """Each pack of ``doc.rules.packs``, in the policy's order."""
-    from moepolicy.policy_reader import find_user_pack
+    from moepolicy.document.reader import find_user_pack
     from moepolicy.rules.packs import builtin_names, builtin_pack, load_user_pack
 
     places = [*given, Path(policy_path).absolute().parent]
@@ -89,7 +89,7 @@ def _fits(ftype, value: Any) -> bool:
 def read_for_replay(path: str):
     """``read_policy(path)``, refused in one line when its stored facts cannot be replayed."""
     from moepolicy.errors import PolicyError
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     loaded = read_policy(path)
     problem = stored_facts_problem(loaded.doc)

@@ -42,7 +42,7 @@ def packs_for_lint(doc, policy_path: str, extra: list[str]) -> tuple[list, list[
 
 
 def run(args: argparse.Namespace) -> int:
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     doc = read_policy(args.policy).doc
     found = audit(doc)

@@ -9,7 +9,7 @@ from moepolicy import api
 from moepolicy.names import Order
 from moepolicy.cli._output import add_output_flag, model_inputs, note, output_path, rules_inputs, write_output
 from moepolicy.cli._target import add_target_flags, target_spec
-from moepolicy.policy_yaml import dumps
+from moepolicy.document.yaml_io import dumps
 from moepolicy.redact import redact_command
 from moepolicy.planner import Plan, make_plan
 from moepolicy.rules.packs import builtin_pack
@@ -56,7 +56,7 @@ def vllm_difference(plan: Plan, deepep: str = "DeepEP: its default configs, as v
 
 
 def _sends(decision) -> str:
-    wire = decision.wire.get("dtype", "bf16") if isinstance(decision.wire, dict) else getattr(decision.wire, "dtype", "bf16")
+    wire = decision.wire.dtype
     where = {Order.QUANT_THEN_DISPATCH: "quantized before dispatch", Order.IN_KERNEL_QUANT: "quantized in the dispatch "
              "kernel", Order.DISPATCH_THEN_QUANT: "quantized after dispatch"}.get(decision.order, "not quantized")
     return f"sends {wire} ({where})"

@@ -32,7 +32,7 @@ def _folder(args: argparse.Namespace) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from moepolicy.export.plots import FIGURES, draw
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     folder = _folder(args)
     if folder.exists() and not folder.is_dir():

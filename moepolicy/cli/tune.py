@@ -18,7 +18,7 @@ from moepolicy.cli._deepep_summary import overlap_lines
 from moepolicy.cli._output import (add_output_flag, model_inputs, note, output_path, progress_to_stderr, rules_inputs,
                                    table, write_result)
 from moepolicy.cli._target import add_target_flags
-from moepolicy.policy_yaml import dumps
+from moepolicy.document.yaml_io import dumps
 from moepolicy.errors import MoePolicyError, TuningError, UsageError
 from moepolicy.tuning.bench_source import BenchChoice, BenchSource
 from moepolicy.tuning.overlap_report import OverlapBucketRow
@@ -292,10 +292,12 @@ def _tune_v2(args: argparse.Namespace, choice: BenchChoice, plan, options, build
             "analytical count, and prefer_overlap_with_compute) are measured only live, on GPUs with DeepEP v2 (it "
             "needs NCCL with GIN; unverified on this project's machines), not with the model bench or torchrun; "
             "'moepolicy plan' writes DeepEP's defaults as deepep.v2")
+    from moepolicy.planner import tuned_document
     from moepolicy.tuning.v2_tune import tune_v2_plan
 
     note("DeepEP v2: measuring its SM count and prefer-overlap option (unverified on this project's machines)")
-    document, chosen = tune_v2_plan(plan, build_v2_bench(), options)
+    kept, chosen = tune_v2_plan(plan, build_v2_bench(), options)
+    document = tuned_document(plan, kept, command=options.command)
     note(f"DeepEP v2: kept {chosen.kept.name} ({chosen.why})")
     for tokens, speedup in chosen.vs_default.items():  # the report rounds: fresh workers, they decided nothing
         times = ", ".join(f"{name} {us} us" for name, us in chosen.report_us.get(tokens, {}).items())
@@ -327,7 +329,7 @@ def mark_functional(document: dict, choice: BenchChoice) -> None:
     where the runtime looks (``deepep.partial``: the serving runtime uses DeepEP's defaults for it)."""
     from moepolicy.measure.placement import SHARED_LABEL
 
-    from moepolicy.keys import compute_keys
+    from moepolicy.document.keys import compute_keys
 
     note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
     document["deepep"]["partial"] = {"reason": f"functional run, {SHARED_LABEL} ({choice.why}); its times "
@@ -355,7 +357,7 @@ def _output_for(result, output: Optional[str]) -> Optional[str]:
 
     if output is None or not result.interrupted or not Path(output).exists():
         return output
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     try:
         previous = read_policy(output)

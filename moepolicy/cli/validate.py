@@ -44,9 +44,9 @@ def serving_outcome(path: str, args: argparse.Namespace):
 def _rekey(path: str, strict: bool) -> None:
     """Recompute the keys and rewrite the file, only if the rekeyed document then validates:
     a document that would be refused anyway is left as it is."""
-    from moepolicy.policy_yaml import atomic_write, dumps
-    from moepolicy.keys import compute_keys
-    from moepolicy.policy_reader import MAX_POLICY_BYTES, _parse_raw, parse_policy
+    from moepolicy.document.yaml_io import atomic_write, dumps
+    from moepolicy.document.keys import compute_keys
+    from moepolicy.document.reader import MAX_POLICY_BYTES, _parse_raw, parse_policy
     from moepolicy.files import read_bounded
     from moepolicy.cli._replay import stored_facts_problem
 
@@ -112,7 +112,7 @@ def _validate(path: str, args: argparse.Namespace) -> dict:
     """One policy checked (schema, keys, stored facts, complete, what serving would do); raises the
     first problem as a PolicyError."""
     from moepolicy.cli._replay import stored_facts_problem
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     if args.rekey:
         _rekey(path, args.strict)

@@ -34,10 +34,6 @@ class ChunkConfig(NamedTuple):
     def with_nvl_send(self, nvl_send: int) -> "ChunkConfig":
         return self._replace(nvl_send=nvl_send)
 
-    def to_doc(self) -> dict[str, int]:
-        """The policy document's form (with DeepEP's effective RDMA receive capacity)."""
-        return dict(zip(DOC_KEYS, self.effective()))
-
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> "ChunkConfig":
         return cls(*(int(doc[key]) for key in DOC_KEYS))

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from moepolicy.names import Order, WireDtype
 from moepolicy.errors import PolicyError
-from moepolicy.schema.policy import PolicyDoc
+from moepolicy.document.model import PolicyDoc
 
 CONFIG_KWARGS = ("num_sms", "num_max_nvl_chunked_send_tokens", "num_max_nvl_chunked_recv_tokens",
                  "num_max_rdma_chunked_send_tokens", "num_max_rdma_chunked_recv_tokens")

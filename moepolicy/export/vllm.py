@@ -22,7 +22,7 @@ from typing import Any, Optional
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
 from moepolicy.errors import PolicyError
 from moepolicy.export import vllm_actions as actions
-from moepolicy.schema.policy import PolicyDoc
+from moepolicy.document.model import PolicyDoc
 from moepolicy.text import index_ranges, printable
 
 VLLM_DEFAULT_BUFFER_MB = 1024

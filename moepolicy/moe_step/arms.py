@@ -14,7 +14,7 @@ from typing import Any
 
 from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
-from moepolicy.runtime.policy import Bucket, DeepEPSettings
+from moepolicy.deepep.settings import Bucket, DeepEPSettings
 
 ARM_NAMES = ("policy", "vllm", "deepep-default")
 
@@ -66,7 +66,7 @@ def _vllm_decisions(doc) -> dict[int, tuple[str, dict]]:
     from moepolicy.target import target_from_doc
 
     decided = replayed_decisions(doc.layers, target_from_doc(doc.target), [builtin_pack("vllm"), builtin_pack("deepep")])
-    return {index: (d.order, d.wire) for index, d in decided.items()}
+    return {index: (d.order, d.wire.as_dict()) for index, d in decided.items()}
 
 
 def build_arms(doc) -> tuple[Arm, ...]:

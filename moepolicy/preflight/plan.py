@@ -75,9 +75,9 @@ class PreflightReport:
 
 def plan_preflight(path: str) -> PreflightPlan:
     """The cases ``validate --live`` runs for the policy at ``path`` (read and validated)."""
-    from moepolicy.policy_reader import parse_policy_light, read_policy
+    from moepolicy.document.reader import parse_policy_light, read_policy
     from moepolicy.runtime.loader import policy_as_written
-    from moepolicy.schema.fast_validate import View
+    from moepolicy.document.fast_validate import View
 
     data = read_policy(path, parse=parse_policy_light).doc  # the tree the serving runtime reads
     doc, policy = View(data), policy_as_written(data, path)

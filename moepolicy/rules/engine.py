@@ -15,6 +15,7 @@ from moepolicy.names import QUANTIZED_ORDERS, Order
 from moepolicy.errors import RulePackError
 from moepolicy.rules.grammar import All, AnyOf, Cond, Leaf, Not, Rule, RulePack, Then
 from moepolicy.schema.capability import DeepEPSheet
+from moepolicy.wire import Wire
 
 DEFAULT_EVIDENCE = ("measured", "code")
 
@@ -61,7 +62,7 @@ class Evidence:
 @dataclass(frozen=True)
 class Decision:
     order: str
-    wire: dict[str, Any]
+    wire: Wire
     numerics: str
     rule: str
     reason: str
@@ -210,7 +211,7 @@ def decide(facts: dict[str, Any], packs: Sequence[RulePack], sheet: DeepEPSheet,
             steps.append(Step(rule.id, rule.pack, rule.priority, "infeasible", infeasible))
             continue
         steps.append(Step(rule.id, rule.pack, rule.priority, "fired", rule.why))
-        return Decision(order=rule.then.order, wire=rule.then.wire.as_dict(),
+        return Decision(order=rule.then.order, wire=rule.then.wire,
                         numerics=rule.then.numerics, rule=rule.id, reason=rule.why,
                         source=rule.source, trace=tuple(steps),
                         evidence=_evidence(rule, sheet, layout, facts), combine=rule.then.combine)

@@ -299,7 +299,7 @@ def parse_rule(ctx: _Ctx, raw: Any, path: str, pack: str) -> Rule:
 def _is_name(text: str) -> bool:
     import re
 
-    from moepolicy.schema.policy_rules import NAME_MAX_LENGTH, NAME_PATTERN
+    from moepolicy.document.constraints import NAME_MAX_LENGTH, NAME_PATTERN
 
     return len(text) <= NAME_MAX_LENGTH and re.fullmatch(NAME_PATTERN, text) is not None
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from moepolicy.policy_reader import PolicyView
+from moepolicy.document.reader import PolicyView
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def _packs_check(doc: PolicyView, places: Sequence[Path]) -> SubCheck:
 
     from moepolicy._resources import data_dir
     from moepolicy.files import read_bounded
-    from moepolicy.policy_reader import MAX_PACK_BYTES, find_user_pack
+    from moepolicy.document.reader import MAX_PACK_BYTES, find_user_pack
     from moepolicy.errors import PolicyError
 
     changed, missing, checked = [], [], 0
@@ -128,7 +128,7 @@ def _packs_check(doc: PolicyView, places: Sequence[Path]) -> SubCheck:
 def _is_name(text: object) -> bool:
     import re
 
-    from moepolicy.schema.policy_rules import NAME_PATTERN
+    from moepolicy.document.constraints import NAME_PATTERN
 
     return isinstance(text, str) and re.fullmatch(NAME_PATTERN, text) is not None
 
@@ -152,7 +152,7 @@ def _sheets_check(doc: PolicyView) -> SubCheck:
 def _bounded_or_none(path: Path) -> Optional[bytes]:
     from moepolicy.errors import PolicyError
     from moepolicy.files import file_kind, read_bounded
-    from moepolicy.policy_reader import MAX_PACK_BYTES
+    from moepolicy.document.reader import MAX_PACK_BYTES
 
     if file_kind(path) is None:
         return None

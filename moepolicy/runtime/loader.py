@@ -16,8 +16,9 @@ from typing import Optional, Sequence
 from moepolicy.errors import PolicyError
 from moepolicy.wire import Scale, Wire
 from moepolicy.deepep.configs import ChunkConfig
-from moepolicy.runtime.policy import (Bucket, BucketOrder, DeepEPSettings, LayerDecision, LoadReport, Policy,
-                                      PolicyTarget, SafePolicy, ServedModel, V2Settings)
+from moepolicy.deepep.settings import Bucket, DeepEPSettings, V2Settings
+from moepolicy.runtime.policy import (BucketOrder, LayerDecision, LoadReport, Policy, PolicyTarget, SafePolicy,
+                                      ServedModel)
 
 _WARNED: set[tuple[str, str]] = set()
 _WARN_LOCK = threading.Lock()
@@ -113,9 +114,9 @@ def _hidden_hint(path: str | Path, model: Optional[str]) -> Optional[int]:
         except Exception:  # noqa: BLE001 (the safe path must not fail)
             pass
     try:
-        from moepolicy.policy_yaml import parse_text
+        from moepolicy.document.yaml_io import parse_text
         from moepolicy.files import read_bounded
-        from moepolicy.policy_reader import MAX_POLICY_BYTES
+        from moepolicy.document.reader import MAX_POLICY_BYTES
 
         raw = parse_text(read_bounded(path, MAX_POLICY_BYTES, PolicyError).decode("utf-8", "replace"))
         hidden = raw["model"]["hidden_size"]
@@ -192,8 +193,8 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str | Ser
         schedule: ``serial`` or ``overlapped`` (DBO/TBO), as the engine runs; checked against the
             schedule the DeepEP configs were tuned for.
     """
-    from moepolicy.policy_reader import parse_policy_light, read_policy
-    from moepolicy.schema.fast_validate import View
+    from moepolicy.document.reader import parse_policy_light, read_policy
+    from moepolicy.document.fast_validate import View
     from moepolicy.runtime.keycheck import check_keys, summarise
 
     source = str(path)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
+from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
+from moepolicy.deepep.settings import Bucket
 from moepolicy.errors import TuningError
-from moepolicy.planner import (
-    OrderTiming, Plan, buffer_bytes, build_document, default_deepep_section, with_measurements,
-)
+from moepolicy.planner import OrderTiming, Plan, tuned_document
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
 from moepolicy.tuning.confirm import (
     BucketCandidates, ConfirmSettings, modelled_protocol, protocol_rounds, run_protocol, time_both_orders,
@@ -45,9 +45,11 @@ class BucketOutcome:
 
 @dataclass(frozen=True)
 class TuneResult:
-    """What a tune found, and the policy document that records it (not yet written)."""
+    """What a tune found: the DeepEP settings it kept and what backs them (``deepep``), the order
+    timings measured at them, and the policy document composed from the plan and those (not yet
+    written)."""
 
-    document: dict[str, Any]
+    deepep: KeptDeepEP
     label: str  # measured | modelled | extrapolated
     region: str  # the timed region: full | cached
     num_sms: int
@@ -57,6 +59,8 @@ class TuneResult:
     overlap_gemm_note: str = ""
     interruption: Optional[KeyboardInterrupt] = None  # what ended the search early (Ctrl-C, SIGTERM)
     protocol: Any = None  # confirm.Protocol (live) or confirm.Modelled (model bench); None: not re-measured
+    timings: tuple[OrderTiming, ...] = ()  # both orders at the kept configs: measured facts for the rules
+    document: dict[str, Any] = dataclasses.field(default_factory=dict)  # composed by tune_plan
 
     @property
     def interrupted(self) -> bool:
@@ -68,10 +72,10 @@ def workload_for(plan: Plan, routing: str, regime: str = "host") -> Workload:
     if not moe:
         raise TuningError(f"{plan.model.name} has no MoE layers: nothing to dispatch, nothing to tune")
     first = moe[0]
-    fp8 = sum(1 for lp in plan.layers if lp.decision.wire.get("dtype") == "fp8_e4m3"
+    fp8 = sum(1 for lp in plan.layers if lp.decision.wire.dtype == "fp8_e4m3"
               and lp.decision.order == "quant_then_dispatch")
     payload = "fp8" if fp8 * 2 >= len(moe) else "bf16"
-    nvfp4 = sum(1 for lp in plan.layers if lp.decision.wire.get("dtype") == "nvfp4")
+    nvfp4 = sum(1 for lp in plan.layers if lp.decision.wire.dtype == "nvfp4")
     if nvfp4 * 2 >= len(moe):
         log.info("the policy sends NVFP4 on %d of %d MoE layers; the benches time bf16 rows (they have no NVFP4 "
                  "payload), so DeepEP's configs are chosen for about 4x the bytes NVFP4 sends", nvfp4, len(moe))
@@ -111,46 +115,44 @@ def _search_doc(b: BucketResult, num_sms: int, region: str) -> dict[str, Any]:
     return out
 
 
-def _section(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "KeptConfigs",
-             interrupted: bool) -> dict[str, Any]:
-    """The policy's DeepEP section: the kept SM count and chunks per bucket, per bucket what the
-    protocol measured of the kept config (``measured``; ``modelled`` on the model bench) and, apart,
-    the search's selected minima (``search``)."""
-    plan, label, region, options, study = run.plan, run.label, run.region, run.options, run.study
-    target = plan.target
-    buckets, configs = [], []
+def _kept_deepep(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "KeptConfigs",
+                 interrupted: bool) -> KeptDeepEP:
+    """What the policy keeps: the kept SM count and chunks per bucket, per bucket what the protocol
+    measured of the kept config (``measured``; ``modelled`` on the model bench) and, apart, the
+    search's selected minima (``search``)."""
+    buckets, evidences = [], []
     searched = [b for b in chosen.buckets if b.best is not None]
     for i, b in enumerate(searched):
         last = i == len(searched) - 1  # open-ended, also when an interrupt left later buckets unsearched
         point = kept.points.get(b.tokens, b.best)
-        configs += [point.dispatch, point.combine]
-        entry = {"max_tokens": None if last else b.tokens, "dispatch": point.dispatch.to_doc(),
-                 "combine": point.combine.to_doc()}
+        evidence = {}
         outcome = kept.outcomes.get(b.tokens)
         if outcome is not None:
-            entry["measured" if label == "measured" else "modelled"] = outcome.to_doc()
-        entry["search"] = _search_doc(b, chosen.num_sms, region)
-        buckets.append(entry)
+            evidence["measured" if run.label == "measured" else "modelled"] = outcome.to_doc()
+        evidence["search"] = _search_doc(b, chosen.num_sms, run.region)
+        buckets.append(Bucket(None if last else b.tokens, point.dispatch, point.combine))
+        evidences.append(evidence)
     if not buckets:
         raise TuningError("no bucket has a usable measurement")
-    moe = plan.model.moe_layers
-    nvl, rdma = buffer_bytes(target, max(layer.hidden_size for layer in moe),
-                             max(layer.num_experts for layer in moe), kept.num_sms, configs)
-    provenance = {
+    partial = None
+    if interrupted:
+        done = [r.num_sms for r in results if r.complete]
+        partial = (f"interrupted: {len(done)} of {len(results)} SM counts started were "
+                   f"searched in every bucket ({', '.join(map(str, done)) or 'none'})")
+    return KeptDeepEP(kept.num_sms, tuple(buckets), _provenance(run, chosen, results, kept), tuple(evidences),
+                      regime=run.options.regime, partial=partial)
+
+
+def _provenance(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "KeptConfigs") -> dict[str, Any]:
+    target, options, label, region = run.plan.target, run.options, run.label, run.region
+    return {
         "source": label, "bench": "live" if label == "measured" else "model", "timed_region": region,
-        "study": study, "storage": redact_url(options.storage), "searched_num_sms": chosen.num_sms,
+        "study": run.study, "storage": redact_url(options.storage), "searched_num_sms": chosen.num_sms,
         "kept_num_sms": kept.num_sms, "why": kept.why,
         "search": {"note": SEARCH_NOTE, "pareto": pareto_front(results, region), "scan": _scan(results, region)},
         "gpu": target.gpu, "ep_size": target.ep_size, "deepep": target.deepep.name, "command": options.command,
         "date": _now(), "protocol": kept.protocol,
     }
-    section = {"num_sms": kept.num_sms, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma, "buckets": buckets,
-               "provenance": provenance, "schedule": "serial", "regime": options.regime}
-    if interrupted:
-        done = [r.num_sms for r in results if r.complete]
-        section["partial"] = {"reason": (f"interrupted: {len(done)} of {len(results)} SM counts started were "
-                                         f"searched in every bucket ({', '.join(map(str, done)) or 'none'})")}
-    return section
 
 
 def _scan(results: list[SmsResult], region: str) -> list[dict[str, Any]]:
@@ -265,29 +267,22 @@ def _tune_overlap(plan: Plan, bench: Bench, workload: Workload, space: Space, op
         found = search_overlap(plan, bench, workload, list(options.buckets), grid, default, settings)
     finally:
         bench.close()
-    c = found.comm_sms
     dispatch, combine = found.chunks
-    buckets_doc = [{"max_tokens": None if i == len(options.buckets) - 1 else tokens, "dispatch": dispatch.to_doc(),
-                    "combine": combine.to_doc(), "measured": found.rows[tokens].to_doc()}
-                   for i, (tokens, _) in enumerate(options.buckets)]
-    moe = plan.model.moe_layers
-    nvl, rdma = buffer_bytes(plan.target, max(x.hidden_size for x in moe), max(x.num_experts for x in moe), c,
-                             [dispatch, combine])
-    section = {"num_sms": c, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma, "buckets": buckets_doc,
-               "provenance": {"source": "measured", "bench": "live-overlap", "command": options.command,
-                              "date": _now()},
-               "overlap": found.summary(), "schedule": "overlapped", "regime": "gpu"}
-    doc = build_document(plan, deepep=section, command=options.command)
-    return TuneResult(document=doc, label="measured", region="overlapped", num_sms=c, why=found.why,
+    last = len(options.buckets) - 1
+    buckets = tuple(Bucket(None if i == last else tokens, dispatch, combine)
+                    for i, (tokens, _) in enumerate(options.buckets))
+    provenance = {"source": "measured", "bench": "live-overlap", "command": options.command, "date": _now()}
+    kept = KeptDeepEP(found.comm_sms, buckets, provenance, tuple({"measured": found.rows[t].to_doc()}
+                                                                 for t, _ in options.buckets),
+                      schedule="overlapped", regime="gpu", overlap=found.summary())
+    return TuneResult(deepep=kept, label="measured", region="overlapped", num_sms=found.comm_sms, why=found.why,
                       overlap=found, overlap_gemm_note=f"{gemm_kind} ({why_kind})")
 
 
-def _extrapolated(plan: Plan, why: str, options: TuneOptions) -> dict[str, Any]:
-    section = default_deepep_section(plan)
-    section["provenance"] = {"source": "extrapolated", "note": f"outside the model bench's measured "
-                             f"envelope ({why}): DeepEP's default configs", "command": options.command}
-    section["regime"] = options.regime
-    return section
+def _extrapolated(plan: Plan, why: str, options: TuneOptions) -> KeptDeepEP:
+    note = f"outside the model bench's measured envelope ({why}): DeepEP's default configs"
+    return deepep_defaults(plan.target.deepep, plan.target.ep_size, note).with_provenance(
+        {"source": "extrapolated", "note": note, "command": options.command}, regime=options.regime)
 
 
 def study_name(plan: Plan, label: str) -> str:
@@ -297,12 +292,19 @@ def study_name(plan: Plan, label: str) -> str:
 
 
 def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, objective: dict) -> TuneResult:
-    """Tune DeepEP for ``plan`` on ``bench``; the result carries the policy document to write.
+    """Tune DeepEP for ``plan`` on ``bench``; the result carries what was kept and the policy document
+    composed from the plan and it (:func:`moepolicy.planner.tuned_document`: the one composer).
 
     The search (SM counts x token buckets, optuna) proposes; the re-measurement protocol
     (``tuning.confirm``) decides what is kept and what may be claimed. A ``KeyboardInterrupt`` ends
     the work early: the result is marked ``interrupted`` (a partial result) and holds what was found.
     """
+    result = _tune(plan, bench, options, space, objective)
+    document = tuned_document(plan, result.deepep, result.timings, options.command)
+    return dataclasses.replace(result, document=document)
+
+
+def _tune(plan: Plan, bench: Bench, options: TuneOptions, space: Space, objective: dict) -> TuneResult:
     target = plan.target
     region = objective["timed_region"]
     label = "measured" if bench.source == "measured" else "modelled"
@@ -313,10 +315,9 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
                                     target.gpu)
     if outside:
         log.info("model bench: %s; the policy keeps DeepEP's defaults, labelled extrapolated", outside)
-        doc = build_document(plan, deepep=_extrapolated(plan, outside, options), command=options.command)
-        section = doc["deepep"]
-        return TuneResult(document=doc, label="extrapolated", region=region, num_sms=section["num_sms"],
-                          why=section["provenance"]["note"])
+        kept = _extrapolated(plan, outside, options)
+        return TuneResult(deepep=kept, label="extrapolated", region=region, num_sms=kept.num_sms,
+                          why=kept.provenance["note"])
     storage = make_storage(options.storage)
     name = options.study or study_name(plan, label)
     open_parent_study(storage, name, _fingerprint(plan, space, objective, label, workload, options))
@@ -340,19 +341,18 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
     kept, interruption = _protocol(run, chosen, why, envelope, interruption)
     timings = () if interruption else _both_orders(run, kept)
     bench.close()
-    section = _partial_because(_section(run, chosen, results, kept, interruption is not None), interruption)
-    doc = build_document(with_measurements(plan, timings), deepep=section, command=options.command)
+    deepep = _partial_because(_kept_deepep(run, chosen, results, kept, interruption is not None), interruption)
     outcomes = tuple(BucketOutcome(t, p, kept.outcomes.get(t)) for t, p in kept.points.items())
-    return TuneResult(document=doc, label=label, region=region, num_sms=kept.num_sms, why=kept.why,
-                      buckets=outcomes, interruption=interruption, protocol=kept.result)
+    return TuneResult(deepep=deepep, label=label, region=region, num_sms=kept.num_sms, why=kept.why,
+                      buckets=outcomes, interruption=interruption, protocol=kept.result, timings=timings)
 
 
-def _partial_because(section: dict[str, Any], interruption: Optional[BaseException]) -> dict[str, Any]:
+def _partial_because(deepep: KeptDeepEP, interruption: Optional[BaseException]) -> KeptDeepEP:
     """A partial result ended by the study database failing says so (not "interrupted")."""
-    if isinstance(interruption, StorageFailed):
-        section["partial"]["reason"] = section["partial"]["reason"].replace(
-            "interrupted", f"the study database failed ({interruption.cause})", 1)
-    return section
+    if isinstance(interruption, StorageFailed) and deepep.partial is not None:
+        reason = deepep.partial.replace("interrupted", f"the study database failed ({interruption.cause})", 1)
+        return dataclasses.replace(deepep, partial=reason)
+    return deepep
 
 
 def _protocol(run: _Run, chosen: SmsResult, why: str, envelope,

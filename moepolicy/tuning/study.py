@@ -25,6 +25,7 @@ from moepolicy.tuning import progress
 from moepolicy.tuning.interrupts import deferred
 from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload
 from moepolicy.tuning.space import Space
+from moepolicy.tuning.trial_storage import fail_stale_trials, fail_trial, heartbeat, trial_id
 
 log = logging.getLogger("moepolicy.tuning")
 
@@ -100,19 +101,15 @@ def _finished_sub_trials(storage, name: str) -> int:
                if t.state.is_finished())
 
 
-def _heartbeat(storage, trial_id: int, stop: threading.Event) -> None:
-    record = getattr(storage, "record_heartbeat", None)
-    if record is None:
-        return
-    while not stop.wait(5.0):
-        try:
-            record(trial_id)
-        except Exception:  # noqa: BLE001 (a missed heartbeat only delays stale-trial detection)
-            pass
-
-
+# A trial's config goes into optuna's storage as a string (a user attribute holds JSON-serialisable
+# values, and the string is also what workers compare to share one measurement of a config): these two
+# are the only JSON round trip a bucket's config makes between the study and the plugin.
 def _effective_key(point: TunePoint) -> str:
     return json.dumps([point.num_sms, point.tokens, list(point.dispatch), list(point.combine)])
+
+
+def _stored_point(key: str) -> TunePoint:
+    return TunePoint(*json.loads(key))
 
 
 @dataclass(frozen=True)
@@ -141,14 +138,7 @@ def tune_bucket(storage, sub: SubStudy, bench: Bench, workload: Workload, space:
     sampler = make_sampler(sub.seed)
     study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
                                 direction="minimize", sampler=sampler)
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            optuna.storages.fail_stale_trials(study)
-        except Exception:  # noqa: BLE001 (storages without heartbeats)
-            pass
+    fail_stale_trials(study)
     _fail_orphans(storage, study)
     done = [t for t in study.trials if t.state.is_finished()]
     seen = {t.user_attrs["effective"]: t.value for t in done
@@ -244,8 +234,8 @@ class _StudyStep:
     def measure(self, workload: Workload, trial, point: TunePoint):
         """The bench's measurement (with a heartbeat meanwhile), or the :class:`TrialFailed` it raised."""
         stop = threading.Event()
-        beat = threading.Thread(target=_heartbeat, args=(self.storage, _trial_id(self.storage, self.name, trial.number),
-                                                         stop), daemon=True)
+        tid = trial_id(self.storage, self.name, trial.number)
+        beat = threading.Thread(target=heartbeat, args=(self.storage, tid, stop), daemon=True)
         beat.start()
         try:
             return self.bench.measure(workload, point)
@@ -290,11 +280,6 @@ def _fail_interrupted(storage, study, asked: list[int]) -> None:
 ORPHAN_GRACE_S = 2.0  # a trial with no owner yet is another worker's only this long after its ask
 
 
-def _trial_id(storage, study_name: str, number: int) -> int:
-    """The storage's id of trial ``number`` (optuna's public storage API; the trial hides its id)."""
-    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
-
-
 def _fail_orphans(storage, study) -> None:
     """RUNNING trials left by a worker on this host whose process is gone (kill -9) are failed at
     once, without waiting for the heartbeat's grace period, so the budget counts only live work. A
@@ -332,12 +317,7 @@ def _fail_orphans(storage, study) -> None:
 
 
 def _fail_orphan(storage, study, t, reason: str) -> None:
-    import optuna
-
-    trial_id = _trial_id(storage, study.study_name, t.number)
-    storage.set_trial_user_attr(trial_id, "reason", reason)
-    storage.set_trial_user_attr(trial_id, "orphan", True)
-    storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL)
+    fail_trial(storage, study.study_name, t.number, reason)
 
 
 def _budget_used(study, below: Optional[int] = None) -> int:
@@ -387,7 +367,7 @@ def _collect(study, bucket: BucketResult, num_sms: int) -> None:
     ranked, top = sorted(complete, key=lambda t: t.value), {}
     for t in ranked:
         top.setdefault(t.user_attrs["effective"], t)
-    bucket.top = tuple(TunePoint(*json.loads(key)) for key in list(top)[:TOP_K])
+    bucket.top = tuple(_stored_point(key) for key in list(top)[:TOP_K])
     best = ranked[0]
     bucket.best = bucket.top[0]
     bucket.best_measurement = Measurement(**best.user_attrs["measurement"])

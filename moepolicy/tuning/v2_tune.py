@@ -18,9 +18,11 @@ search is tested against benches whose times are known; the live measurement is
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Optional, Protocol, Sequence
 
+from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
+from moepolicy.deepep.settings import V2Settings
 from moepolicy.errors import TuningError
 from moepolicy.measure.rounds import MIN_ROUNDS, Speedup, holm, paired_speedup, rotated_rounds, weighted_rounds
 from moepolicy.tuning.bench import Workload
@@ -38,10 +40,13 @@ class V2Point:
         sms = "analytical SMs" if self.num_sms == 0 else f"{self.num_sms} SMs"
         return f"{sms}, prefer overlap {'on' if self.prefer_overlap else 'off'}"
 
+    def settings(self) -> V2Settings:
+        """What the policy keeps (``deepep.v2``)."""
+        return V2Settings(self.num_sms, self.prefer_overlap)
+
     def to_doc(self) -> dict:
         """The policy's ``deepep.v2`` section."""
-        return {"num_sms": self.num_sms, "prefer_overlap_with_compute": self.prefer_overlap,
-                "allow_multiple_reduction": True}
+        return asdict(self.settings())
 
 
 DEFAULT = V2Point()  # ElasticBuffer's defaults at dd758ca
@@ -165,10 +170,10 @@ def v2_provenance(choice: V2Choice, rounds: int) -> dict:
 V2_SMS = (8, 16, 24, 32, 48, 64)
 
 
-def tune_v2_plan(plan, bench: V2Bench, options, routing: str = "uniform") -> tuple[dict, V2Choice]:
+def tune_v2_plan(plan, bench: V2Bench, options, routing: str = "uniform") -> tuple[KeptDeepEP, V2Choice]:
     """Measure DeepEP v2's settings for ``plan`` on ``bench`` (``options``: a ``TuneOptions``: its
-    buckets, ``sms``, ``confirm_rounds``, seed, regime and command); the policy document and the choice."""
-    from moepolicy.planner import build_document, default_deepep_section
+    buckets, ``sms``, ``confirm_rounds``, seed, regime and command); what is kept and the choice
+    (:func:`moepolicy.planner.tuned_document` composes the policy from the plan and them)."""
     from moepolicy.tuning.runner import workload_for
 
     workload = workload_for(plan, routing, options.regime)
@@ -178,12 +183,10 @@ def tune_v2_plan(plan, bench: V2Bench, options, routing: str = "uniform") -> tup
                            options.seed)
     finally:
         bench.close()
-    section = default_deepep_section(plan)
-    section["v2"] = choice.kept.to_doc()
-    section["provenance"] = {
+    provenance = {
         "source": "measured", "bench": "live-v2", "command": options.command, "v2": v2_provenance(choice, rounds),
         "note": "DeepEP v2 sizes its own buffers and chunks; deepep.v2 holds the measured settings; the legacy "
                 "fields are unused",
     }
-    section["regime"] = options.regime
-    return build_document(plan, deepep=section, command=options.command), choice
+    kept = deepep_defaults(plan.target.deepep, plan.target.ep_size, "")
+    return kept.with_provenance(provenance, v2=choice.kept.settings(), regime=options.regime), choice

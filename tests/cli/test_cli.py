@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from moepolicy.schema.policy_rules import SCHEMA_VERSION
+from moepolicy.document.constraints import SCHEMA_VERSION
 from conftest import run_cli
 
 

@@ -22,7 +22,7 @@ def tuned(tmp_path_factory):
 
 
 def _write(tmp_path, doc, edit):
-    from moepolicy.keys import compute_keys
+    from moepolicy.document.keys import compute_keys
 
     doc = yaml.safe_load(yaml.safe_dump(doc))
     edit(doc)

@@ -10,7 +10,7 @@ from moepolicy.checkpoint.reader import read_model
 from moepolicy.errors import InfeasibleError
 from moepolicy.planner import build_document, make_plan
 from moepolicy.rules.packs import pack_stack
-from moepolicy.schema.policy import PolicyDoc
+from moepolicy.document.model import PolicyDoc
 from moepolicy.target import TargetSpec, resolve_target
 
 

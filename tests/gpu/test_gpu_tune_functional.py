@@ -32,7 +32,7 @@ def test_a_shared_rank_tune_runs_the_whole_protocol_and_is_labelled(tmp_path, wo
     assert "ranks share a GPU: functional only" in done.stderr
     assert "re-measuring" in done.stderr  # the protocol's selection and report ran
     from moepolicy import load_policy
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     doc = read_policy(out).doc
     assert doc.deepep.partial is not None and "functional run" in doc.deepep.partial.reason

@@ -39,7 +39,7 @@ def test_a_vllm_module_maps_to_a_policy_layer_by_its_prefix(prefix, index):
 
 
 def test_a_layer_table_joins_its_order_buckets_and_deepeps():
-    from moepolicy.runtime.policy import Bucket, DeepEPSettings
+    from moepolicy.deepep.settings import Bucket, DeepEPSettings
     from moepolicy.deepep.configs import ChunkConfig
 
     chunk = lambda n: ChunkConfig(n, 256, 6, 128)  # noqa: E731
@@ -60,9 +60,9 @@ def test_a_layer_table_joins_its_order_buckets_and_deepeps():
 def _policy(tmp_path, mutate=None):
     from moepolicy import load_policy
     from moepolicy.checkpoint import read_model
-    from moepolicy.keys import compute_keys
+    from moepolicy.document.keys import compute_keys
     from moepolicy.planner import build_document, make_plan
-    from moepolicy.policy_yaml import write_document
+    from moepolicy.document.yaml_io import write_document
     from moepolicy.rules.packs import pack_stack
     from moepolicy.target import TargetSpec, resolve_target
 

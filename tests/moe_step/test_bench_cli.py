@@ -22,7 +22,7 @@ def mixtral_policy(tmp_path_factory):
 
 def test_the_arms_carry_the_policy_and_the_vllm_pack_decisions(mixtral_policy):
     from moepolicy.moe_step.arms import build_arms
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     doc = read_policy(mixtral_policy).doc
     policy, vllm, default = build_arms(doc)

@@ -7,7 +7,7 @@ from moepolicy.errors import InfeasibleError
 from moepolicy.planner import build_document, make_plan
 from moepolicy.checkpoint import read_model
 from moepolicy.rules.packs import pack_stack
-from moepolicy.schema.policy import PolicyDoc
+from moepolicy.document.model import PolicyDoc
 from moepolicy.target import TargetSpec, resolve_target
 
 from moepolicy._resources import data_dir
@@ -95,27 +95,28 @@ def _ht_capability(wire: dict) -> str:
 
 def runnable_problem(lp, target) -> str:
     d, facts = lp.decision, lp.facts
+    wire = d.wire.as_dict()
     if d.order in ("none", "no_quant", "dispatch_then_quant"):
-        return "" if d.wire["dtype"] in ("bf16", "none") else f"{d.order} with wire {d.wire}"
+        return "" if wire["dtype"] in ("bf16", "none") else f"{d.order} with wire {wire}"
     if d.order == "fused":
         return "" if facts["kernel.fuses_communication"] else "fused order for a kernel that does not fuse"
-    if d.wire["dtype"] != facts["kernel.act_dtype"]:
-        return f"wire {d.wire['dtype']} but the kernel reads {facts['kernel.act_dtype']}"
+    if wire["dtype"] != facts["kernel.act_dtype"]:
+        return f"wire {wire['dtype']} but the kernel reads {facts['kernel.act_dtype']}"
     if target.arch == "sm80":
         return "a quantized wire on an sm80 build"
     ll = target.backend == "deepep_ll"
     if d.order == "in_kernel_quant":
-        ue8m0 = d.wire["scale"]["dtype"] == "ue8m0"
+        ue8m0 = wire["scale"]["dtype"] == "ue8m0"
         return "" if ll and _has(target, "ll.dispatch.in_kernel_ue8m0" if ue8m0 else "ll.dispatch.in_kernel_fp8") \
             else "in-kernel quantization the build does not have"
-    if ll and d.wire.get("scale") is None:
+    if ll and wire.get("scale") is None:
         sizes = target.deepep.limits.ll_hidden_sizes
         if sizes and lp.layer.hidden_size // 2 not in sizes:
             return "bare fp8 viewed as bf16 of a hidden the kernels do not take"
         return "" if _has(target, "ll.dispatch.bytes_as_bf16") else "bare fp8 through low-latency dispatch"
     if ll and not _has(target, "ll.dispatch.prequantized"):
         return "a pre-quantized payload through low-latency dispatch that takes bf16 only"
-    cap = _ht_capability(d.wire)
+    cap = _ht_capability(wire)
     return "" if _has(target, cap) else f"needs {cap}"
 
 

@@ -26,7 +26,7 @@ def small(plan):
 
 
 def test_the_plan_holds_every_bucket_and_every_wire_format_the_layers_send(policy):
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
     from moepolicy.preflight import plan_preflight
 
     plan = plan_preflight(policy)

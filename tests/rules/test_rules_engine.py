@@ -133,7 +133,7 @@ def test_an_infeasible_wire_never_wins(facts):
     sheet = deepep_sheet("deepep-legacy-29d31c0")
     decision = decide(facts, packs, sheet,
                       lambda then, f: "no fp8" if then.wire.dtype == "fp8_e4m3" else None)
-    assert decision.wire["dtype"] != "fp8_e4m3"
+    assert decision.wire.dtype != "fp8_e4m3"
 
 
 def test_vllm_pack_is_total_too():

@@ -50,9 +50,9 @@ def test_golden(case, tmp_path):
     d = layer.decision
     assert (d.order, d.rule) == (case["order"], case["rule"])
     if "wire" in case:
-        assert d.wire["dtype"] == case["wire"]
+        assert d.wire.dtype == case["wire"]
     if "scale" in case:
-        assert (d.wire.get("scale") or {}).get("dtype") == case["scale"]
+        assert (d.wire.scale.dtype if d.wire.scale else None) == case["scale"]
     if "numerics" in case:
         assert d.numerics == case["numerics"]
     for role, level in (case.get("evidence") or {}).items():

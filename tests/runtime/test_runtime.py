@@ -11,9 +11,9 @@ import yaml
 
 from moepolicy import load_policy
 from moepolicy.checkpoint import read_model
-from moepolicy.policy_yaml import write_document
+from moepolicy.document.yaml_io import write_document
 from moepolicy.errors import PolicyError
-from moepolicy.keys import compute_keys
+from moepolicy.document.keys import compute_keys
 from moepolicy.planner import build_document, make_plan
 from moepolicy.rules.packs import pack_stack
 from moepolicy.runtime import loader
@@ -331,7 +331,7 @@ def test_sglang_export_refuses_low_latency(tmp_path):
     path = tmp_path / "ll.yaml"
     write_document(plan_doc(backend="deepep_ll"), path)
     from moepolicy.export.sglang import export
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     with pytest.raises(PolicyError, match="normal \\(high-throughput\\) mode only"):
         export(read_policy(path).doc)
@@ -339,7 +339,7 @@ def test_sglang_export_refuses_low_latency(tmp_path):
 
 def test_vllm_export_buffer_and_plugin_settings(ds_policy):
     from moepolicy.export.vllm import export
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     doc = read_policy(ds_policy).doc
     result = export(doc, str(ds_policy))
@@ -356,7 +356,7 @@ def test_vllm_export_buffer_and_plugin_settings(ds_policy):
 
 def test_vllm_export_names_what_the_plugin_applies_and_leaves_per_layer(tmp_path):
     from moepolicy.export.vllm import export
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     path = tmp_path / "mix.yaml"  # static per-tensor fp8 on FlashInferExperts (vLLM's pick on SM90)
     write_document(plan_doc(model="amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", expert_kernel=None), path)
@@ -371,7 +371,7 @@ def test_vllm_export_names_what_the_plugin_applies_and_leaves_per_layer(tmp_path
 
 def test_vllm_export_refuses_low_latency_hidden(tmp_path):
     from moepolicy.export.vllm import export
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     raw = plan_doc(model="DeepSeek-V3", backend="deepep_ll")
     raw["model"]["hidden_size"] = 2880

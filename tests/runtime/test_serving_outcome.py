@@ -7,7 +7,7 @@ import textwrap
 import yaml
 
 from conftest import run_cli
-from moepolicy.keys import compute_keys
+from moepolicy.document.keys import compute_keys
 from moepolicy.runtime.outcome import APPLIED, DECISIONS_ONLY, SAFE, predict
 
 OLDER_PACK_SHA = "0" * 64  # the deepep pack as an older moepolicy shipped it

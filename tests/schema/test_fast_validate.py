@@ -6,7 +6,7 @@ import os
 from hypothesis import HealthCheck, given, settings
 
 from moepolicy.errors import PolicyError
-from moepolicy.policy_reader import parse_policy, parse_policy_light
+from moepolicy.document.reader import parse_policy, parse_policy_light
 
 from test_fuzz import POLICY_TEXT, mutated_policy
 

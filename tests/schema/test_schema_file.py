@@ -8,7 +8,7 @@ from moepolicy._resources import data_file
 
 
 def test_shipped_schema_is_current():
-    from moepolicy.schema.json_schema import render
+    from moepolicy.document.json_schema import render
 
     assert data_file("policy.schema.json").read_text() == render(), \
         "run: python tools/gen_schema.py"

@@ -9,14 +9,14 @@ import yaml
 
 from moepolicy import load_policy
 from moepolicy.checkpoint import read_model
-from moepolicy.policy_yaml import write_document
+from moepolicy.document.yaml_io import write_document
 from moepolicy.errors import PolicyError
-from moepolicy.keys import compute_keys
+from moepolicy.document.keys import compute_keys
 from moepolicy.planner import OrderTiming, build_document, make_plan, with_measurements
-from moepolicy.policy_reader import parse_policy, parse_policy_light, read_policy
+from moepolicy.document.reader import parse_policy, parse_policy_light, read_policy
 from moepolicy.rules.engine import decide
 from moepolicy.rules.packs import pack_stack
-from moepolicy.schema.policy_rules import SCHEMA_VERSION
+from moepolicy.document.constraints import SCHEMA_VERSION
 from moepolicy.runtime import loader
 from moepolicy.target import TargetSpec, resolve_target
 
@@ -222,7 +222,7 @@ def test_the_keys_hold_contents_and_names_not_where_the_data_lives():
     import json
 
     from moepolicy._resources import DATA
-    from moepolicy.keys import decision_parts, tuning_parts
+    from moepolicy.document.keys import decision_parts, tuning_parts
 
     doc = build_document(nvfp4_plan())
     text = json.dumps([decision_parts(doc), tuning_parts(doc)])

@@ -72,7 +72,7 @@ def test_the_functional_policy_is_marked_not_for_serving(tmp_path):
     from conftest import run_cli
     from moepolicy import load_policy
     from moepolicy.cli.tune import mark_functional
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     path = tmp_path / "p.yaml"
     assert run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200",

@@ -36,7 +36,7 @@ def output_is_whole(path, previous: str) -> bool:
     text = path.read_text()
     if text == previous:
         return True
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     read_policy(path)  # raises on a partial or damaged file
     return True
@@ -66,7 +66,7 @@ def test_kill_9_at_random_moments_then_resume(tmp_path):
             seen_complete = now
     final = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert final.returncode == 0, final.stderr
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     doc = read_policy(out).doc
     assert doc.deepep.provenance.source == "modelled"
@@ -95,7 +95,7 @@ def test_sigint_and_sigterm_at_random_moments_end_cleanly(tmp_path):
     the interrupt's exit code (or 0 if the tune finished first) and one line, never a traceback; a
     complete policy is never replaced by a partial one (the partial result goes beside it, marked);
     no trial is left RUNNING and no temporary file is left behind."""
-    from moepolicy.policy_reader import read_policy
+    from moepolicy.document.reader import read_policy
 
     rng = random.Random(20261201)
     env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}

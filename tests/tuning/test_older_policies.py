@@ -10,8 +10,8 @@ import yaml
 
 from conftest import run_cli
 from moepolicy import load_policy
-from moepolicy.keys import compute_keys
-from moepolicy.policy_reader import read_policy
+from moepolicy.document.keys import compute_keys
+from moepolicy.document.reader import read_policy
 
 DATA = Path(__file__).parent / "data"
 OLD = {"modelled": DATA / "policy-2.1-modelled.yaml", "measured": DATA / "policy-2.1-measured.yaml"}
@@ -23,7 +23,7 @@ def test_a_policy_written_before_the_change_loads_with_its_keys_matched(kind):
     doc = yaml.safe_load(path.read_text())
     assert doc["schema_version"] == "2.1" and compute_keys(doc) == doc["key"]  # the key computation is unchanged
     # what the runtime decodes of it is what it says (the tuned section and the measured orders)
-    from moepolicy.policy_reader import parse_policy_light
+    from moepolicy.document.reader import parse_policy_light
     from moepolicy.runtime.loader import policy_as_written
 
     policy = policy_as_written(read_policy(path, parse=parse_policy_light).doc, str(path))
@@ -67,7 +67,7 @@ def test_a_22_tune_validates_strictly_with_its_new_keys(tmp_path):
 
     from moepolicy.checkpoint.reader import read_model
     from moepolicy.planner import make_plan
-    from moepolicy.policy_yaml import write_document
+    from moepolicy.document.yaml_io import write_document
     from moepolicy.rules.packs import pack_stack
     from moepolicy.target import TargetSpec, resolve_target
     from moepolicy.tuning.bench import Bench, Measurement

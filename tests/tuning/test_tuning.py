@@ -286,7 +286,7 @@ def yaml_load(path):
 
 
 def test_atomic_write_keeps_the_previous_file_on_failure(tmp_path, monkeypatch):
-    from moepolicy import policy_yaml as document
+    from moepolicy.document import yaml_io as document
     from moepolicy.errors import OutputError
 
     target = tmp_path / "p.yaml"

@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from moepolicy.schema import policy_rules as rules
+from moepolicy.document import constraints as rules
 
 
 SCHEMA_VERSION = rules.SCHEMA_VERSION

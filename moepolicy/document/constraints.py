@@ -1,7 +1,7 @@
 """The policy document's cross-field rules, as plain functions (no pydantic).
 
-Both validators call these: the Pydantic models in :mod:`moepolicy.schema.policy` (CLI, JSON Schema)
-and the light runtime validator in :mod:`moepolicy.schema.fast_validate`. Each returns ``None`` or
+Both validators call these: the Pydantic models in :mod:`moepolicy.document.model` (CLI, JSON Schema)
+and the light runtime validator in :mod:`moepolicy.document.fast_validate`. Each returns ``None`` or
 the broken rule as one sentence.
 """
 

@@ -12,8 +12,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 from moepolicy.errors import PolicyError
 from moepolicy.schema.locations import yaml_path
-from moepolicy.keys import compute_keys
-from moepolicy.schema.policy_rules import READABLE_MAJORS, SCHEMA_VERSION
+from moepolicy.document.keys import compute_keys
+from moepolicy.document.constraints import READABLE_MAJORS, SCHEMA_VERSION
 
 READER_MAJOR, READER_MINOR = (int(x) for x in SCHEMA_VERSION.split("."))
 
@@ -59,7 +59,7 @@ def check_version(raw: dict[str, Any], source: str) -> None:
 
 
 def _parse_raw(text: str, source: str) -> dict[str, Any]:
-    from moepolicy.policy_yaml import parse_text, yaml_problem
+    from moepolicy.document.yaml_io import parse_text, yaml_problem
 
     import yaml
 
@@ -131,7 +131,7 @@ def buffer_fit_problem(raw: dict[str, Any]) -> Optional[str]:
 
 def _chunk_tuple(chunk: dict[str, Any]) -> tuple[int, int, int, int]:
     """A bucket's chunk fields, with the schema's defaults for the RDMA ones (a document may omit them)."""
-    from moepolicy.schema.policy_rules import CHUNK_DEFAULTS, CHUNK_FIELDS
+    from moepolicy.document.constraints import CHUNK_DEFAULTS, CHUNK_FIELDS
 
     return tuple(chunk.get(name, CHUNK_DEFAULTS.get(name)) for name in CHUNK_FIELDS)
 
@@ -140,7 +140,7 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
     """Validate with the Pydantic models (the CLI's reader: attribute access, JSON Schema)."""
     from pydantic import ValidationError
 
-    from moepolicy.schema.policy import PolicyDoc, unknown_keys
+    from moepolicy.document.model import PolicyDoc, unknown_keys
 
     raw = _parse_raw(text, source)
     try:
@@ -148,7 +148,7 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
     except RecursionError:
         raise PolicyError(f"{source}: nested too deeply to be a policy") from None
     except ValidationError as exc:
-        from moepolicy.schema.fast_validate import error_message
+        from moepolicy.document.fast_validate import error_message
 
         err = exc.errors()[0]
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
@@ -159,7 +159,7 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
 def parse_policy_light(text: str, source: str, strict: bool = False) -> LoadedPolicy:
     """Validate with pydantic-core directly (the runtime's reader: the same rules, a fraction of
     the import time); ``doc`` is the validated dict."""
-    from moepolicy.schema.fast_validate import unknown_keys, validate
+    from moepolicy.document.fast_validate import unknown_keys, validate
 
     raw = _parse_raw(text, source)
     doc = validate(raw, source)
@@ -229,7 +229,7 @@ def _pack_candidates(name: str, file_name: Optional[str], places: Sequence[str |
 
 def _pack_name(data: bytes) -> Optional[str]:
     """The ``pack:`` of a rule pack's bytes (safe YAML), or None for anything else."""
-    from moepolicy.policy_yaml import parse_text
+    from moepolicy.document.yaml_io import parse_text
 
     try:
         raw = parse_text(data.decode("utf-8"))

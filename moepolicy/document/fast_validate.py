@@ -4,7 +4,7 @@ Serving processes load one policy at start-up; pydantic's first use (model class
 costs most of that time, so the runtime validates with :mod:`pydantic_core` directly. Its schema and
 its table of known keys are built from the shipped JSON Schema, which is generated from the Pydantic
 models (``tools/gen_schema.py``; a test keeps it current), so fields and bounds have one source;
-cross-field rules are shared too (:mod:`moepolicy.schema.policy_rules`).
+cross-field rules are shared too (:mod:`moepolicy.document.constraints`).
 ``tests/schema/test_fast_validate.py`` checks the two validators accept and refuse the same documents.
 """
 
@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any, Optional
 
 from moepolicy.errors import PolicyError
-from moepolicy.schema import policy_rules as rules
+from moepolicy.document import constraints as rules
 from moepolicy.schema.locations import yaml_path
 
 SCHEMA_FILE = "policy.schema.json"  # generated from the Pydantic models (tools/gen_schema.py)

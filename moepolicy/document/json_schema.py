@@ -7,7 +7,7 @@ import json
 
 
 def render() -> str:
-    from moepolicy.schema.policy import PolicyDoc
+    from moepolicy.document.model import PolicyDoc
 
     schema = PolicyDoc.model_json_schema()
     schema["$id"] = "https://moepolicy/policy.schema.json"

@@ -1,0 +1,6 @@
+"""The policy file: its model (:mod:`.model`), its cross-field constraints (:mod:`.constraints`), the
+light validator the runtime uses (:mod:`.fast_validate`), the reader (:mod:`.reader`), YAML I/O
+(:mod:`.yaml_io`), the keys (:mod:`.keys`) and the JSON Schema (:mod:`.json_schema`).
+
+Light: nothing here imports torch or optuna (serving processes read policies; ``.importlinter``).
+"""

@@ -1,0 +1,88 @@
+"""A tune returns what it kept (``deepep.kept.KeptDeepEP``); one composer (``planner.tuned_document``)
+turns the plan and it into the document, entering the planner at most twice along the way."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("optuna", reason="tuning needs optuna")
+
+import moepolicy.planner as planner  # noqa: E402
+from moepolicy.checkpoint.reader import read_model  # noqa: E402
+from moepolicy.deepep.configs import default_configs  # noqa: E402
+from moepolicy.deepep.kept import KeptDeepEP  # noqa: E402
+from moepolicy.document.deepep_section import chunk_doc  # noqa: E402
+from moepolicy.rules.packs import pack_stack  # noqa: E402
+from moepolicy.target import TargetSpec, resolve_target  # noqa: E402
+from moepolicy.tuning.model_bench import ModelBench  # noqa: E402
+from moepolicy.tuning.options import TuneOptions  # noqa: E402
+from moepolicy.tuning.runner import tune_plan  # noqa: E402
+from moepolicy.tuning.space import load_objective, load_space  # noqa: E402
+
+PLANNER = Path(planner.__file__).resolve()
+
+
+def _plan(model: str, ep: int):
+    target = resolve_target(TargetSpec(gpu="h200", ep_size=ep), probe=False)
+    return planner.make_plan(read_model(model, hub=False), target, pack_stack())
+
+
+def _planner_entries(run) -> list[str]:
+    """The planner's functions called from outside planner.py while ``run`` runs."""
+    entries = []
+
+    def profile(frame, event, arg):
+        if event == "call" and Path(frame.f_code.co_filename).resolve() == PLANNER:
+            caller = frame.f_back
+            if caller is None or Path(caller.f_code.co_filename).resolve() != PLANNER:
+                entries.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        result = run()
+    finally:
+        sys.setprofile(None)
+    return entries, result
+
+
+@pytest.mark.parametrize("model, ep", [("Qwen3-30B-A3B-FP8", 2), ("DeepSeek-V3", 8)])  # tuned; extrapolated
+def test_a_tune_enters_the_planner_at_most_twice_and_returns_what_it_kept(tmp_path, model, ep):
+    plan = _plan(model, ep)
+    options = TuneOptions(buckets=((1024, 1.0), (4096, 1.0)), trials=2, storage=f"sqlite:///{tmp_path}/s.db")
+    entries, result = _planner_entries(
+        lambda: tune_plan(plan, ModelBench("h200"), options, load_space(), load_objective()))
+    entries = [name for name in entries if name != "kernel_label"]  # a property read, not a call into it
+    assert len(entries) <= 2, entries
+    assert isinstance(result.deepep, KeptDeepEP)
+    section = result.document["deepep"]
+    assert section["num_sms"] == result.deepep.num_sms == result.num_sms
+    assert [b["max_tokens"] for b in section["buckets"]] == [b.max_tokens for b in result.deepep.buckets]
+    assert [b["dispatch"] for b in section["buckets"]] == [chunk_doc(b.dispatch) for b in result.deepep.buckets]
+    assert section["provenance"]["source"] == result.label
+
+
+def test_a_plan_writes_deepeps_defaults_through_the_same_builder():
+    plan = _plan("Qwen3-30B-A3B-FP8", 2)
+    section = planner.build_document(plan)["deepep"]
+    dispatch, combine = default_configs(plan.target.deepep, 2)
+    assert section["buckets"] == [{"max_tokens": None, "dispatch": chunk_doc(dispatch), "combine": chunk_doc(combine)}]
+    assert section["provenance"]["source"] == "default" and section["schedule"] == "serial"
+    assert section["num_nvl_bytes"] > 0
+
+
+def test_the_buckets_a_tune_keeps_are_what_the_runtime_loads(tmp_path):
+    """One bucket type from the tuner to the plugin: the document, its YAML and the loader hand the
+    kept ``Bucket`` values back unchanged (with DeepEP's effective RDMA receive capacity)."""
+    from moepolicy.deepep.settings import Bucket
+    from moepolicy.document.yaml_io import write_document
+    from moepolicy.runtime import load_policy
+
+    plan = _plan("Qwen3-30B-A3B-FP8", 2)
+    options = TuneOptions(buckets=((128, 1.0), (4096, 1.0)), trials=2, storage=f"sqlite:///{tmp_path}/s.db")
+    result = tune_plan(plan, ModelBench("h200"), options, load_space(), load_objective())
+    write_document(result.document, tmp_path / "p.yaml")
+    policy = load_policy(tmp_path / "p.yaml", ep_size=2, strict=True)
+    kept = tuple(Bucket(b.max_tokens, b.dispatch.effective(), b.combine.effective()) for b in result.deepep.buckets)
+    assert policy.deepep.buckets == kept and all(type(b) is Bucket for b in policy.deepep.buckets)
+    assert policy.deepep.num_sms == result.deepep.settings.num_sms
