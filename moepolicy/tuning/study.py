@@ -163,10 +163,9 @@ def tune_bucket(storage, sub: SubStudy, bench: Bench, workload: Workload, space:
             if proposal is _TOLD:  # counted against the budget without a measurement
                 progress.advance()
                 continue
-            trial, point, key = proposal
-            outcome = ctx.measure(workload, trial, point)  # an interrupt lands here, or waits
+            outcome = ctx.measure(workload, proposal)  # an interrupt lands here (no storage call), or waits
             with deferred():
-                ctx.record(trial, key, outcome, sub.region)
+                ctx.record(proposal, outcome, sub.region)
             progress.advance()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: no trial of this process is left RUNNING
         _fail_interrupted(storage, study, ctx.asked)
@@ -178,8 +177,24 @@ def tune_bucket(storage, sub: SubStudy, bench: Bench, workload: Workload, space:
 _SKIP, _TOLD = object(), object()  # yielded to another worker (not counted) / told a known value (counted)
 
 
+@dataclass(frozen=True)
+class _Proposal:
+    """A trial this process measures: optuna's trial, its point, the effective-config key and the
+    trial's storage id (looked up while interrupts are held back, so measuring needs no storage)."""
+
+    trial: Any
+    point: TunePoint
+    key: str
+    storage_id: int
+
+
 class _StudyStep:
-    """One sub-study's trials, a step at a time: propose (ask, claim, deduplicate), measure, record."""
+    """One sub-study's trials, a step at a time: propose (ask, claim, deduplicate), measure, record.
+
+    The caller holds interrupts back (:func:`deferred`) across ``propose`` and ``record``: every
+    storage call of a trial is made there. ``measure`` makes none, so Ctrl-C or SIGTERM never lands
+    inside SQLAlchemy while a trial of this process is RUNNING (an interrupted query can keep its
+    SQLite lock, and failing the trial afterwards would then wait for it and fail)."""
 
     def __init__(self, study, storage, name: str, bench: Bench, bucket: BucketResult, num_sms: int, trials: int,
                  seen: dict):
@@ -229,24 +244,26 @@ class _StudyStep:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             self.bucket.deduplicated += 1
             return _SKIP
-        return trial, point, key
+        return _Proposal(trial, point, key, trial_id(self.storage, self.name, trial.number))
 
-    def measure(self, workload: Workload, trial, point: TunePoint):
-        """The bench's measurement (with a heartbeat meanwhile), or the :class:`TrialFailed` it raised."""
+    def measure(self, workload: Workload, proposal: _Proposal):
+        """The bench's measurement (with a heartbeat meanwhile, from its own thread), or the
+        :class:`TrialFailed` it raised. No storage call in this thread."""
         stop = threading.Event()
-        tid = trial_id(self.storage, self.name, trial.number)
-        beat = threading.Thread(target=heartbeat, args=(self.storage, tid, stop), daemon=True)
+        beat = threading.Thread(target=heartbeat, args=(self.storage, proposal.storage_id, stop), daemon=True)
         beat.start()
         try:
-            return self.bench.measure(workload, point)
+            return self.bench.measure(workload, proposal.point)
         except TrialFailed as exc:
             return exc
         finally:
             stop.set()
+            beat.join(timeout=1.0)  # a beat being written ends before the trial is told or failed
 
-    def record(self, trial, key: str, outcome, region: str) -> None:
+    def record(self, proposal: _Proposal, outcome, region: str) -> None:
         import optuna
 
+        trial, key = proposal.trial, proposal.key
         where = f"  [sms {self.num_sms:3} | T {self.bucket.tokens:5}] trial {trial.number + 1}/{self.trials}"
         if isinstance(outcome, TrialFailed):
             trial.set_user_attr("reason", str(outcome))
@@ -273,8 +290,9 @@ def _fail_interrupted(storage, study, asked: list[int]) -> None:
         if owned or t.number in mine:
             try:
                 _fail_orphan(storage, study, t, "interrupted before its measurement finished")
-            except Exception:  # noqa: BLE001 (finished meanwhile)
-                pass
+            except Exception as exc:  # noqa: BLE001 (the storage failing too: the next run fails it)
+                log.warning("trial %d of study '%s' stays RUNNING (%s); the next run of this command marks it "
+                            "failed", t.number, study.study_name, " ".join(str(exc).split())[:200])
 
 
 ORPHAN_GRACE_S = 2.0  # a trial with no owner yet is another worker's only this long after its ask
