@@ -69,7 +69,7 @@ def check_bench_fits(choice, ep_size: Optional[int]) -> None:
     """A live bench measures on its own ranks: a plan for another EP size cannot be tuned there."""
     if choice.kind == "live" and ep_size is not None and ep_size != choice.ranks:
         raise UsageError(f"live tuning runs on the {choice.ranks} visible GPUs; the plan is for EP {ep_size} "
-                         f"(tune with the model bench, or where {ep_size} GPUs are visible)")
+                         f"(tune with the model bench, --bench model, or where {ep_size} GPUs are visible)")
 
 
 def buckets(tokens: Sequence[int], objective: dict) -> tuple[tuple[int, float], ...]:
@@ -82,8 +82,9 @@ def buckets(tokens: Sequence[int], objective: dict) -> tuple[tuple[int, float], 
     return tuple(sorted((int(b["tokens"]), float(b.get("weight", 1.0))) for b in objective["buckets"]))
 
 
-def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space):
-    """The tune itself, for a bench already chosen: optuna's study over the plan's wire formats."""
+def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, bench=None):
+    """The tune itself, for a bench already chosen: optuna's study over the plan's wire formats.
+    ``bench`` is a bench already built (the CLI's torchrun ranks, a test's); by default ``choice``'s."""
     from moepolicy.tuning.bench_source import BenchSource
     from moepolicy.tuning.storage import check_storage, storage_failure
 
@@ -98,8 +99,9 @@ def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space):
     from moepolicy.tuning.runner import tune_plan
 
     check_storage(options.storage)
-    bench = BenchSource().build(choice, plan.target.gpu, options.max_buffer_bytes, options.trial_timeout_s,
-                                int(objective.get("reps", 20)))
+    if bench is None:
+        bench = BenchSource().build(choice, plan.target.gpu, options.max_buffer_bytes, options.trial_timeout_s,
+                                    int(objective.get("reps", 20)))
     try:
         return tune_plan(plan, bench, options, space, objective)
     except Exception as exc:  # noqa: BLE001 (the study database failing: one line; anything else re-raised)

@@ -14,6 +14,7 @@ import sys
 
 from typing import Optional
 
+from moepolicy import api
 from moepolicy.cli._deepep_summary import overlap_lines
 from moepolicy.cli._output import (add_output_flag, model_inputs, note, output_path, progress_to_stderr, rules_inputs,
                                    table, write_result)
@@ -28,9 +29,8 @@ from moepolicy.tuning.options import (
 from moepolicy.redact import redact_command
 from moepolicy.tuning.bench import REGIMES
 from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
-from moepolicy.tuning.storage import check_storage, storage_failure
+from moepolicy.tuning.storage import check_storage
 
-DEFAULT_NODE_GPUS = 8
 MAX_TRIAL_TIMEOUT_S = 86400.0  # the live watchdog: a day per trial at most
 
 
@@ -77,15 +77,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _buckets(args, objective) -> tuple[tuple[int, float], ...]:
+    """``--tokens`` as the library's buckets (the objective's when not given)."""
+    tokens: list[int] = []
     if args.tokens:
         try:
-            tokens = sorted({int(t) for t in args.tokens.split(",") if t.strip()})
+            tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
         except ValueError:
             raise UsageError(f"--tokens takes integers like 128,1024,4096, got {args.tokens!r}") from None
-        if not tokens or tokens[0] <= 0:
+        if not tokens or min(tokens) <= 0:
             raise UsageError(f"--tokens needs positive token counts, got {args.tokens!r}")
-        return tuple((t, 1.0) for t in tokens)
-    return tuple(sorted((int(b["tokens"]), float(b.get("weight", 1.0))) for b in objective["buckets"]))
+    return api.buckets(tokens, objective)
 
 
 def _sms(text: Optional[str]) -> tuple[int, ...]:
@@ -224,9 +225,7 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
     if args.overlap and choice.kind != "live":
         raise UsageError("--overlap needs the live bench: it times DeepEP beside a confined GEMM on GPUs "
                          f"(bench: {choice.kind}, {choice.why})")
-    if choice.kind == "live" and args.ep_size is not None and args.ep_size != choice.ranks:
-        raise UsageError(f"live tuning runs on the {choice.ranks} visible GPUs; --ep-size {args.ep_size} differs "
-                         f"(use --bench model, or run where {args.ep_size} GPUs are visible)")
+    api.check_bench_fits(choice, args.ep_size)
 
     def build(plan, objective):
         return source.build(choice, plan.target.gpu, args.max_buffer_mb * 1024 * 1024 // 128 * 128,
@@ -253,27 +252,14 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench, 
     output = output_path(args.output, tune_inputs(args, options.storage))  # before any work
     default_ep = choice.ranks if choice.kind == "live" else None
     if choice.kind == "model" and args.ep_size is None:
-        default_ep = args.gpus_per_node or DEFAULT_NODE_GPUS
+        default_ep = args.gpus_per_node or api.DEFAULT_NODE_GPUS
         note(f"no --ep-size and no GPUs to count: assuming one full node, EP {default_ep} "
              "(pass --ep-size to choose)")
     plan = build_plan(args, default_ep=default_ep)
     if plan.target.deepep.api == "v2":
         return _tune_v2(args, choice, plan, options, build_v2_bench, output)
-    try:
-        import optuna
-    except ImportError:
-        raise UsageError("tuning needs optuna: pip install 'moepolicy[tune]'") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from moepolicy.tuning.runner import tune_plan
-
     with progress_to_stderr(verbose=args.verbose):
-        try:
-            result = tune_plan(plan, build_bench(plan, objective), options, space, objective)
-        except Exception as exc:  # noqa: BLE001 (the study database failing: one line; anything else re-raised)
-            failed = storage_failure(exc, options.storage)
-            if failed is None:
-                raise
-            raise failed from None
+        result = api.tune_with(plan, choice, options, objective, space, bench=build_bench(plan, objective))
     if choice.shared:
         mark_functional(result.document, choice)
     render(result)
