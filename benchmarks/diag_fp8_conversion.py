@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Compare the Triton fp8 conversions with torch's, element by element (GPU)."""
 
+import functools
+import statistics
+
 import torch
 
 from moepolicy.quant import reference, triton_kernels
@@ -26,8 +29,6 @@ for mode in ("direct", "round_odd"):
 
 
 # launch-shape sweep at 8192 x 7168 (bytes read + written against the device-to-device copy)
-import statistics
-
 x = torch.randn(8192, 7168, device="cuda").to(torch.bfloat16)
 y = torch.empty_like(x)
 
@@ -39,7 +40,10 @@ def median_us(fn, reps=30):
     out = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
         out.append(a.elapsed_time(b) * 1000)
     return statistics.median(out)
 
@@ -51,6 +55,7 @@ for mode in ("direct", "round_odd"):
     triton_kernels.CONVERSION["mode"] = mode
     for gpp in (4, 8, 16):
         for warps in (2, 4, 8):
-            us = median_us(lambda: triton_kernels.per_token_group(x, 128, groups_per_prog=gpp, num_warps=warps))
+            us = median_us(functools.partial(triton_kernels.per_token_group, x, 128, groups_per_prog=gpp,
+                                             num_warps=warps))
             print(f"sweep {mode:9} gpp={gpp:2} warps={warps}: {us:6.1f} us {qbytes / us / 1e3:6.0f} GB/s "
                   f"= {100 * (qbytes / us) / copy_bw:4.1f}% of copy ({copy_bw / 1e3:.0f} GB/s)")

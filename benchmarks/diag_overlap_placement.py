@@ -89,7 +89,7 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
                                                                 groups, weights)
             g = sm_count - c
 
-            def comm():
+            def comm(ops=ops):
                 ops.dispatch_only("fp8", args.region)
                 ops.combine()
 
@@ -99,7 +99,7 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
                 descriptors = pg.tma_descriptors(gemm.a, gemm.b, cfg[0], cfg[1]) if cfg[4] == "tma" else None
                 trace = torch.zeros(g // cfg[6], len(pg.TRACE_FIELDS), dtype=torch.int64, device=device)
 
-                def run_gemm(trace=trace, cfg=cfg, tables=tables, descriptors=descriptors):
+                def run_gemm(trace=trace, cfg=cfg, tables=tables, descriptors=descriptors, gemm=gemm, g=g):
                     pg.grouped_block_fp8(gemm.a, gemm.a_scale, gemm.b, gemm.b_scale, gemm.group_rows, g, *cfg[:4],
                                          tables=tables, out=gemm.c, trace=trace, loads=cfg[4], descriptors=descriptors,
                                          cluster=cfg[6])

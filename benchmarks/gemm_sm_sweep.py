@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import functools
 import statistics
 import sys
 from pathlib import Path
@@ -38,7 +39,9 @@ def copy_tbps(timer, gib: int = 4, reps: int = 10) -> float:
 
     src = torch.empty(gib << 30, dtype=torch.uint8, device=timer.device)
     dst = torch.empty_like(src)
-    us = statistics.median(timer.samples(lambda: dst.copy_(src), reps=reps, warmup=1, mode="queued"))
+    copy = functools.partial(dst.copy_, src)
+    us = statistics.median(timer.samples(copy, reps=reps, warmup=1, mode="queued"))
+    del copy
     del src, dst
     return 2 * (gib << 30) / us / 1e6
 

@@ -67,7 +67,7 @@ def main() -> int:
         bench = LiveBench(world, 1024 * 1024 * 1024, trial_timeout_s=90, reps=20)
         t0 = time.monotonic()
 
-        def total(point):
+        def total(point, bench=bench, work=work):
             return bench.measure(work, point).objective("full")
 
         # DeepEP's own sweep (tests/test_intranode.py): dispatch nvl chunk 4..32 step 2 at recv 256, then combine 1..16

@@ -34,12 +34,16 @@ _WHERE = {
 __all__ = ["__version__", *_WHERE]
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time names load on first use
-    from moepolicy.api import plan, policy_document, tune, write_policy
-    from moepolicy.errors import MoePolicyError, PolicyError
-    from moepolicy.planner import Plan
-    from moepolicy.runtime.loader import load_policy
-    from moepolicy.target import TargetSpec
-    from moepolicy.tuning.options import TuneOptions
+    from moepolicy.api import plan as plan
+    from moepolicy.api import policy_document as policy_document
+    from moepolicy.api import tune as tune
+    from moepolicy.api import write_policy as write_policy
+    from moepolicy.errors import MoePolicyError as MoePolicyError
+    from moepolicy.errors import PolicyError as PolicyError
+    from moepolicy.planner import Plan as Plan
+    from moepolicy.runtime.loader import load_policy as load_policy
+    from moepolicy.target import TargetSpec as TargetSpec
+    from moepolicy.tuning.options import TuneOptions as TuneOptions
 
 
 def __getattr__(name: str):

@@ -7,7 +7,7 @@ from, so the CLI can print the target it used on its first stderr line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Optional
 
 from moepolicy import datasheets
 from moepolicy.names import Backend as Backends, Engine

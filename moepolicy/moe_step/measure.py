@@ -194,7 +194,7 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
             steps = {arm.name: [(k.count, _kind_step(k, _transport(arm, tokens, spec, buffer), experts, inputs,
                                                      "auto")) for k in arm.kinds] for arm in arms}
 
-            def time_once(name: str) -> float:
+            def time_once(name: str, steps=steps) -> float:
                 return sum(count * clock.median_us(fn, spec.reps) for count, fn in steps[name])
 
             started = time.perf_counter()

@@ -21,7 +21,7 @@ DEFAULT = (ChunkConfig(24, 256, 6, 128), ChunkConfig(10, 256, 6, 128))
 def _rows(found) -> dict:
     """Each bucket's row as the policy document stores it (and ``audit`` reads it back)."""
     rows = {t: row.to_doc() for t, row in found.rows.items()}
-    for t, row in found.rows.items():
+    for t in found.rows:
         assert OverlapBucketRow.from_doc(rows[t]).to_doc() == rows[t]  # the stored form round-trips
     return rows
 PLAN = SimpleNamespace(model=SimpleNamespace(moe_layers=[SimpleNamespace(moe_intermediate_size=2048)]))
