@@ -51,6 +51,9 @@ def model_problems(facts: ModelFacts, target: Target) -> list[str]:
     """Every reason the target cannot serve the model at all (empty when it can)."""
     limits = target.deepep.limits
     problems: list[str] = []
+    if not facts.moe_layers:
+        problems.append(f"{facts.name} has no MoE layers: expert parallelism has nothing to dispatch (serve it "
+                        "without --enable-expert-parallel; no policy is needed)")
     ep, layout = target.ep_size, target.layout
     if target.backend == "deepep_ht":
         if layout == "intranode" and ep not in limits.intranode_ranks:

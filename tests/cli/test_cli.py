@@ -100,6 +100,19 @@ def test_infeasible_exits_nonzero_with_reason():
     assert result.stdout == ""
 
 
+def test_a_model_without_moe_layers_gets_no_policy(write_config, tmp_path):
+    """A dense model has nothing to dispatch: no policy and no expert-parallel launch for it."""
+    config = write_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                           "num_hidden_layers": 32, "intermediate_size": 14336})
+    out = tmp_path / "dense.yaml"
+    planned = run_cli("plan", "--model", str(config), "--ep-size", "8", "-o", str(out))
+    assert_one_line_error(planned, "has no MoE layers", code=5)
+    tuned = run_cli("tune", "--model", str(config), "--ep-size", "8", "-o", str(out))  # says its bench first
+    assert tuned.returncode == 5 and "Traceback" not in tuned.stderr
+    assert "has no MoE layers" in tuned.stderr.strip().splitlines()[-1]
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("args, fragment", [
     (("plan", "--model", "Qwen3-30B-A3B-FP9", "--ep-size", "8"), "unknown model 'Qwen3-30B-A3B-FP9'"),
     (("plan", "--model", "DeepSeek-V3"), "--ep-size is required"),
