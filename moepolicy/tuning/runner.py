@@ -18,6 +18,7 @@ from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
 from moepolicy.deepep.settings import Bucket
 from moepolicy.errors import TuningError
 from moepolicy.planner import OrderTiming, Plan, tuned_document
+from moepolicy.redact import redact_url
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
 from moepolicy.tuning.confirm import (
     BucketCandidates, ConfirmSettings, modelled_protocol, protocol_rounds, run_protocol, time_both_orders,
@@ -286,9 +287,11 @@ def _extrapolated(plan: Plan, why: str, options: TuneOptions) -> KeptDeepEP:
 
 
 def study_name(plan: Plan, label: str) -> str:
+    """The default study name: the model (its Hugging Face organisation kept, ``org--name``, so two
+    fine-tunes of one name do not share a study), the target and the bench."""
     target = plan.target
     bench = "live" if label == "measured" else "model"
-    return f"{plan.model.name.split('/')[-1]}-{target.gpu}-ep{target.ep_size}-{target.backend}-{bench}"
+    return f"{plan.model.name.replace('/', '--')}-{target.gpu}-ep{target.ep_size}-{target.backend}-{bench}"
 
 
 def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, objective: dict) -> TuneResult:
@@ -320,7 +323,8 @@ def _tune(plan: Plan, bench: Bench, options: TuneOptions, space: Space, objectiv
                           why=kept.provenance["note"])
     storage = make_storage(options.storage)
     name = options.study or study_name(plan, label)
-    open_parent_study(storage, name, _fingerprint(plan, space, objective, label, workload, options))
+    open_parent_study(storage, name, _fingerprint(plan, space, objective, label, workload, options),
+                      where=redact_url(options.storage))
     default = default_configs(target.deepep, target.ep_size)
     if options.overlap is not None:
         return _tune_overlap(plan, bench, workload, space, options, default)

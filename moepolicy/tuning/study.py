@@ -73,17 +73,21 @@ def fingerprint(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def open_parent_study(storage, name: str, fp: str):
+def open_parent_study(storage, name: str, fp: str, where: str = ""):
+    """The study ``name`` (made, or resumed when its fingerprint matches); ``where`` is the storage
+    as it may be shown."""
     import optuna
 
     study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True)
     existing = study.user_attrs.get("fingerprint")
     if existing is None:
         study.set_user_attr("fingerprint", fp)
+        log.info("study '%s'%s: new (run the same command again to resume it)", name, f" in {where}" if where else "")
     elif existing != fp:
         raise TuningError(
             f"study '{name}' was made for another model, target, search space or bench "
-            f"(fingerprint {existing[:12]} != {fp[:12]}); use a new study name or another storage")
+            f"(fingerprint {existing[:12]} != {fp[:12]}); use a new study name (--study) or another storage "
+            "(--storage)")
     else:
         finished = _finished_sub_trials(storage, name)
         log.info("resuming study '%s': %d finished trial%s from before count%s toward the budget and %s not "

@@ -88,9 +88,11 @@ def test_tune_says_when_it_resumes_a_study(tmp_path):
     first = run_cli(*argv)
     assert first.returncode == 0, first.stderr
     assert "resuming" not in first.stderr
+    name = "Qwen--Qwen3-30B-A3B-FP8-h200-ep2-deepep_ht-model"  # the organisation kept: fine-tunes do not collide
+    assert f"study '{name}' in sqlite:///{tmp_path}/s.db: new" in first.stderr
     again = run_cli(*argv)
     assert again.returncode == 0, again.stderr
-    assert "resuming study 'Qwen3-30B-A3B-FP8-h200-ep2-deepep_ht-model': 2 finished trials from before" in again.stderr
+    assert f"resuming study '{name}': 2 finished trials from before" in again.stderr
 
 
 def test_infeasible_exits_nonzero_with_reason():
