@@ -1,6 +1,7 @@
-"""Policies are written for people (issue 34 item 17): no YAML anchors, each distinct set of layer
-facts once in ``layer_facts``; what the keys cover is unchanged (plans keep the keys they had before
-the change, kept in plan_keys_before_readable_yaml.json) and earlier files still read."""
+"""Policies are written for people (issue 34 item 17): no YAML anchors, each distinct set of
+layer facts once in ``layer_facts``; what the keys cover is unchanged (plans keep the keys they
+had before the change, kept in plan_keys_before_readable_yaml.json) and earlier files still
+read."""
 
 import json
 from pathlib import Path
@@ -15,7 +16,9 @@ from moepolicy.planner import build_document, make_plan
 from moepolicy.rules.packs import pack_stack
 from moepolicy.target import TargetSpec, resolve_target
 
-BEFORE = json.loads((Path(__file__).parent / "plan_keys_before_readable_yaml.json").read_text())["plans"]
+BEFORE = json.loads((Path(__file__).parent / "plan_keys_before_readable_yaml.json").read_text())[
+    "plans"
+]
 
 
 def _document(case: dict) -> dict:
@@ -31,7 +34,9 @@ def test_a_plan_keeps_its_keys_and_is_written_without_anchors_and_with_facts_onc
     raw = yaml.safe_load(text)
     assert "&id" not in text and "*id" not in text
     table = raw[FACTS_TABLE]
-    assert all(isinstance(layer["facts"], str) and layer["facts"] in table for layer in raw["layers"])
+    assert all(
+        isinstance(layer["facts"], str) and layer["facts"] in table for layer in raw["layers"]
+    )
     distinct = {json.dumps(layer["facts"], sort_keys=True) for layer in doc["layers"]}
     assert len(table) == len(distinct) < len(doc["layers"])
     read = parse_text(text)
