@@ -1,9 +1,10 @@
 """Read and write policy documents (YAML or JSON, the same tree); writes are atomic.
 
 The YAML is written for people: no anchors or aliases, and each distinct set of layer facts once,
-in a ``layer_facts`` table before ``layers`` that each layer names (``facts: moe-1``). Reading
-resolves the names back, so the document tree (what is validated and what the keys cover) is the
-one JSON writes in full; YAML written before (facts per layer, anchors) reads as it always did.
+in a ``layer_facts`` table before ``layers`` that each layer names (``facts: moe-1``; schema 2.3 on,
+an earlier document keeps its facts in each layer). Reading resolves the names back, so the
+document tree (what is validated and what the keys cover) is the one JSON writes in full; YAML
+written before (facts per layer, anchors) reads as it always did.
 
 A writer never leaves a partial file: it writes a temporary file beside the target, flushes and
 fsyncs it, then renames it over the target (:func:`moepolicy.files.atomic_write`).
@@ -112,8 +113,9 @@ def expanded_size(node: Any, limit: int = MAX_EXPANDED_NODES) -> int:
 
 
 def parse_text(text: str) -> Any:
-    """Safe-load YAML (JSON is YAML). Raises yaml.YAMLError on bad input and ValueError for a
-    document that explodes when its aliases are expanded (a 'billion laughs')."""
+    """Safe-load YAML (JSON is YAML), a policy's named layer facts resolved. Raises yaml.YAMLError
+    on bad input, ValueError for a document that explodes when its aliases are expanded (a
+    'billion laughs') and PolicyError for named facts that do not resolve (one line, no file)."""
     data = resolved_facts(yaml.load(text, Loader=_Loader))  # noqa: S506 (safe loader)
     if expanded_size(data) > MAX_EXPANDED_NODES:
         raise ValueError(f"more than {MAX_EXPANDED_NODES} nodes once aliases and named facts are expanded")
