@@ -3,8 +3,8 @@
 
 It describes the file as written: the models' document tree, plus (schema 2.3 on) the optional
 ``layer_facts`` table and a layer's ``facts`` given as the name of one of its sets. Reading
-resolves the names before either validator sees the tree (:mod:`moepolicy.document.facts_table`), so the
-runtime's validator, built from this file, leaves out what is marked ``x-as-written``.
+resolves the names before either validator sees the tree (:mod:`moepolicy.document.facts_table`),
+so the runtime's validator, built from this file, leaves out what is marked ``x-as-written``.
 """
 
 from __future__ import annotations
