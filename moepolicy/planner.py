@@ -238,29 +238,21 @@ def replayed_decisions(layers, target: Target, packs: Sequence[RulePack]) -> dic
 
 
 def _layer_entries(layers: Sequence[LayerPlan]) -> list[dict[str, Any]]:
-    """Layer entries; identical facts and wires are shared objects, so YAML writes them once
-    (an anchor and aliases) and readers parse them once."""
-    shared: dict[str, Any] = {}
-
-    def share(value: Any) -> Any:
-        import json
-
-        return shared.setdefault(json.dumps(value, sort_keys=True), value)
-
+    """Layer entries, each with its facts (the YAML writer puts each distinct set once in a table)."""
     out = []
     for lp in layers:
         d = lp.decision
         entry = {"index": lp.layer.index, "kind": lp.layer.kind, "order": d.order,
-                 "wire": share(d.wire.as_dict()), "numerics": d.numerics, "rule": d.rule,
-                 "reason": d.reason, "facts": share(stored_facts(lp.facts))}
+                 "wire": d.wire.as_dict(), "numerics": d.numerics, "rule": d.rule,
+                 "reason": d.reason, "facts": stored_facts(lp.facts)}
         if lp.layer.kind == "moe":
-            entry["combine"] = share({"dtype": d.combine})
+            entry["combine"] = {"dtype": d.combine}
         if lp.bucket_decisions:
-            entry["orders"] = [{"max_tokens": bound, "order": b.order, "wire": share(b.wire.as_dict()), "rule": b.rule}
+            entry["orders"] = [{"max_tokens": bound, "order": b.order, "wire": b.wire.as_dict(), "rule": b.rule}
                                for bound, b in lp.bucket_decisions]
         if lp.unmeasured is not None:
             u = lp.unmeasured
-            entry["unmeasured"] = {"order": u.order, "wire": share(u.wire.as_dict()), "numerics": u.numerics,
+            entry["unmeasured"] = {"order": u.order, "wire": u.wire.as_dict(), "numerics": u.numerics,
                                    "rule": u.rule, "reason": u.reason}
         out.append(entry)
     return out

@@ -165,7 +165,9 @@ def _paths(node, prefix=()):
     yield prefix
     if isinstance(node, dict):
         for k, v in node.items():
-            if k != "facts":
+            if k == "layer_facts":  # the table itself, not each fact in it (as with a layer's facts)
+                yield prefix + (k,)
+            elif k != "facts":
                 yield from _paths(v, prefix + (k,))
     elif isinstance(node, list):
         for i, v in enumerate(node[:3]):
@@ -292,8 +294,8 @@ def _all_paths(node, prefix=()):
             yield from _all_paths(v, prefix + (i,))
 
 
-FREE_FORM = ("provenance", "measured", "overlap", "facts", "generated", "measured_orders", "low_latency",
-             "confirm", "scan")
+FREE_FORM = ("provenance", "measured", "overlap", "facts", "layer_facts", "generated", "measured_orders",
+             "low_latency", "confirm", "scan")  # layer_facts: a 2.3 file's facts, named from layers
 wild = st.one_of(json_values, st.sampled_from([0, -1, 0.0, -0.0, 1e308, -1e308, float("nan"), float("inf"), 2**70,
                                                "", "x", [], {}, [0, 0], [1e308, -1e308], None, True]))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-SCHEMA_VERSION = "2.2"
+SCHEMA_VERSION = "2.3"
 READABLE_MAJORS = (1, 2)  # 1.x documents load as they are: every 2.0 field has a default that 1.x meant
 QUANTIZED_ORDERS = ("quant_then_dispatch", "in_kernel_quant")
 # what a quantized order may put on the wire; 2.1 adds NVFP4 (e2m1 packed two per byte, e4m3 1x16 scales)
@@ -22,6 +22,10 @@ V21_DEEPEP_FIELDS = ("v2",)
 # under ``search``, and the paired test behind each measured order timing
 V22_BUCKET_FIELDS = ("modelled", "search")
 V22_ORDER_TIMING_FIELDS = ("rounds", "quant_first_speedup", "ci95", "faster", "correction")
+# 2.3: each distinct set of layer facts once, in this top-level table, and each layer naming its set
+# (``facts: moe-1``); the document tree (what is validated, what the keys cover) is as before
+FACTS_TABLE = "layer_facts"
+FACTS_TABLE_SINCE = (2, 3)
 BF16_ORDERS = ("dispatch_then_quant", "no_quant")
 # 2.0: the expert kernel does dispatch, GEMMs and combine in one kernel (DeepGEMM Mega MoE): the
 # communication's format is the kernel's, so the wire records it and no separate order applies
@@ -95,8 +99,9 @@ def buckets_problem(bounds: Sequence[Optional[int]]) -> Optional[str]:
 
 
 def version_problem(doc: dict) -> Optional[str]:
-    """A document that uses a field or value its own ``schema_version`` does not have (a reader of that
-    version would misread or refuse it): a 1.x document with a 2.0 field, a 2.0 document with an NVFP4 wire."""
+    """A document that uses a field or value its own ``schema_version`` does not have (a reader of
+    that version would misread or refuse it): a 1.x document with a 2.0 field, a 2.0 document with
+    an NVFP4 wire, a 2.2 document with a ``layer_facts`` table."""
     version = str(doc.get("schema_version", ""))
     if version.startswith("1."):
         return _v1_problem(doc, version)
@@ -104,6 +109,8 @@ def version_problem(doc: dict) -> Optional[str]:
         return _v20_problem(doc)
     if version == "2.1":
         return _v21_problem(doc)
+    if version == "2.2":
+        return _v22_problem(doc)
     return None
 
 
@@ -167,6 +174,13 @@ def _v21_problem(doc: dict) -> Optional[str]:
             if isinstance(timing, dict) and timing.get(name) is not None:
                 return (f"deepep.measured_orders[{t}].{name} needs schema_version 2.2 "
                         f"(the document says {doc['schema_version']})")
+    return _v22_problem(doc)
+
+
+def _v22_problem(doc: dict) -> Optional[str]:
+    """Seen only on the document as written: reading resolves the table (``facts_table``)."""
+    if FACTS_TABLE in doc:
+        return f"{FACTS_TABLE} needs schema_version 2.3 (the document says {doc['schema_version']})"
     return None
 
 

@@ -19,6 +19,9 @@ from moepolicy.schema.locations import yaml_path
 
 SCHEMA_FILE = "policy.schema.json"  # generated from the Pydantic models (tools/gen_schema.py)
 FREE_FORM = "x-free-form"  # an object whose keys are not checked (provenance details, facts, ...)
+# the file as written, never the tree: the layer_facts table and a layer's facts named in it, which
+# reading resolves (document.facts_table) before validating, so this validator leaves them out
+AS_WRITTEN = "x-as-written"
 
 
 @lru_cache(maxsize=1)
@@ -43,9 +46,10 @@ def _core(node: dict[str, Any]):
 
     node = _resolve(node)
     if "anyOf" in node:
-        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        options = [o for o in node["anyOf"] if o.get("type") != "null" and not o.get(AS_WRITTEN)]
         inner = _core(options[0]) if len(options) == 1 else cs.union_schema([_core(o) for o in options])
-        return cs.nullable_schema(inner) if len(options) < len(node["anyOf"]) else inner
+        nullable = any(o.get("type") == "null" for o in node["anyOf"])
+        return cs.nullable_schema(inner) if nullable else inner
     if "enum" in node:
         return cs.literal_schema(list(node["enum"]))
     kind = node.get("type")
@@ -63,6 +67,8 @@ def _core(node: dict[str, Any]):
         required = set(node.get("required", ()))
         fields = {}
         for key, sub in node["properties"].items():
+            if sub.get(AS_WRITTEN):
+                continue
             schema = _core(sub)
             if key not in required and "default" in sub:
                 schema = cs.with_default_schema(schema, default=sub["default"])
@@ -89,8 +95,9 @@ def _known(node: dict[str, Any], shape: str, out: dict[str, set[str]]) -> None:
     if node.get("type") == "array":
         _known(node.get("items", {}), shape + "[]", out)
     if node.get("type") == "object" and "properties" in node and not node.get(FREE_FORM):
-        out[shape] = set(node["properties"])
-        for key, sub in node["properties"].items():
+        properties = {k: sub for k, sub in node["properties"].items() if not sub.get(AS_WRITTEN)}
+        out[shape] = set(properties)
+        for key, sub in properties.items():
             _known(sub, f"{shape}.{key}" if shape else key, out)
 
 

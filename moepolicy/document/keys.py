@@ -16,6 +16,8 @@ import hashlib
 import json
 from typing import Any
 
+from moepolicy.document.facts_table import resolved_facts
+
 
 def _digest(parts: dict[str, Any]) -> str:
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()
@@ -23,6 +25,7 @@ def _digest(parts: dict[str, Any]) -> str:
 
 
 def decision_parts(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = resolved_facts(doc)
     target = doc["target"]
     kernels = sorted({str(layer.get("facts", {}).get("kernel.name", "none")) for layer in doc["layers"]})
     return {
@@ -63,6 +66,9 @@ CONTENT_SECTIONS = ("schema_version", "model", "target", "rules", "deepep", "lay
 
 def compute_keys(doc: dict[str, Any]) -> dict[str, str]:
     """The decision and tuning keys, plus ``content``: a checksum of everything the runtime uses,
-    so a damaged or hand-edited file is noticed (``moepolicy validate --rekey`` after a deliberate edit)."""
+    so a damaged or hand-edited file is noticed (``moepolicy validate --rekey`` after a deliberate edit).
+    Over the document tree: a written file's ``layer_facts`` names are resolved first, so the YAML as
+    loaded and the tree give the same keys."""
+    doc = resolved_facts(doc)
     return {"decision": _digest(decision_parts(doc)), "tuning": _digest(tuning_parts(doc)),
             "content": _digest({k: doc.get(k) for k in CONTENT_SECTIONS})}

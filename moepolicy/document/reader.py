@@ -69,6 +69,8 @@ def _parse_raw(text: str, source: str) -> dict[str, Any]:
         raise PolicyError(f"{source}: {yaml_problem(exc)}") from None
     except (ValueError, RecursionError) as exc:  # alias bombs, absurd numbers, deep nesting
         raise PolicyError(f"{source}: unreadable document ({type(exc).__name__}: {exc})") from None
+    except PolicyError as exc:  # layer facts named in layer_facts that do not resolve
+        raise PolicyError(f"{source}: {exc}", field=exc.field) from None
     if not isinstance(raw, dict):
         raise PolicyError(f"{source}: a policy is a mapping at the top, got {type(raw).__name__}")
     check_version(raw, source)

@@ -1,5 +1,11 @@
 """Read and write policy documents (YAML or JSON, the same tree); writes are atomic.
 
+The YAML is written for people: no anchors or aliases, and each distinct set of layer facts once,
+in a ``layer_facts`` table before ``layers`` that each layer names (``facts: moe-1``; schema 2.3 on,
+an earlier document keeps its facts in each layer). Reading resolves the names back, so the
+document tree (what is validated and what the keys cover) is the one JSON writes in full; YAML
+written before (facts per layer, anchors) reads as it always did.
+
 A writer never leaves a partial file: it writes a temporary file beside the target, flushes and
 fsyncs it, then renames it over the target (:func:`moepolicy.files.atomic_write`).
 """
@@ -12,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from moepolicy.document.facts_table import FACTS_TABLE, resolved_facts, with_facts_table  # noqa: F401
 from moepolicy.files import atomic_write  # noqa: F401 (the writers' one home; imported from here by callers)
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -35,7 +42,10 @@ def _flow_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
 
 
 class _PolicyDumper(_Dumper):  # type: ignore[misc, valid-type]
-    """Safe dumper with one-line mappings for wire, facts and chunk configs."""
+    """Safe dumper with one-line mappings for wire, facts and chunk configs, and no anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 _PolicyDumper.add_representer(_Flow, _flow_dict)
@@ -62,9 +72,11 @@ def _styled(node: Any, key: str = "", memo: dict[int, Any] | None = None) -> Any
 
 
 def dumps(doc: dict[str, Any], fmt: str = "yaml") -> str:
+    """The document as JSON (the whole tree) or as YAML for people (see the module's note)."""
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
-    return yaml.dump(_styled(doc), Dumper=_PolicyDumper, sort_keys=False, width=10_000, allow_unicode=True)
+    return yaml.dump(_styled(with_facts_table(doc)), Dumper=_PolicyDumper, sort_keys=False, width=10_000,
+                     allow_unicode=True)
 
 
 def write_document(doc: dict[str, Any], path: str | os.PathLike, fmt: str | None = None) -> None:
@@ -101,11 +113,12 @@ def expanded_size(node: Any, limit: int = MAX_EXPANDED_NODES) -> int:
 
 
 def parse_text(text: str) -> Any:
-    """Safe-load YAML (JSON is YAML). Raises yaml.YAMLError on bad input and ValueError for a
-    document that explodes when its aliases are expanded (a 'billion laughs')."""
-    data = yaml.load(text, Loader=_Loader)  # noqa: S506 (safe loader)
+    """Safe-load YAML (JSON is YAML), a policy's named layer facts resolved. Raises yaml.YAMLError
+    on bad input, ValueError for a document that explodes when its aliases are expanded (a
+    'billion laughs') and PolicyError for named facts that do not resolve (one line, no file)."""
+    data = resolved_facts(yaml.load(text, Loader=_Loader))  # noqa: S506 (safe loader)
     if expanded_size(data) > MAX_EXPANDED_NODES:
-        raise ValueError(f"more than {MAX_EXPANDED_NODES} nodes once aliases are expanded")
+        raise ValueError(f"more than {MAX_EXPANDED_NODES} nodes once aliases and named facts are expanded")
     return data
 
 

@@ -18,7 +18,9 @@ def tuned(tmp_path_factory):
     result = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "model", "--trials", "1",
                      "--tokens", "128,1024", "--storage", f"sqlite:///{folder}/s.db", "-o", str(out))
     assert result.returncode == 0, result.stderr
-    return yaml.safe_load(out.read_text())
+    from moepolicy.document.yaml_io import parse_text
+
+    return parse_text(out.read_text())  # the document tree: each layer with its facts (not their table's names)
 
 
 def _write(tmp_path, doc, edit):

@@ -29,7 +29,7 @@ from moepolicy._resources import data_dir  # noqa: E402
 from moepolicy.checkpoint import read_model  # noqa: E402
 from moepolicy.document.keys import compute_keys  # noqa: E402
 from moepolicy.planner import build_document, make_plan  # noqa: E402
-from moepolicy.document.yaml_io import write_document  # noqa: E402
+from moepolicy.document.yaml_io import parse_text, write_document  # noqa: E402
 from moepolicy.rules.packs import pack_stack  # noqa: E402
 from moepolicy.target import TargetSpec, resolve_target  # noqa: E402
 
@@ -746,7 +746,7 @@ def test_the_exports_launch_and_applies_lines_are_what_the_plugin_logs(vllm_env,
     ep = int(flags["--data-parallel-size"])
     manager = start(monkeypatch, result["env"]["MOEPOLICY_POLICY"], ep=ep, model=result["model"])
     assert manager._moepolicy.applied, manager._moepolicy.reason
-    doc = json.loads(json.dumps(__import__("yaml").safe_load(path.read_text())))
+    doc = json.loads(json.dumps(parse_text(path.read_text())))  # the tree: each layer with its facts
     hidden, layers = doc["model"]["hidden_size"], doc["model"]["num_layers"]
     moe = h.moe_config(hidden, ep, moe_backend=flags.get("--moe-backend", "auto"))
     kernels = {_vllm_prefix(e["index"], layers): h.make_kernel(manager, monkeypatch, h.scheme_of(e["facts"]), moe)

@@ -1,7 +1,7 @@
 """Policies the tuner wrote before schema 2.2 (``data/policy-2.1-*.yaml``, machine output of the code
 of 2026-12-01) still load in the runtime with their keys matched, and ``audit`` words their figures
-as what they are; a 2.2 tune's document validates strictly; a 2.1 document that uses a 2.2 key is
-refused by name."""
+as what they are; a tune's document (2.2's fields, said as 2.3) validates strictly; a 2.1 document
+that uses a 2.2 key is refused by name."""
 
 from pathlib import Path
 
@@ -92,7 +92,7 @@ def test_a_22_tune_validates_strictly_with_its_new_keys(tmp_path):
     path = tmp_path / "p.yaml"
     write_document(tune_plan(plan, Flat(), options, load_space(), load_objective()).document, path)
     doc = read_policy(path, strict=True).doc
-    assert doc.schema_version == "2.2" and doc.deepep.measured_orders[0].faster == "quant_then_dispatch"
+    assert doc.schema_version == "2.3" and doc.deepep.measured_orders[0].faster == "quant_then_dispatch"
     assert doc.deepep.buckets[0].search["note"].startswith("selected minima")
     policy = load_policy(path, ep_size=2, model="Qwen3-30B-A3B-FP8", strict=True)
     assert not policy.is_fallback and policy.deepep.num_sms == 32
