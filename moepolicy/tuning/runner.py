@@ -18,7 +18,6 @@ from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
 from moepolicy.deepep.settings import Bucket
 from moepolicy.errors import TuningError
 from moepolicy.planner import OrderTiming, Plan, tuned_document
-from moepolicy.redact import redact_url
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
 from moepolicy.tuning.confirm import (
     BucketCandidates, ConfirmSettings, modelled_protocol, protocol_rounds, run_protocol, time_both_orders,
