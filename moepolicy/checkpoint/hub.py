@@ -103,12 +103,41 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
         return HubFiles(config=config, quant=quant, commit=config.parent.name, notes=notes)
     common.update(endpoint=hub_endpoint(), etag_timeout=ETAG_TIMEOUT_S)
     with _quiet(hf):
+        silent = _silent_hub(hf, hub_id, common["endpoint"])
+        if silent is not None:  # read the cache now: asked again, huggingface_hub backs off ~23 s per file
+            return _from_cache_when_silent(hf, hub_id, common, silent)
         try:
             config = Path(hf.hf_hub_download(hub_id.repo_id, "config.json", **common))
         except Exception as exc:  # noqa: BLE001 (every failure becomes one line, by what caused it)
             raise CheckpointError(_failure(hub_id, exc)) from None
         quant, notes = _quant_config(hf, hub_id, common)
     return HubFiles(config=config, quant=quant, commit=config.parent.name, notes=notes)
+
+
+def _silent_hub(hf, hub_id: HubId, endpoint: Optional[str]) -> Optional[BaseException]:
+    """The error when the hub does not answer at all (no HTTP status: DNS, refused, timed out), asked
+    once for ``config.json``'s metadata without retries; None when it answered (even with an error,
+    which the download then names)."""
+    url = hf.hf_hub_url(hub_id.repo_id, "config.json", revision=hub_id.revision, endpoint=endpoint)
+    try:
+        hf.get_hf_file_metadata(url, timeout=ETAG_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001
+        return None if any(_status(cause) is not None for cause in _chain(exc)) else exc
+    return None
+
+
+def _from_cache_when_silent(hf, hub_id: HubId, common: dict, error: BaseException) -> HubFiles:
+    """The cache's files when the hub did not answer, said in a note; not cached: could not be reached."""
+    from moepolicy.settings import hub_endpoint
+
+    config = _cached(hf, hub_id, "config.json", common)
+    if config is None:
+        raise CheckpointError(_unreachable(hub_id, hub_endpoint() or DEFAULT_ENDPOINT, error))
+    quant, notes = _quant_from_cache(hf, hub_id, common)
+    said = (f"the Hugging Face hub ({hub_endpoint() or DEFAULT_ENDPOINT}) did not answer: read from its cache "
+            "(HF_HUB_OFFLINE=1 skips asking)")
+    logging.getLogger("moepolicy.checkpoint").warning("model '%s': %s", hub_id, said)
+    return HubFiles(config=config, quant=quant, commit=config.parent.name, notes=(said, *notes))
 
 
 def _cached(hf, hub_id: HubId, filename: str, common: dict) -> Optional[Path]:
@@ -122,14 +151,14 @@ def _quiet(hf) -> Iterator[None]:
     """huggingface_hub's own warnings (its retries while the hub does not answer) and progress bars
     (two small files) are not shown: what failed is said once, in moepolicy's one line. Both are
     restored after."""
-    logger = logging.getLogger(hf.__name__)
-    level, bars_off = logger.level, hf.utils.are_progress_bars_disabled()
-    logger.setLevel(logging.ERROR)
+    verbosity = hf.utils.logging  # huggingface_hub's own switch: it sets its loggers up on first use
+    level, bars_off = verbosity.get_verbosity(), hf.utils.are_progress_bars_disabled()
+    verbosity.set_verbosity_error()
     hf.utils.disable_progress_bars()
     try:
         yield
     finally:
-        logger.setLevel(level)
+        verbosity.set_verbosity(level)
         if not bars_off:
             hf.utils.enable_progress_bars()
 

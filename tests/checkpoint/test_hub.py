@@ -187,6 +187,24 @@ def test_a_cached_model_is_read_when_the_hub_cannot_be_reached(hub, monkeypatch,
     assert read_model("ok/nvfp4").sha256() == read_model("Qwen3-30B-A3B-NVFP4").sha256()
 
 
+def test_a_cached_model_whose_hub_is_silent_is_read_at_once_and_said(hub, monkeypatch, capfd):
+    """Nothing answers at the endpoint and the cache has config.json but was never told about
+    hf_quant_config.json (as a hand-made or partial cache): read from the cache without
+    huggingface_hub's backoff (1+2+4+8+8 s before, per missing file), no retry lines, one note."""
+    from moepolicy.checkpoint.hub import fetch, parse_id
+
+    fake_cache(Path(os.environ["HF_HUB_CACHE"]), "acme/model", {"config.json": (QWEN_FP8 / "config.json").read_bytes()})
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    files = fetch(parse_id("acme/model"), network=True)
+    assert files.config.read_bytes() == (QWEN_FP8 / "config.json").read_bytes()
+    assert not slept, f"backed off {slept} s"
+    assert "did not answer: read from its cache" in files.notes[0]
+    err = capfd.readouterr().err
+    assert "Retrying" not in err and "thrown while requesting" not in err, err
+
+
 def test_a_server_error_says_the_status(hub, no_backoff):
     message = _message("down/model")
     assert "answered HTTP 503" in message and "could not be reached" not in message
