@@ -186,7 +186,7 @@ def _experts_knob(doc: PolicyDoc, env: dict, args: list, notes: list) -> None:
 
 
 # what vLLM's pick needs installed, and what it falls to without it (oracle/fp8.py:88-104 priority order)
-_NEEDS = {"flashinfer_cutlass": ("FlashInfer", "TritonOrDeepGemmExperts (block fp8 quantized before dispatch)"),
+_NEEDS = {"flashinfer_cutlass": ("FlashInfer", "TritonOrDeepGemmExperts"),
           "flashinfer_trtllm": ("FlashInfer", "TritonOrDeepGemmExperts"),
           "deepgemm": ("DeepGEMM", "TritonExperts")}
 
@@ -261,7 +261,8 @@ def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, canno
     deepep = doc.deepep
     applied.append(f"DeepEP num_sms {deepep.num_sms}" + (f" (vLLM alone fixes {VLLM_HT_NUM_SMS})"
                                                           if deepep.num_sms != VLLM_HT_NUM_SMS else ""))
-    applied.append(actions.configs_line(deepep.provenance.source, len(deepep.buckets)))
+    kept = [(b.measured or b.modelled or {}).get("kept") for b in deepep.buckets]
+    applied.append(actions.configs_line(deepep.provenance.source, len(deepep.buckets), kept))
     applied.append(f"DeepEP buffers: NVLink {deepep.num_nvl_bytes} bytes, RDMA {deepep.num_rdma_bytes} bytes")
     overlap = deepep.overlap
     if overlap:

@@ -193,13 +193,16 @@ def layer_lines(per_layer: Mapping[int, Sequence[BucketAction]]) -> tuple[list[s
     return applied_lines, left_lines
 
 
-def configs_line(source: str, num_buckets: int) -> str:
+def configs_line(source: str, num_buckets: int, kept: Sequence[Optional[str]] = ()) -> str:
     """What the DeepEP dispatch/combine configs are, from the policy's provenance (never "tuned" when
-    nothing was measured)."""
+    nothing was measured); ``kept`` names what each bucket's tune kept (``engine``: vLLM's own)."""
     what = {"measured": "measured on the target by a live tune",
             "modelled": "chosen with the model bench (modelled, not measured)",
             "extrapolated": "extrapolated beyond the model bench's measured range (not measured)",
             "default": "DeepEP's built-in defaults for this EP size"}.get(source, source)
+    if source in ("measured", "modelled") and kept and set(kept) == {"engine"}:
+        return (f"DeepEP dispatch/combine configs: DeepEP's defaults, as vLLM runs them (the {source} tune kept "
+                f"them at all {num_buckets} token bucket(s): it found nothing better)")
     return (f"DeepEP dispatch/combine configs of {num_buckets} token bucket(s), {what}, chosen per dispatch by "
             "the token count every rank agrees on")
 

@@ -42,7 +42,8 @@ class ServingOutcome:
                     f"configs): {self.reason}" + ("; plan and serve with the same moepolicy: re-plan with this one"
                                                   if stale else ""))
         if self.state == DECISIONS_ONLY:
-            return f"serving would keep the decisions but not the tuned DeepEP configs: {self.reason}"
+            return (f"serving would keep the decisions and run DeepEP's default configs, not the policy's: "
+                    f"{self.reason}; plan (or tune) again for the target it serves to use its own")
         unchecked = self._named("unchecked")
         flags = [flag for flag in ("--model", "--ep-size")
                  if any(_HOW_TO_CHECK.get(name) == flag for name in unchecked)]

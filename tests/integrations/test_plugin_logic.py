@@ -159,6 +159,9 @@ def test_the_configs_line_never_says_tuned_when_nothing_was():
     assert "measured on the target" in actions.configs_line("measured", 3)
     assert "extrapolated" in actions.configs_line("extrapolated", 2)
     assert all("tuned" not in actions.configs_line(s, 1) for s in ("default", "modelled", "extrapolated"))
+    kept_engine = actions.configs_line("modelled", 3, ["engine"] * 3)  # the tune kept vLLM's own at every bucket
+    assert "DeepEP's defaults, as vLLM runs them" in kept_engine and "chosen with" not in kept_engine
+    assert "chosen with the model bench" in actions.configs_line("modelled", 2, ["engine", "search"])
 
 
 @pytest.mark.parametrize("value, strict", [("1", True), ("TRUE", True), (" yes ", True), ("On", True),
