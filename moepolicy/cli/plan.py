@@ -30,10 +30,22 @@ def build_plan(args: argparse.Namespace, default_ep=None) -> Plan:
     plan = api.plan(args.model, target_spec(args), rules=args.rules, default_ep=default_ep)
     target = plan.target
     note(target.describe(plan.kernel_label))
+    _say_catalog_copy(args.model, plan.model.source)
     fits = fit_note(args.model, target.gpu, target.ep_size, target.engine)
     if fits:
         note(f"warning: {fits}")
     return plan
+
+
+def _say_catalog_copy(spec: str, source: str) -> None:
+    """A Hugging Face id the catalog holds is read from the catalog's copy of its config: said, with
+    how to read the hub's (or a local cache's) instead."""
+    from moepolicy.checkpoint.hub import parse_id
+
+    hub_id = parse_id(spec)
+    if hub_id is not None and hub_id.revision is None and source.startswith("catalog:"):
+        note(f"model: {hub_id} from moepolicy's catalog (its config as shipped); '{hub_id}@main' reads the "
+             "Hugging Face hub's or cache's instead")
 
 
 def vllm_difference(plan: Plan, deepep: str = "DeepEP: its default configs, as vLLM runs it") -> str:

@@ -36,6 +36,8 @@ def test_plan_to_stdout_names_target_first():
     for part in ("gpu=h200", "ep_size=8", "backend=deepep_ht", "expert_kernel=flashinfer_cutlass",
                  "deep_ep=deepep-legacy-29d31c0"):
         assert part in first
+    # the id is the catalog's: said, with how to read the hub's copy instead
+    assert "model: Qwen/Qwen3-30B-A3B-FP8 from moepolicy's catalog" in result.stderr.splitlines()[1]
     doc = yaml.safe_load(result.stdout)
     assert doc["schema_version"] == SCHEMA_VERSION and len(doc["layers"]) == 48
     assert doc["layers"][0]["order"] == "no_quant"
