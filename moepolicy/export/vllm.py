@@ -95,12 +95,27 @@ def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
     if low:
         cannot.append(f"layers {index_ranges(low)}: a {doc.layers[low[0]].combine.dtype} combine: vLLM 0.33 has no setting "
                       "for it, so combine stays bf16")
-    if target.ep_size > target.gpus_per_node:
-        cannot.append(f"EP {target.ep_size} spans nodes: add vLLM's multi-node flags (--data-parallel-size-local, "
-                      "--data-parallel-address) for your cluster, with MOEPOLICY_POLICY set and moepolicy installed on "
-                      "every node (all ranks agree at start-up, or all keep vLLM's behaviour)")
+    nodes = _nodes(target.ep_size, target.gpus_per_node)
+    if nodes:
+        notes.append(f"EP {target.ep_size} spans {nodes['nodes']} nodes: the policy file at this path and moepolicy "
+                     "installed on every node (all ranks agree at start-up, or all keep vLLM's behaviour)")
     return {"package": PLUGIN_PACKAGE, "model": model, "env": env, "args": args, "notes": notes,
-            "applied": applied, "cannot_express": cannot}
+            "applied": applied, "cannot_express": cannot, "nodes": nodes}
+
+
+DP_RPC_PORT = "13345"  # vLLM's data-parallel RPC port on the head node (any free port; the same on every node)
+
+
+def _nodes(ep: int, gpus_per_node: int) -> dict[str, Any]:
+    """vLLM's data-parallel flags where EP spans nodes: the head node serves the API and ranks
+    0..gpus_per_node-1; each other node runs headless from its first rank. Shell variables (HEAD_ADDR,
+    NODE_RANK) are left for the shell on each node. None on one node."""
+    if ep <= gpus_per_node:
+        return {}
+    common = ["--data-parallel-size-local", str(gpus_per_node), "--data-parallel-address", "$HEAD_ADDR",
+              "--data-parallel-rpc-port", DP_RPC_PORT]
+    return {"nodes": -(-ep // gpus_per_node), "head": common,
+            "other": [*common, "--data-parallel-start-rank", f"$((NODE_RANK * {gpus_per_node}))", "--headless"]}
 
 
 def _buffer_mb(doc: PolicyDoc) -> int:
@@ -291,7 +306,15 @@ def render_shell(result: dict[str, Any], model: str) -> str:
                      "on every node")
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in result["env"].items()]
     lines += [f"# {_comment(note)}" for note in result.get("notes", ())]
-    lines.append(" ".join(["vllm", "serve", shlex.quote(served), *(shlex.quote(a) for a in result["args"])]))
+    serve = " ".join(["vllm", "serve", shlex.quote(served), *(shlex.quote(a) for a in result["args"])])
+    nodes = result.get("nodes")
+    if nodes:  # their flags hold shell variables, not quoted
+        lines.append("# on the head node (HEAD_ADDR: its address, as the other nodes reach it):")
+        lines.append(" ".join([serve, *nodes["head"]]))
+        lines.append(f"# on each other node, NODE_RANK=1..{nodes['nodes'] - 1}:")
+        lines.append(" ".join([serve, *nodes["other"]]))
+    else:
+        lines.append(serve)
     if result.get("applied"):
         lines.append("# the plugin applies:")
         lines += [f"#  - {_comment(item)}" for item in result["applied"]]
