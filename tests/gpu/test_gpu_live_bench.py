@@ -9,17 +9,20 @@ from moepolicy.testing.bench_contract import BenchContract
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(scope="module")
+def bench():
+    """One live bench for the contract's tests (a module fixture: pytest 9 deprecates class-scoped
+    fixtures defined as methods)."""
+    require(1, need_deep_ep=True)
+    pytest.importorskip("optuna")
+    from moepolicy.tuning.live_bench import LiveBench
+
+    live = LiveBench(2, 1 << 30, reps=10)
+    yield live
+    live.close()
+
+
 class TestLiveBenchContract(BenchContract):
-    @pytest.fixture(scope="class")
-    def bench(self):
-        require(1, need_deep_ep=True)
-        pytest.importorskip("optuna")
-        from moepolicy.tuning.live_bench import LiveBench
-
-        bench = LiveBench(2, 1 << 30, reps=10)
-        yield bench
-        bench.close()
-
     @pytest.fixture
     def workload(self):
         from moepolicy.tuning.bench import Workload
