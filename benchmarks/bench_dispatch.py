@@ -27,18 +27,36 @@ def provenance(args) -> dict:
     import torch
 
     try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20).stdout.split("\n")[0].strip()
+        driver = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            .stdout.split("\n")[0]
+            .strip()
+        )
     except (OSError, subprocess.SubprocessError):
         driver = "unknown"
-    return {"gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "driver": driver,
-            "cuda": torch.version.cuda, "torch": torch.__version__, "python": platform.python_version(),
-            "deepep_commit": args.deepep_commit, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "num_sms": args.num_sms,
-            "reps": args.reps, "rounds": args.rounds, "modes": args.modes,
-            "timing": "CUDA events, L2 flushed, barrier before each; per round the median per rank, slowest "
-                      "rank; orders interleaved round by round; modes: synced = host synchronised before the "
-                      "start event, queued = launches queued behind a 500 us GPU spin"}
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "gpus": torch.cuda.device_count(),
+        "driver": driver,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "deepep_commit": args.deepep_commit,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "num_sms": args.num_sms,
+        "reps": args.reps,
+        "rounds": args.rounds,
+        "modes": args.modes,
+        "timing": "CUDA events, L2 flushed, barrier before each; per round the median per rank, slowest "
+        "rank; orders interleaved round by round; modes: synced = host synchronised before the "
+        "start event, queued = launches queued behind a 500 us GPU spin",
+    }
 
 
 def copy_and_quant(timer, device) -> dict:
@@ -58,17 +76,38 @@ def copy_and_quant(timer, device) -> dict:
     scales = triton_kernels.per_token_group(x, 128)[1]
     copy_bytes = 2 * x.numel() * 2
     quant_bytes = x.numel() * 2 + x.numel() + scales.numel() * 4
-    out = {"tokens": tokens, "hidden": hidden, "quant_bytes": quant_bytes, "copy_bytes": copy_bytes}
+    out = {
+        "tokens": tokens,
+        "hidden": hidden,
+        "quant_bytes": quant_bytes,
+        "copy_bytes": copy_bytes,
+    }
     for mode in ("synced", "queued"):
-        got = interleaved_rounds(timer, {"copy": lambda: y.copy_(x),
-                                         "quant": lambda: triton_kernels.per_token_group(x, 128),
-                                         "tma": lambda: to_col_major_tma(scales)}, 5, 20, mode)
-        fractions = [(quant_bytes / q) / (copy_bytes / c) for c, q in zip(got["copy"], got["quant"])]
+        got = interleaved_rounds(
+            timer,
+            {
+                "copy": lambda: y.copy_(x),
+                "quant": lambda: triton_kernels.per_token_group(x, 128),
+                "tma": lambda: to_col_major_tma(scales),
+            },
+            5,
+            20,
+            mode,
+        )
+        fractions = [
+            (quant_bytes / q) / (copy_bytes / c) for c, q in zip(got["copy"], got["quant"])
+        ]
         copy_us, quant_us, tma_us = (statistics.median(got[k]) for k in ("copy", "quant", "tma"))
-        out[mode] = {"copy_us": copy_us, "copy_GBps": copy_bytes / copy_us / 1e3, "quant_us": quant_us,
-                     "quant_GBps": quant_bytes / quant_us / 1e3, "col_major_tma_us": tma_us,
-                     "quant_fraction_of_copy_bw": statistics.median(fractions),
-                     "fraction_per_round": fractions, "rounds": got}
+        out[mode] = {
+            "copy_us": copy_us,
+            "copy_GBps": copy_bytes / copy_us / 1e3,
+            "quant_us": quant_us,
+            "quant_GBps": quant_bytes / quant_us / 1e3,
+            "col_major_tma_us": tma_us,
+            "quant_fraction_of_copy_bw": statistics.median(fractions),
+            "fraction_per_round": fractions,
+            "rounds": got,
+        }
     return out
 
 
@@ -82,19 +121,37 @@ def order_rounds(timer, ops, region: str, mode: str, rounds: int, reps: int) -> 
     """Both orders, interleaved round by round; the ratio dtq/qtd is taken within each round."""
     from moepolicy.measure.timing import interleaved_rounds
 
-    got = interleaved_rounds(timer, {"qtd": lambda: ops.quant_then_dispatch(region),
-                                     "dtq": lambda: ops.dispatch_then_quant(region)}, rounds, reps, mode)
+    got = interleaved_rounds(
+        timer,
+        {
+            "qtd": lambda: ops.quant_then_dispatch(region),
+            "dtq": lambda: ops.dispatch_then_quant(region),
+        },
+        rounds,
+        reps,
+        mode,
+    )
     ratios = [d / q for q, d in zip(got["qtd"], got["dtq"])]
-    return {"qtd": _summary(got["qtd"]), "dtq": _summary(got["dtq"]), "dtq_over_qtd": _summary(ratios)}
+    return {
+        "qtd": _summary(got["qtd"]),
+        "dtq": _summary(got["dtq"]),
+        "dtq_over_qtd": _summary(ratios),
+    }
 
 
 def parts(timer, ops, mode: str, reps: int) -> dict:
     """What each order is made of, in the cached region: dispatch alone per payload, quant alone."""
     m = timer.median_max_over_ranks
-    return {"dispatch_fp8": m(lambda: ops.dispatch_only("fp8", "cached"), reps, mode=mode)["median_us"],
-            "dispatch_bf16": m(lambda: ops.dispatch_only("bf16", "cached"), reps, mode=mode)["median_us"],
-            "quant_sent": m(lambda: ops.quant_only("sent"), reps, mode=mode)["median_us"],
-            "quant_received": m(lambda: ops.quant_only("received"), reps, mode=mode)["median_us"]}
+    return {
+        "dispatch_fp8": m(lambda: ops.dispatch_only("fp8", "cached"), reps, mode=mode)[
+            "median_us"
+        ],
+        "dispatch_bf16": m(lambda: ops.dispatch_only("bf16", "cached"), reps, mode=mode)[
+            "median_us"
+        ],
+        "quant_sent": m(lambda: ops.quant_only("sent"), reps, mode=mode)["median_us"],
+        "quant_received": m(lambda: ops.quant_only("received"), reps, mode=mode)["median_us"],
+    }
 
 
 def worker(rank: int, world: int, args, rendezvous: str, out_path: str) -> None:
@@ -117,35 +174,64 @@ def worker(rank: int, world: int, args, rendezvous: str, out_path: str) -> None:
             for tokens in args.tokens:
                 work = make_workload(tokens, hidden, experts, top_k, rank, device)
                 ops = DeepEPOps(buffer, work, dcfg, ccfg)
-                row = {"shape": shape, "hidden": hidden, "experts": experts, "top_k": top_k, "tokens": tokens,
-                       "num_sms": num_sms, "received_rows": ops.received_rows}
+                row = {
+                    "shape": shape,
+                    "hidden": hidden,
+                    "experts": experts,
+                    "top_k": top_k,
+                    "tokens": tokens,
+                    "num_sms": num_sms,
+                    "received_rows": ops.received_rows,
+                }
                 for mode in args.modes:
                     for region in ("cached", "full"):
-                        row[f"{mode}_{region}"] = order_rounds(timer, ops, region, mode, args.rounds, args.reps)
+                        row[f"{mode}_{region}"] = order_rounds(
+                            timer, ops, region, mode, args.rounds, args.reps
+                        )
                     row[f"{mode}_parts"] = parts(timer, ops, mode, args.reps)
                 row["combine"] = timer.median_max_over_ranks(ops.combine, args.reps, mode="queued")
                 rows.append(row)
                 if rank == 0:
-                    print(f"{shape:14} sms={num_sms:3} T={tokens:5} recv={row['received_rows']:6} " + " | ".join(
-                        f"{mode} {region} qtd {row[f'{mode}_{region}']['qtd']['median_us']:6.1f} "
-                        f"dtq {row[f'{mode}_{region}']['dtq']['median_us']:6.1f} "
-                        f"x{row[f'{mode}_{region}']['dtq_over_qtd']['median_us']:.2f} "
-                        f"[{row[f'{mode}_{region}']['dtq_over_qtd']['min_us']:.2f}-"
-                        f"{row[f'{mode}_{region}']['dtq_over_qtd']['max_us']:.2f}]"
-                        for mode in args.modes for region in ("cached", "full")), flush=True)
+                    print(
+                        f"{shape:14} sms={num_sms:3} T={tokens:5} recv={row['received_rows']:6} "
+                        + " | ".join(
+                            f"{mode} {region} qtd {row[f'{mode}_{region}']['qtd']['median_us']:6.1f} "
+                            f"dtq {row[f'{mode}_{region}']['dtq']['median_us']:6.1f} "
+                            f"x{row[f'{mode}_{region}']['dtq_over_qtd']['median_us']:.2f} "
+                            f"[{row[f'{mode}_{region}']['dtq_over_qtd']['min_us']:.2f}-"
+                            f"{row[f'{mode}_{region}']['dtq_over_qtd']['max_us']:.2f}]"
+                            for mode in args.modes
+                            for region in ("cached", "full")
+                        ),
+                        flush=True,
+                    )
                     for mode in args.modes:
-                        print(f"{'':14} parts ({mode}): " + ", ".join(
-                            f"{k} {v:.1f}" for k, v in row[f"{mode}_parts"].items()), flush=True)
+                        print(
+                            f"{'':14} parts ({mode}): "
+                            + ", ".join(f"{k} {v:.1f}" for k, v in row[f"{mode}_parts"].items()),
+                            flush=True,
+                        )
                 del ops, work
-    quant = copy_and_quant(Timer(device, collective=False), device) if rank == 0 and not args.skip_quant else None
+    quant = (
+        copy_and_quant(Timer(device, collective=False), device)
+        if rank == 0 and not args.skip_quant
+        else None
+    )
     if rank == 0:
         for mode in ("synced", "queued") if quant else ():
             q = quant[mode]
-            print(f"[{mode}] copy 8192x7168 bf16: {q['copy_GBps']:.0f} GB/s; fused group quant: {q['quant_GBps']:.0f} "
-                  f"GB/s = {100 * q['quant_fraction_of_copy_bw']:.0f}% of copy (rounds "
-                  f"{', '.join(f'{100 * f:.0f}' for f in q['fraction_per_round'])}); col-major TMA step "
-                  f"{q['col_major_tma_us']:.1f} us", flush=True)
-        Path(out_path).write_text(json.dumps({"provenance": provenance(args), "dispatch": rows, "quant": quant}, indent=2))
+            print(
+                f"[{mode}] copy 8192x7168 bf16: {q['copy_GBps']:.0f} GB/s; fused group quant: {q['quant_GBps']:.0f} "
+                f"GB/s = {100 * q['quant_fraction_of_copy_bw']:.0f}% of copy (rounds "
+                f"{', '.join(f'{100 * f:.0f}' for f in q['fraction_per_round'])}); col-major TMA step "
+                f"{q['col_major_tma_us']:.1f} us",
+                flush=True,
+            )
+        Path(out_path).write_text(
+            json.dumps(
+                {"provenance": provenance(args), "dispatch": rows, "quant": quant}, indent=2
+            )
+        )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -156,12 +242,26 @@ def main() -> int:
     p.add_argument("--shapes", nargs="+", default=list(BENCH_MODELS), choices=list(BENCH_MODELS))
     p.add_argument("--tokens", nargs="+", type=int, default=[128, 512, 1024, 4096, 8192])
     p.add_argument("--num-sms", nargs="+", type=int, default=[24])
-    p.add_argument("--reps", type=int, default=10, help="timings per round (their median is the round's value)")
-    p.add_argument("--rounds", type=int, default=7, help="rounds; both orders are timed in every round")
-    p.add_argument("--modes", nargs="+", default=["synced", "queued"], choices=["synced", "queued"],
-                   help="launch modes (moepolicy/measure/timing.py): host synchronised before each timing, "
-                        "or launches queued behind a GPU head start")
-    p.add_argument("--skip-quant", action="store_true", help="skip the quant-vs-copy bandwidth measurement")
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=10,
+        help="timings per round (their median is the round's value)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=7, help="rounds; both orders are timed in every round"
+    )
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=["synced", "queued"],
+        choices=["synced", "queued"],
+        help="launch modes (moepolicy/measure/timing.py): host synchronised before each timing, "
+        "or launches queued behind a GPU head start",
+    )
+    p.add_argument(
+        "--skip-quant", action="store_true", help="skip the quant-vs-copy bandwidth measurement"
+    )
     p.add_argument("--nvl-mb", type=float, default=1024)
     p.add_argument("--deepep-commit", default=os.environ.get("MOEPOLICY_DEEPEP_COMMIT", "unknown"))
     args = p.parse_args()
@@ -175,7 +275,9 @@ def main() -> int:
         print("bench_dispatch: needs at least 2 GPUs", file=sys.stderr)
         return 2
     rendezvous = tempfile.mktemp(prefix="moepolicy-bench-")
-    mp.start_processes(worker, args=(world, args, rendezvous, args.out), nprocs=world, start_method="spawn")
+    mp.start_processes(
+        worker, args=(world, args, rendezvous, args.out), nprocs=world, start_method="spawn"
+    )
     return 0
 
 

@@ -55,7 +55,12 @@ for mode in ("direct", "round_odd"):
     triton_kernels.CONVERSION["mode"] = mode
     for gpp in (4, 8, 16):
         for warps in (2, 4, 8):
-            us = median_us(functools.partial(triton_kernels.per_token_group, x, 128, groups_per_prog=gpp,
-                                             num_warps=warps))
-            print(f"sweep {mode:9} gpp={gpp:2} warps={warps}: {us:6.1f} us {qbytes / us / 1e3:6.0f} GB/s "
-                  f"= {100 * (qbytes / us) / copy_bw:4.1f}% of copy ({copy_bw / 1e3:.0f} GB/s)")
+            us = median_us(
+                functools.partial(
+                    triton_kernels.per_token_group, x, 128, groups_per_prog=gpp, num_warps=warps
+                )
+            )
+            print(
+                f"sweep {mode:9} gpp={gpp:2} warps={warps}: {us:6.1f} us {qbytes / us / 1e3:6.0f} GB/s "
+                f"= {100 * (qbytes / us) / copy_bw:4.1f}% of copy ({copy_bw / 1e3:.0f} GB/s)"
+            )

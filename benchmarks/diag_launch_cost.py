@@ -39,14 +39,18 @@ def main() -> int:
     torch.cuda.synchronize()
     rows = {
         "torch copy_": lambda: y.copy_(x),
-        "two torch.empty": lambda: (torch.empty((4096, 7168), dtype=torch.float8_e4m3fn, device=x.device),
-                                    torch.empty((4096, 56), dtype=torch.float32, device=x.device)),
+        "two torch.empty": lambda: (
+            torch.empty((4096, 7168), dtype=torch.float8_e4m3fn, device=x.device),
+            torch.empty((4096, 56), dtype=torch.float32, device=x.device),
+        ),
         "per_token_group (fast launch)": lambda: tk.per_token_group(x, 128),
     }
     for name, fn in rows.items():
         print(f"{name:32} {per_call_us(fn):7.1f} us per call", flush=True)
     tk.FAST_LAUNCH["enabled"] = False
-    print(f"{'per_token_group (Triton launcher)':32} {per_call_us(lambda: tk.per_token_group(x, 128)):7.1f} us per call")
+    print(
+        f"{'per_token_group (Triton launcher)':32} {per_call_us(lambda: tk.per_token_group(x, 128)):7.1f} us per call"
+    )
     tk.FAST_LAUNCH["enabled"] = True
     torch.cuda._sleep(2_000_000_000 // 1000)
     prof = cProfile.Profile()

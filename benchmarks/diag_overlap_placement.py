@@ -29,7 +29,13 @@ from pathlib import Path
 
 from moepolicy.measure.shapes import BENCH_MODELS, bench_shape
 
-DEFAULT_CONFIGS = ["64x256x8x4", "128x128x8x5", "64x256x8x4:tma", "128x128x8x4:tma", "128x256x8x3:tma"]
+DEFAULT_CONFIGS = [
+    "64x256x8x4",
+    "128x128x8x5",
+    "64x256x8x4:tma",
+    "128x128x8x4:tma",
+    "128x256x8x3:tma",
+]
 
 
 def parse_config(text: str) -> tuple[int, int, int, int, str, str, int]:
@@ -48,15 +54,25 @@ def trace_summary(trace, t_start_ns: int | None = None) -> dict:
     starts = [r[1] for r in rows]
     durations = [(r[2] - r[1]) / 1000 for r in rows]
     first = min(starts)
-    return {"distinct_sms": len(set(sms)), "programs": len(rows),
-            "programs_sharing_an_sm": sum(1 for s in sms if sms.count(s) > 1),
-            "last_start_us": (max(starts) - first) / 1000,
-            "program_us_median": statistics.median(durations), "program_us_max": max(durations),
-            "span_us": (max(r[2] for r in rows) - first) / 1000}
+    return {
+        "distinct_sms": len(set(sms)),
+        "programs": len(rows),
+        "programs_sharing_an_sm": sum(1 for s in sms if sms.count(s) > 1),
+        "last_start_us": (max(starts) - first) / 1000,
+        "program_us_median": statistics.median(durations),
+        "program_us_max": max(durations),
+        "span_us": (max(r[2] for r in rows) - first) / 1000,
+    }
 
 
 def worker(rank: int, world: int, args, rendezvous: str) -> None:
-    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+    os.environ.update(
+        {
+            "NCCL_NVLS_ENABLE": "0",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1",
+        }
+    )
     import deep_ep
     import torch
     import torch.distributed as dist
@@ -80,13 +96,18 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
         work = make_workload(tokens, hidden, experts, top_k, rank, device)
         for c in args.sms:
             deep_ep.Buffer.set_num_sms(c)
-            ops = DeepEPOps(buffer, work, deep_ep.Buffer.get_dispatch_config(world),
-                            deep_ep.Buffer.get_combine_config(world))
+            ops = DeepEPOps(
+                buffer,
+                work,
+                deep_ep.Buffer.get_dispatch_config(world),
+                deep_ep.Buffer.get_combine_config(world),
+            )
             groups = ops.rows_per_local_expert
             gemm = weights.get(("gemm", tokens))
             if gemm is None:
-                gemm = weights[("gemm", tokens)] = ExpertGemm(GemmShape(sum(groups), hidden, 2 * inter), device,
-                                                                groups, weights)
+                gemm = weights[("gemm", tokens)] = ExpertGemm(
+                    GemmShape(sum(groups), hidden, 2 * inter), device, groups, weights
+                )
             g = sm_count - c
 
             def comm(ops=ops):
@@ -95,14 +116,34 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
 
             for text in args.configs:
                 cfg = parse_config(text)
-                tables = pg.tile_tables(gemm.group_rows, cfg[0], cfg[1], gemm.c.shape[1], device, order=cfg[5])
-                descriptors = pg.tma_descriptors(gemm.a, gemm.b, cfg[0], cfg[1]) if cfg[4] == "tma" else None
-                trace = torch.zeros(g // cfg[6], len(pg.TRACE_FIELDS), dtype=torch.int64, device=device)
+                tables = pg.tile_tables(
+                    gemm.group_rows, cfg[0], cfg[1], gemm.c.shape[1], device, order=cfg[5]
+                )
+                descriptors = (
+                    pg.tma_descriptors(gemm.a, gemm.b, cfg[0], cfg[1]) if cfg[4] == "tma" else None
+                )
+                trace = torch.zeros(
+                    g // cfg[6], len(pg.TRACE_FIELDS), dtype=torch.int64, device=device
+                )
 
-                def run_gemm(trace=trace, cfg=cfg, tables=tables, descriptors=descriptors, gemm=gemm, g=g):
-                    pg.grouped_block_fp8(gemm.a, gemm.a_scale, gemm.b, gemm.b_scale, gemm.group_rows, g, *cfg[:4],
-                                         tables=tables, out=gemm.c, trace=trace, loads=cfg[4], descriptors=descriptors,
-                                         cluster=cfg[6])
+                def run_gemm(
+                    trace=trace, cfg=cfg, tables=tables, descriptors=descriptors, gemm=gemm, g=g
+                ):
+                    pg.grouped_block_fp8(
+                        gemm.a,
+                        gemm.a_scale,
+                        gemm.b,
+                        gemm.b_scale,
+                        gemm.group_rows,
+                        g,
+                        *cfg[:4],
+                        tables=tables,
+                        out=gemm.c,
+                        trace=trace,
+                        loads=cfg[4],
+                        descriptors=descriptors,
+                        cluster=cfg[6],
+                    )
 
                 side = torch.cuda.Stream(device)
                 main = torch.cuda.current_stream()
@@ -111,10 +152,22 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
                     with torch.cuda.stream(side):
                         run_gemm()
                 torch.cuda.synchronize()
-                samples = {k: [] for k in ("comm", "gemm", "gemm_first", "comm_first", "gemm_first_comm_end",
-                                           "gemm_first_gemm_end", "comm_first_comm_end", "comm_first_gemm_end",
-                                           "comm_first_gemm_start")}
+                samples = {
+                    k: []
+                    for k in (
+                        "comm",
+                        "gemm",
+                        "gemm_first",
+                        "comm_first",
+                        "gemm_first_comm_end",
+                        "gemm_first_gemm_end",
+                        "comm_first_comm_end",
+                        "comm_first_gemm_end",
+                        "comm_first_gemm_start",
+                    )
+                }
                 traces = {"gemm": [], "gemm_first": [], "comm_first": []}
+
                 def settle():
                     timer.quiesce()
                     if args.queued:
@@ -159,42 +212,71 @@ def worker(rank: int, world: int, args, rendezvous: str) -> None:
                         samples[f"{order}_comm_end"].append(ends[0])
                         samples[f"{order}_gemm_end"].append(ends[1])
                         traces[order].append(trace_summary(trace))
-                        if order == "comm_first":  # when its first program started: its end less its span
-                            samples["comm_first_gemm_start"].append(ends[1] - traces[order][-1]["span_us"])
-                row = {"rank": rank, "tokens": tokens, "comm_sms": c, "gemm_sms": g, "config": text, "region": args.region,
-                       "resources": pg.launch_resources(*cfg[:5], cluster=cfg[6]),
-                       **{k: statistics.median(v) for k, v in samples.items()},
-                       **{f"{k}_trace": {f: statistics.median(t[f] for t in v) for f in v[0]} for k, v in traces.items()}}
+                        if (
+                            order == "comm_first"
+                        ):  # when its first program started: its end less its span
+                            samples["comm_first_gemm_start"].append(
+                                ends[1] - traces[order][-1]["span_us"]
+                            )
+                row = {
+                    "rank": rank,
+                    "tokens": tokens,
+                    "comm_sms": c,
+                    "gemm_sms": g,
+                    "config": text,
+                    "region": args.region,
+                    "resources": pg.launch_resources(*cfg[:5], cluster=cfg[6]),
+                    **{k: statistics.median(v) for k, v in samples.items()},
+                    **{
+                        f"{k}_trace": {f: statistics.median(t[f] for t in v) for f in v[0]}
+                        for k, v in traces.items()
+                    },
+                }
                 gathered = [None] * world
                 dist.all_gather_object(gathered, row)
                 rows_out.extend(gathered if rank == 0 else [])
                 if rank == 0:
                     for r in gathered:
                         tg, tf = r["gemm_trace"], r["gemm_first_trace"]
-                        print(f"r{r['rank']} T={tokens:5} c={c:3} cfg {text:12} smem/regs {r['resources']}: "
-                              f"comm {r['comm']:7.1f} gemm {r['gemm']:7.1f} | gemm-first {r['gemm_first']:7.1f} "
-                              f"(comm end {r['gemm_first_comm_end']:7.1f}, gemm end {r['gemm_first_gemm_end']:7.1f}) "
-                              f"comm-first {r['comm_first']:7.1f} | SMs alone {tg['distinct_sms']:.0f} "
-                              f"overlap {tf['distinct_sms']:.0f} shared {tf['programs_sharing_an_sm']:.0f}, "
-                              f"last start {tg['last_start_us']:.1f}/{tf['last_start_us']:.1f} us, "
-                              f"program max {tg['program_us_max']:.0f}/{tf['program_us_max']:.0f} us "
-                              f"(median {tg['program_us_median']:.0f}/{tf['program_us_median']:.0f})", flush=True)
+                        print(
+                            f"r{r['rank']} T={tokens:5} c={c:3} cfg {text:12} smem/regs {r['resources']}: "
+                            f"comm {r['comm']:7.1f} gemm {r['gemm']:7.1f} | gemm-first {r['gemm_first']:7.1f} "
+                            f"(comm end {r['gemm_first_comm_end']:7.1f}, gemm end {r['gemm_first_gemm_end']:7.1f}) "
+                            f"comm-first {r['comm_first']:7.1f} | SMs alone {tg['distinct_sms']:.0f} "
+                            f"overlap {tf['distinct_sms']:.0f} shared {tf['programs_sharing_an_sm']:.0f}, "
+                            f"last start {tg['last_start_us']:.1f}/{tf['last_start_us']:.1f} us, "
+                            f"program max {tg['program_us_max']:.0f}/{tf['program_us_max']:.0f} us "
+                            f"(median {tg['program_us_median']:.0f}/{tf['program_us_median']:.0f})",
+                            flush=True,
+                        )
                         tc = r["comm_first_trace"]
-                        print(f"{'':8} comm-first: comm end {r['comm_first_comm_end']:7.1f}, GEMM first program "
-                              f"at {r['comm_first_gemm_start']:7.1f}, last {tc['last_start_us']:.1f} us after it, "
-                              f"GEMM end {r['comm_first_gemm_end']:7.1f}; SMs {tc['distinct_sms']:.0f}, "
-                              f"program max {tc['program_us_max']:.0f} (median {tc['program_us_median']:.0f})",
-                              flush=True)
+                        print(
+                            f"{'':8} comm-first: comm end {r['comm_first_comm_end']:7.1f}, GEMM first program "
+                            f"at {r['comm_first_gemm_start']:7.1f}, last {tc['last_start_us']:.1f} us after it, "
+                            f"GEMM end {r['comm_first_gemm_end']:7.1f}; SMs {tc['distinct_sms']:.0f}, "
+                            f"program max {tc['program_us_max']:.0f} (median {tc['program_us_median']:.0f})",
+                            flush=True,
+                        )
             del ops
     if rank == 0:
         import torch as _t
 
-        Path(args.out).write_text(json.dumps({
-            "provenance": {"command": "python benchmarks/diag_overlap_placement.py " + " ".join(sys.argv[1:]),
-                           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                           "gpu": _t.cuda.get_device_name(0), "torch": _t.__version__,
-                           "deepep_commit": args.deepep_commit},
-            "rows": rows_out}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "provenance": {
+                        "command": "python benchmarks/diag_overlap_placement.py "
+                        + " ".join(sys.argv[1:]),
+                        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                        "gpu": _t.cuda.get_device_name(0),
+                        "torch": _t.__version__,
+                        "deepep_commit": args.deepep_commit,
+                    },
+                    "rows": rows_out,
+                },
+                indent=1,
+            )
+        )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -205,14 +287,23 @@ def main() -> int:
     p.add_argument("--shape", default="deepseek-v3", choices=list(BENCH_MODELS))
     p.add_argument("--tokens", nargs="+", type=int, default=[1024])
     p.add_argument("--sms", nargs="+", type=int, default=[8, 12, 16, 20, 24, 32, 48])
-    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="BMxBNxWARPSxSTAGES[:tma]")
+    p.add_argument(
+        "--configs", nargs="+", default=DEFAULT_CONFIGS, help="BMxBNxWARPSxSTAGES[:tma]"
+    )
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--queued", action="store_true",
-                   help="the GPU spins while the host enqueues each timed pair (timing.py's queued mode)")
-    p.add_argument("--region", default="full", choices=["full", "no-wait", "cached"],
-                   help="full: layout + dispatch with its CPU wait for the receive counts (as serving calls it); "
-                        "no-wait: the same with num_worst_tokens (no CPU wait; receive buffers sized for the "
-                        "worst case); cached: dispatch on a cached handle (the kernel only, no CPU wait)")
+    p.add_argument(
+        "--queued",
+        action="store_true",
+        help="the GPU spins while the host enqueues each timed pair (timing.py's queued mode)",
+    )
+    p.add_argument(
+        "--region",
+        default="full",
+        choices=["full", "no-wait", "cached"],
+        help="full: layout + dispatch with its CPU wait for the receive counts (as serving calls it); "
+        "no-wait: the same with num_worst_tokens (no CPU wait; receive buffers sized for the "
+        "worst case); cached: dispatch on a cached handle (the kernel only, no CPU wait)",
+    )
     p.add_argument("--nvl-mb", type=float, default=1024)
     p.add_argument("--deepep-commit", default=os.environ.get("MOEPOLICY_DEEPEP_COMMIT", "unknown"))
     args = p.parse_args()
@@ -221,7 +312,10 @@ def main() -> int:
 
     world = 2
     if torch.cuda.device_count() < world:
-        print(f"diag_overlap_placement: needs {world} GPUs, found {torch.cuda.device_count()}", file=sys.stderr)
+        print(
+            f"diag_overlap_placement: needs {world} GPUs, found {torch.cuda.device_count()}",
+            file=sys.stderr,
+        )
         return 2
     rendezvous = tempfile.mktemp(prefix="moepolicy-rdzv-")
     mp.start_processes(worker, args=(world, args, rendezvous), nprocs=world, start_method="spawn")

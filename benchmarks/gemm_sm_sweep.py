@@ -21,7 +21,9 @@ from pathlib import Path
 from moepolicy.measure.shapes import BENCH_MODELS, bench_shape, least_bytes
 
 
-def rows_per_local_expert(tokens: int, experts: int, top_k: int, ep: int = 2, seed: int = 0) -> list[int]:
+def rows_per_local_expert(
+    tokens: int, experts: int, top_k: int, ep: int = 2, seed: int = 0
+) -> list[int]:
     """Rank 0's share under uniform random top-k routing of ``tokens`` per rank on ``ep`` ranks."""
     import torch
 
@@ -49,11 +51,17 @@ def copy_tbps(timer, gib: int = 4, reps: int = 10) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="gemm_sm_sweep.json")
-    p.add_argument("--sms", nargs="+", type=int, default=[132, 128, 124, 120, 116, 112, 108, 100, 84, 68])
+    p.add_argument(
+        "--sms", nargs="+", type=int, default=[132, 128, 124, 120, 116, 112, 108, 100, 84, 68]
+    )
     p.add_argument("--tokens", nargs="+", type=int, default=[1024, 4096])
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--kinds", nargs="+", default=["persistent", "persistent-clustered", "grouped", "dense"],
-                   choices=["persistent", "persistent-clustered", "grouped", "dense"])
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        default=["persistent", "persistent-clustered", "grouped", "dense"],
+        choices=["persistent", "persistent-clustered", "grouped", "dense"],
+    )
     args = p.parse_args()
     import torch
 
@@ -73,45 +81,85 @@ def main() -> int:
         for tokens in args.tokens:
             groups = rows_per_local_expert(tokens, experts, top_k)
             for kind in args.kinds:
-                gemm = ExpertGemm(GemmShape(sum(groups), hidden, 2 * inter, kind), device, groups, weights)
+                gemm = ExpertGemm(
+                    GemmShape(sum(groups), hidden, 2 * inter, kind), device, groups, weights
+                )
                 times = {}
                 for sms in args.sms:
                     # the persistent kernel is held by its grid (as serving runs it); the others only by a green context
-                    confined = ConfinedGemm(gemm, sms, "grid" if kind.startswith("persistent") else "green")
+                    confined = ConfinedGemm(
+                        gemm, sms, "grid" if kind.startswith("persistent") else "green"
+                    )
                     with torch.cuda.stream(confined.stream):
                         xs = timer.samples(confined.run, reps=args.reps, mode="queued")
                     times[sms] = statistics.median(xs)
                 moved = least_bytes(groups, hidden, 2 * inter)
-                row = {"shape": shape_name, "tokens": tokens, "kind": gemm.kind, "asked": kind,
-                       "fallback": gemm.fallback_reason, "tflop": gemm.flops / 1e12, "us_by_sms": times,
-                       "least_gb": moved / 1e9,
-                       "tbps_by_sms": {sms: round(moved / us / 1e6, 2) for sms, us in times.items()},
-                       "tflops_by_sms": {sms: round(gemm.flops / us / 1e6, 1) for sms, us in times.items()}}
-                if kind.startswith("persistent"):  # the launch config picked per SM count, and the runners-up
+                row = {
+                    "shape": shape_name,
+                    "tokens": tokens,
+                    "kind": gemm.kind,
+                    "asked": kind,
+                    "fallback": gemm.fallback_reason,
+                    "tflop": gemm.flops / 1e12,
+                    "us_by_sms": times,
+                    "least_gb": moved / 1e9,
+                    "tbps_by_sms": {sms: round(moved / us / 1e6, 2) for sms, us in times.items()},
+                    "tflops_by_sms": {
+                        sms: round(gemm.flops / us / 1e6, 1) for sms, us in times.items()
+                    },
+                }
+                if kind.startswith(
+                    "persistent"
+                ):  # the launch config picked per SM count, and the runners-up
                     row["picked"] = {sms: gemm.launch_config.get(sms) for sms in args.sms}
-                    row["candidates_us"] = {sms: {"x".join(map(str, cfg)): round(us, 1) for cfg, us in
-                                                  sorted(gemm.pick_timings.get(sms, {}).items(), key=lambda kv: kv[1])}
-                                            for sms in args.sms}
-                    row["skipped_launches"] = {"x".join(map(str, cfg)): why for cfg, why in gemm.skipped_launches.items()}
+                    row["candidates_us"] = {
+                        sms: {
+                            "x".join(map(str, cfg)): round(us, 1)
+                            for cfg, us in sorted(
+                                gemm.pick_timings.get(sms, {}).items(), key=lambda kv: kv[1]
+                            )
+                        }
+                        for sms in args.sms
+                    }
+                    row["skipped_launches"] = {
+                        "x".join(map(str, cfg)): why for cfg, why in gemm.skipped_launches.items()
+                    }
                 rows_out.append(row)
-                print(f"{shape_name:14} T={tokens:5} {kind:10} " + " ".join(f"{s}:{t:.0f}" for s, t in times.items()),
-                      flush=True)
-                print(f"{'':20} moves >= {moved / 1e9:.2f} GB: " + " ".join(
-                      f"{s}:{row['tbps_by_sms'][s]}TB/s,{row['tflops_by_sms'][s]}TF/s" for s in times), flush=True)
+                print(
+                    f"{shape_name:14} T={tokens:5} {kind:10} "
+                    + " ".join(f"{s}:{t:.0f}" for s, t in times.items()),
+                    flush=True,
+                )
+                print(
+                    f"{'':20} moves >= {moved / 1e9:.2f} GB: "
+                    + " ".join(
+                        f"{s}:{row['tbps_by_sms'][s]}TB/s,{row['tflops_by_sms'][s]}TF/s"
+                        for s in times
+                    ),
+                    flush=True,
+                )
                 if kind.startswith("persistent"):
                     for sms in (args.sms[0], args.sms[-1]):
                         top = list(row["candidates_us"][sms].items())[:4]
-                        print(f"{'':20} best at {sms} SMs: " + ", ".join(f"{c} {t:.0f}" for c, t in top), flush=True)
+                        print(
+                            f"{'':20} best at {sms} SMs: "
+                            + ", ".join(f"{c} {t:.0f}" for c, t in top),
+                            flush=True,
+                        )
                     for cfg, why in row["skipped_launches"].items():
                         print(f"{'':20} skipped {cfg}: {why}", flush=True)
                 del gemm
             weights.clear()
-    prov = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            "copy_tbps": round(roof, 2),
-            "timing": "CUDA events on the GEMM's stream (persistent kernel: grid = SMs; others: all SMs), "
-                      "L2 flushed, queued launches, median"}
+    prov = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "copy_tbps": round(roof, 2),
+        "timing": "CUDA events on the GEMM's stream (persistent kernel: grid = SMs; others: all SMs), "
+        "L2 flushed, queued launches, median",
+    }
     Path(args.out).write_text(json.dumps({"provenance": prov, "rows": rows_out}, indent=2))
     return 0
 

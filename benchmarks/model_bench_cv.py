@@ -23,8 +23,12 @@ import statistics
 
 
 def _summary(errors: list[float]) -> dict:
-    return {"points": len(errors), "median_error": round(statistics.median(errors), 4),
-            "max_error": round(max(errors), 4), "mean_error": round(statistics.fmean(errors), 4)}
+    return {
+        "points": len(errors),
+        "median_error": round(statistics.median(errors), 4),
+        "max_error": round(max(errors), 4),
+        "mean_error": round(statistics.fmean(errors), 4),
+    }
 
 
 def _held_out(samples, groups) -> list[tuple]:
@@ -54,23 +58,46 @@ def main() -> int:
         samples, _ = calibration_samples(raw["points"], int(raw["provenance"]["ep_size"]))
         lopo = held_out_errors(samples)
         shapes = sorted({(x.op, x.hidden, x.dtype, x.tokens) for x in samples})
-        loso = _held_out(samples, [[i for i, x in enumerate(samples) if (x.op, x.hidden, x.dtype, x.tokens) == s]
-                                   for s in shapes])
+        loso = _held_out(
+            samples,
+            [
+                [i for i, x in enumerate(samples) if (x.op, x.hidden, x.dtype, x.tokens) == s]
+                for s in shapes
+            ],
+        )
         at20 = _held_out(samples, [[i for i, x in enumerate(samples) if x.sms == 20]])
         entry = {}
-        for name, found in (("leave-one-point-out", lopo), ("leave-one-shape-out", loso),
-                            ("every 20-SM point held out", at20)):
+        for name, found in (
+            ("leave-one-point-out", lopo),
+            ("leave-one-shape-out", loso),
+            ("every 20-SM point held out", at20),
+        ):
             for op in ("dispatch", "combine"):
                 errors = [e for x, e in found if x.op == op]
                 entry[f"{name}, {op}"] = _summary(errors)
-                print(f"{path.name}: {name}, {op}: {len(errors)} points, median {statistics.median(errors):.1%}, "
-                      f"max {max(errors):.1%}")
+                print(
+                    f"{path.name}: {name}, {op}: {len(errors)} points, median {statistics.median(errors):.1%}, "
+                    f"max {max(errors):.1%}"
+                )
         entry["20-SM points held out, by token count"] = {
-            str(t): round(max(e for x, e in at20 if x.tokens == t), 4) for t in sorted({x.tokens for x, _ in at20})}
-        print(f"  every 20-SM point held out, largest error by token count: {entry['20-SM points held out, by token count']}")
+            str(t): round(max(e for x, e in at20 if x.tokens == t), 4)
+            for t in sorted({x.tokens for x, _ in at20})
+        }
+        print(
+            f"  every 20-SM point held out, largest error by token count: {entry['20-SM points held out, by token count']}"
+        )
         entry["per point (leave-one-point-out)"] = [
-            {"op": x.op, "hidden": x.hidden, "dtype": x.dtype, "tokens": x.tokens, "num_sms": x.sms, "us": x.us,
-             "error": round(e, 4)} for x, e in lopo]
+            {
+                "op": x.op,
+                "hidden": x.hidden,
+                "dtype": x.dtype,
+                "tokens": x.tokens,
+                "num_sms": x.sms,
+                "us": x.us,
+                "error": round(e, 4),
+            }
+            for x, e in lopo
+        ]
         report[path.name] = entry
     if args.out:
         with open(args.out, "w") as f:

@@ -17,8 +17,27 @@ import statistics
 import sys
 
 # Student's t, 97.5 % quantile, by degrees of freedom
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093}
+T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    11: 2.201,
+    12: 2.179,
+    13: 2.160,
+    14: 2.145,
+    15: 2.131,
+    16: 2.120,
+    17: 2.110,
+    18: 2.101,
+    19: 2.093,
+}
 
 
 def paired(ratios: list[float]) -> dict:
@@ -27,9 +46,15 @@ def paired(ratios: list[float]) -> dict:
     logs = [math.log(r) for r in ratios]
     n, mean = len(logs), statistics.fmean(logs)
     half = T975[n - 1] * statistics.stdev(logs) / math.sqrt(n)
-    p_lower, _, _, _, _ = sign_flip([-x for x in logs])  # p of "this split is faster" (time ratio below 1)
-    return {"rounds": n, "geomean": round(math.exp(mean), 3),
-            "t95": [round(math.exp(mean - half), 3), round(math.exp(mean + half), 3)], "p_faster": round(p_lower, 4)}
+    p_lower, _, _, _, _ = sign_flip(
+        [-x for x in logs]
+    )  # p of "this split is faster" (time ratio below 1)
+    return {
+        "rounds": n,
+        "geomean": round(math.exp(mean), 3),
+        "t95": [round(math.exp(mean - half), 3), round(math.exp(mean + half), 3)],
+        "p_faster": round(p_lower, 4),
+    }
 
 
 def main(paths: list[str]) -> int:
@@ -44,10 +69,12 @@ def main(paths: list[str]) -> int:
             name = f"<= {bucket['max_tokens']}" if bucket["max_tokens"] else f"> {previous}"
             previous = bucket["max_tokens"]
             r = paired(m["vs_vllm_split_per_round"])
-            print(f"  {name} tokens ({m['objective']}): ratio of medians {m['vs_vllm_split']}; paired geometric mean "
-                  f"{r['geomean']} (95% t-interval {r['t95'][0]}-{r['t95'][1]}, {r['rounds']} rounds), "
-                  f"speed-up x{1 / r['geomean']:.3f} [x{1 / r['t95'][1]:.3f}-x{1 / r['t95'][0]:.3f}]; "
-                  f"sign-flip p = {r['p_faster']}")
+            print(
+                f"  {name} tokens ({m['objective']}): ratio of medians {m['vs_vllm_split']}; paired geometric mean "
+                f"{r['geomean']} (95% t-interval {r['t95'][0]}-{r['t95'][1]}, {r['rounds']} rounds), "
+                f"speed-up x{1 / r['geomean']:.3f} [x{1 / r['t95'][1]:.3f}-x{1 / r['t95'][0]:.3f}]; "
+                f"sign-flip p = {r['p_faster']}"
+            )
     return 0
 
 

@@ -29,7 +29,12 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def _row(k: int, n: int) -> dict:
     low, high = wilson(k, n)
-    return {"claims": k, "runs": n, "rate": round(k / n, 4), "ci95": [round(low, 4), round(high, 4)]}
+    return {
+        "claims": k,
+        "runs": n,
+        "rate": round(k / n, 4),
+        "ci95": [round(low, 4), round(high, 4)],
+    }
 
 
 def null_rates(S, runs: int, rounds: int, seed0: int = 0, only: tuple = ()) -> dict:
@@ -42,15 +47,21 @@ def null_rates(S, runs: int, rounds: int, seed0: int = 0, only: tuple = ()) -> d
             started = time.monotonic()
             out[policy][kind] = _row(S.rate(policy, kind, runs, rounds, seed0=seed0), runs)
             r = out[policy][kind]
-            print(f"null  {policy:8} {kind:9} {r['claims']:4}/{runs} = {r['rate']:.2%} "
-                  f"[{r['ci95'][0]:.2%}, {r['ci95'][1]:.2%}]  ({time.monotonic() - started:.0f} s)", flush=True)
+            print(
+                f"null  {policy:8} {kind:9} {r['claims']:4}/{runs} = {r['rate']:.2%} "
+                f"[{r['ci95'][0]:.2%}, {r['ci95'][1]:.2%}]  ({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
         if not out[policy]:
             del out[policy]
             continue
         total = sum(v["claims"] for v in out[policy].values())
         out[policy]["pooled"] = _row(total, runs * len(out[policy]))
-        print(f"null  {policy:8} pooled    {total}/{runs * (len(out[policy]) - 1)} = "
-              f"{out[policy]['pooled']['rate']:.2%}", flush=True)
+        print(
+            f"null  {policy:8} pooled    {total}/{runs * (len(out[policy]) - 1)} = "
+            f"{out[policy]['pooled']['rate']:.2%}",
+            flush=True,
+        )
     return out
 
 
@@ -59,7 +70,10 @@ def bench_per_comparison(S, runs: int, rounds: int) -> dict:
     for seed in range(runs):
         k, m = S.bench_claims("iid", seed, rounds)
         claims, comparisons = claims + k, comparisons + m
-    print(f"bench per comparison (iid): {claims}/{comparisons} = {claims / comparisons:.3%}", flush=True)
+    print(
+        f"bench per comparison (iid): {claims}/{comparisons} = {claims / comparisons:.3%}",
+        flush=True,
+    )
     return _row(claims, comparisons)
 
 
@@ -69,18 +83,27 @@ def power(S, runs: int) -> dict:
     out = {}
     for rounds in (MIN_ROUNDS, 11, DEFAULT_ROUNDS):
         for gain in (1.03, 1.05):
-            moved = sum(S.serial_tune("iid", seed, rounds, S.Gains((gain,) * 3)).num_sms != S.ENGINE_SMS
-                        for seed in range(runs))
+            moved = sum(
+                S.serial_tune("iid", seed, rounds, S.Gains((gain,) * 3)).num_sms != S.ENGINE_SMS
+                for seed in range(runs)
+            )
             out[f"{rounds} rounds, x{gain}"] = _row(moved, runs)
-            print(f"power: SM count truly x{gain} faster in every bucket, 3% noise, {rounds} rounds: moved "
-                  f"{moved}/{runs} = {moved / runs:.1%}", flush=True)
+            print(
+                f"power: SM count truly x{gain} faster in every bucket, 3% noise, {rounds} rounds: moved "
+                f"{moved}/{runs} = {moved / runs:.1%}",
+                flush=True,
+            )
     return out
 
 
 def net_loss(S, runs: int, rounds: int) -> dict:
-    moved = sum(S.serial_tune("iid", seed, rounds, S.Gains((0.95, 0.95, 1.03))).num_sms != S.ENGINE_SMS
-                for seed in range(runs))
-    print(f"net loss x0.95 / x0.95 / x1.03 (3% noise): the SM count moved {moved}/{runs}", flush=True)
+    moved = sum(
+        S.serial_tune("iid", seed, rounds, S.Gains((0.95, 0.95, 1.03))).num_sms != S.ENGINE_SMS
+        for seed in range(runs)
+    )
+    print(
+        f"net loss x0.95 / x0.95 / x1.03 (3% noise): the SM count moved {moved}/{runs}", flush=True
+    )
     return _row(moved, runs)
 
 
@@ -89,19 +112,32 @@ def inflation(S, runs: int, rounds: int) -> dict:
     for sigma, gain in ((0.03, 1.01), (0.03, 1.02), (0.05, 1.02)):
         f = S.inflation("iid", gain, runs, rounds, sigma=sigma)
         key = f"x{gain} under {sigma:.0%} noise"
-        out[key] = {"true": gain, "runs": runs, "moved": f.moved, "printed_report_mean": f.report_mean,
-                    "gate_rounds_mean": f.gate_mean}
-        print(f"inflation: {key}: moved {f.moved}/{runs}; printed (report rounds) x{f.report_mean:.4f}, "
-              f"the gate rounds' figure x{f.gate_mean:.4f} (the truth x{gain})", flush=True)
+        out[key] = {
+            "true": gain,
+            "runs": runs,
+            "moved": f.moved,
+            "printed_report_mean": f.report_mean,
+            "gate_rounds_mean": f.gate_mean,
+        }
+        print(
+            f"inflation: {key}: moved {f.moved}/{runs}; printed (report rounds) x{f.report_mean:.4f}, "
+            f"the gate rounds' figure x{f.gate_mean:.4f} (the truth x{gain})",
+            flush=True,
+        )
     return out
 
 
 def beyond(S, runs: int, rounds: int) -> dict:
     out = {}
     for kind in S.BEYOND_ASSUMPTIONS:
-        moved = sum(S.serial_tune(kind, seed, rounds).num_sms != S.ENGINE_SMS for seed in range(runs))
+        moved = sum(
+            S.serial_tune(kind, seed, rounds).num_sms != S.ENGINE_SMS for seed in range(runs)
+        )
         out[kind] = _row(moved, runs)
-        print(f"beyond the test's assumptions: {kind}: false SM moves {moved}/{runs} = {moved / runs:.1%}", flush=True)
+        print(
+            f"beyond the test's assumptions: {kind}: false SM moves {moved}/{runs} = {moved / runs:.1%}",
+            flush=True,
+        )
     return out
 
 
@@ -114,24 +150,46 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     p.add_argument("--out", help="write the numbers as JSON")
     p.add_argument("--seed0", type=int, default=0, help="the first seed of the null runs")
-    p.add_argument("--only", action="append", default=[], metavar="POLICY:NOISE",
-                   help="only these null cells (repeatable), nothing else")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="POLICY:NOISE",
+        help="only these null cells (repeatable), nothing else",
+    )
     args = p.parse_args()
     started = time.monotonic()
     if args.only:
         cells = tuple(tuple(cell.split(":", 1)) for cell in args.only)
-        print(f"null cells {', '.join(args.only)}: {args.runs} runs from seed {args.seed0}, {args.rounds} rounds", flush=True)
-        report = {"runs": args.runs, "seed0": args.seed0, "null": null_rates(S, args.runs, args.rounds, args.seed0, cells)}
+        print(
+            f"null cells {', '.join(args.only)}: {args.runs} runs from seed {args.seed0}, {args.rounds} rounds",
+            flush=True,
+        )
+        report = {
+            "runs": args.runs,
+            "seed0": args.seed0,
+            "null": null_rates(S, args.runs, args.rounds, args.seed0, cells),
+        }
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
         return 0
-    print(f"protocol false claims: {args.runs} runs per policy and noise model, {args.rounds} rounds, 3% noise, "
-          f"buckets {[t for t, _ in S.BUCKETS]}", flush=True)
-    report = {"runs": args.runs, "rounds": args.rounds, "sigma": 0.03, "null": null_rates(S, args.runs, args.rounds),
-              "bench_per_comparison": bench_per_comparison(S, args.runs // 2, args.rounds),
-              "power": power(S, args.runs // 4), "net_loss": net_loss(S, args.runs // 2, args.rounds),
-              "inflation": inflation(S, args.runs, args.rounds), "beyond_assumptions": beyond(S, args.runs // 2, args.rounds)}
+    print(
+        f"protocol false claims: {args.runs} runs per policy and noise model, {args.rounds} rounds, 3% noise, "
+        f"buckets {[t for t, _ in S.BUCKETS]}",
+        flush=True,
+    )
+    report = {
+        "runs": args.runs,
+        "rounds": args.rounds,
+        "sigma": 0.03,
+        "null": null_rates(S, args.runs, args.rounds),
+        "bench_per_comparison": bench_per_comparison(S, args.runs // 2, args.rounds),
+        "power": power(S, args.runs // 4),
+        "net_loss": net_loss(S, args.runs // 2, args.rounds),
+        "inflation": inflation(S, args.runs, args.rounds),
+        "beyond_assumptions": beyond(S, args.runs // 2, args.rounds),
+    }
     print(f"done in {time.monotonic() - started:.0f} s", flush=True)
     if args.out:
         with open(args.out, "w") as f:

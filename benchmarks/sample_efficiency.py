@@ -16,7 +16,9 @@ import statistics
 import sys
 
 
-def trials_to_target(values: dict[tuple[int, int], float], sampler, target: float, budget: int) -> int:
+def trials_to_target(
+    values: dict[tuple[int, int], float], sampler, target: float, budget: int
+) -> int:
     import optuna
 
     sends = sorted({s for s, _ in values})
@@ -26,7 +28,9 @@ def trials_to_target(values: dict[tuple[int, int], float], sampler, target: floa
         trial = study.ask()
         recv = trial.suggest_categorical("nvl_recv", recvs)
         send = trial.suggest_categorical("nvl_send", sends)
-        value = values.get((send, recv), max(values.values()) * 2)  # infeasible (send >= recv): worst
+        value = values.get(
+            (send, recv), max(values.values()) * 2
+        )  # infeasible (send >= recv): worst
         study.tell(trial, value)
         if value <= target:
             return n
@@ -40,7 +44,9 @@ def main(path: str, seeds: int = 10, budget: int = 64) -> int:
     data = json.load(open(path))
     print(f"source: {path} ({data['provenance']['date']}, {data['provenance']['command']})")
     for shape, rec in data["shapes"].items():
-        grid = {tuple(int(v) for v in k.split(",")): us for k, us in rec["grid_dispatch_us"].items()}
+        grid = {
+            tuple(int(v) for v in k.split(",")): us for k, us in rec["grid_dispatch_us"].items()
+        }
         if not grid:
             continue
         best = min(grid.values())
@@ -49,11 +55,16 @@ def main(path: str, seeds: int = 10, budget: int = 64) -> int:
         res = {}
         from moepolicy.tuning.study import make_sampler
 
-        for name, make in (("tpe", make_sampler), ("random", lambda s: optuna.samplers.RandomSampler(seed=s))):
+        for name, make in (
+            ("tpe", make_sampler),
+            ("random", lambda s: optuna.samplers.RandomSampler(seed=s)),
+        ):
             res[name] = [trials_to_target(grid, make(s), target, budget) for s in range(seeds)]
-        print(f"{shape}: {len(grid)} points, best {best:.1f} us, {within} within 2 %; measurements to reach it "
-              f"over {seeds} seeds: TPE mean {statistics.mean(res['tpe']):.1f} (median {statistics.median(res['tpe'])}), "
-              f"random mean {statistics.mean(res['random']):.1f} (median {statistics.median(res['random'])})")
+        print(
+            f"{shape}: {len(grid)} points, best {best:.1f} us, {within} within 2 %; measurements to reach it "
+            f"over {seeds} seeds: TPE mean {statistics.mean(res['tpe']):.1f} (median {statistics.median(res['tpe'])}), "
+            f"random mean {statistics.mean(res['random']):.1f} (median {statistics.median(res['random'])})"
+        )
         print(f"  tpe {res['tpe']}\n  random {res['random']}")
     return 0
 

@@ -44,7 +44,9 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--shapes", nargs="+", default=list(BENCH_MODELS), choices=list(BENCH_MODELS))
-    p.add_argument("--grid", action="store_true", help="also record the dispatch grid for the replay")
+    p.add_argument(
+        "--grid", action="store_true", help="also record the dispatch grid for the replay"
+    )
     args = p.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     import torch
@@ -56,10 +58,18 @@ def main() -> int:
     sheet = deepep_sheet("deepep-legacy-29d31c0")
     default = default_configs(sheet, world)
     space = load_space()
-    out = {"provenance": {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                          "command": " ".join(["tune_compare.py", *sys.argv[1:]]), "deepep_commit": "29d31c0",
-                          "region": "full call + combine", "sms": args.sms, "tokens": args.tokens,
-                          "ep_size": world}, "shapes": {}}
+    out = {
+        "provenance": {
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["tune_compare.py", *sys.argv[1:]]),
+            "deepep_commit": "29d31c0",
+            "region": "full call + combine",
+            "sms": args.sms,
+            "tokens": args.tokens,
+            "ep_size": world,
+        },
+        "shapes": {},
+    }
     for shape in args.shapes:
         dims = bench_shape(shape)
         hidden, experts, top_k = dims.hidden, dims.experts, dims.top_k
@@ -79,21 +89,37 @@ def main() -> int:
         sweep_c = {}
         for send in range(1, 17):
             c = (send, 256, default[1][2], default[1][3])
-            sweep_c[send] = total(TunePoint(args.sms, args.tokens, (best_d, 256, default[0][2], default[0][3]), c))
+            sweep_c[send] = total(
+                TunePoint(args.sms, args.tokens, (best_d, 256, default[0][2], default[0][3]), c)
+            )
         best_c = min(sweep_c, key=sweep_c.get)
-        sweep_best = TunePoint(args.sms, args.tokens, (best_d, 256, default[0][2], default[0][3]),
-                               (best_c, 256, default[1][2], default[1][3]))
+        sweep_best = TunePoint(
+            args.sms,
+            args.tokens,
+            (best_d, 256, default[0][2], default[0][3]),
+            (best_c, 256, default[1][2], default[1][3]),
+        )
         sweep_s = time.monotonic() - t0
         # the tuner
         storage = optuna.storages.RDBStorage(f"sqlite:///{shape}-compare.db")
         bucket = BucketResult(args.tokens, 1.0)
         t1 = time.monotonic()
-        tune_bucket(storage, SubStudy(f"{shape}/sms{args.sms}/t{args.tokens}", args.sms, args.trials, default),
-                    bench, work, space, bucket)
+        tune_bucket(
+            storage,
+            SubStudy(f"{shape}/sms{args.sms}/t{args.tokens}", args.sms, args.trials, default),
+            bench,
+            work,
+            space,
+            bucket,
+        )
         tune_s = time.monotonic() - t1
-        study = optuna.load_study(study_name=f"{shape}/sms{args.sms}/t{args.tokens}", storage=storage)
-        done = sorted([t for t in study.trials if t.value is not None and "effective" in t.user_attrs],
-                      key=lambda t: t.value)
+        study = optuna.load_study(
+            study_name=f"{shape}/sms{args.sms}/t{args.tokens}", storage=storage
+        )
+        done = sorted(
+            [t for t in study.trials if t.value is not None and "effective" in t.user_attrs],
+            key=lambda t: t.value,
+        )
         top, seen = [], set()
         for t in done:
             if t.user_attrs["effective"] not in seen:
@@ -107,11 +133,21 @@ def main() -> int:
             for recv in (128, 256, 384, 512):
                 for send in range(2, 33, 2):
                     if send < recv:
-                        grid[f"{send},{recv}"] = total(TunePoint(args.sms, args.tokens, (send, recv, default[0][2], default[0][3]), default[1]))
+                        grid[f"{send},{recv}"] = total(
+                            TunePoint(
+                                args.sms,
+                                args.tokens,
+                                (send, recv, default[0][2], default[0][3]),
+                                default[1],
+                            )
+                        )
         bench.close()
         # re-measure in a fresh worker group
         fresh = LiveBench(world, 1024 * 1024 * 1024, trial_timeout_s=90, reps=20)
-        candidates = {"default": TunePoint(args.sms, args.tokens, *default), "deepep_sweep_best": sweep_best}
+        candidates = {
+            "default": TunePoint(args.sms, args.tokens, *default),
+            "deepep_sweep_best": sweep_best,
+        }
         candidates.update({f"tuned_top{i + 1}": pt for i, pt in enumerate(top)})
         remeasured = {}
         for name, pt in candidates.items():
@@ -122,13 +158,27 @@ def main() -> int:
                 except TrialFailed as exc:
                     print(f"{shape} {name}: {exc}")
             mean, half = ci95(xs) if xs else (float("nan"), float("nan"))
-            remeasured[name] = {"point": [pt.num_sms, list(pt.dispatch), list(pt.combine)], "samples_us": xs,
-                                "mean_us": mean, "ci95_us": half}
-            print(f"{shape:14} {name:18} {mean:8.1f} +- {half:5.1f} us  d{pt.dispatch[:2]} c{pt.combine[:2]}", flush=True)
+            remeasured[name] = {
+                "point": [pt.num_sms, list(pt.dispatch), list(pt.combine)],
+                "samples_us": xs,
+                "mean_us": mean,
+                "ci95_us": half,
+            }
+            print(
+                f"{shape:14} {name:18} {mean:8.1f} +- {half:5.1f} us  d{pt.dispatch[:2]} c{pt.combine[:2]}",
+                flush=True,
+            )
         fresh.close()
-        out["shapes"][shape] = {"sweep_dispatch_us": sweep_d, "sweep_combine_us": sweep_c, "sweep_seconds": sweep_s,
-                                "tune_seconds": tune_s, "trials": args.trials, "remeasured": remeasured,
-                                "grid_dispatch_us": grid, "restarts": bench.restarts}
+        out["shapes"][shape] = {
+            "sweep_dispatch_us": sweep_d,
+            "sweep_combine_us": sweep_c,
+            "sweep_seconds": sweep_s,
+            "tune_seconds": tune_s,
+            "trials": args.trials,
+            "remeasured": remeasured,
+            "grid_dispatch_us": grid,
+            "restarts": bench.restarts,
+        }
         with open(args.out, "w") as fh:
             json.dump(out, fh, indent=2)
     return 0

@@ -39,11 +39,20 @@ def main() -> int:
     picks = {}
     for name, bench in (("model", ModelBench("h200")), ("live", LiveBench(2, 1 << 30, reps=20))):
         bucket = BucketResult(args.tokens, 1.0)
-        tune_bucket(optuna.storages.InMemoryStorage(), SubStudy(name, args.sms, args.trials, default), bench, work,
-                    space, bucket)
+        tune_bucket(
+            optuna.storages.InMemoryStorage(),
+            SubStudy(name, args.sms, args.trials, default),
+            bench,
+            work,
+            space,
+            bucket,
+        )
         bench.close()
         picks[name] = bucket.best
-        print(f"{name} bench picks d{bucket.best.dispatch[:2]} c{bucket.best.combine[:2]}", flush=True)
+        print(
+            f"{name} bench picks d{bucket.best.dispatch[:2]} c{bucket.best.combine[:2]}",
+            flush=True,
+        )
     picks["default"] = TunePoint(args.sms, args.tokens, *default)
     fresh = LiveBench(2, 1 << 30, reps=20)
     results = {}
@@ -51,17 +60,30 @@ def main() -> int:
         xs = [fresh.measure(work, point).objective("full") for _ in range(args.repeats)]
         mean = statistics.mean(xs)
         half = 2.78 * statistics.stdev(xs) / math.sqrt(len(xs))
-        results[name] = {"point": [point.num_sms, list(point.dispatch), list(point.combine)], "samples_us": xs,
-                         "mean_us": mean, "ci95_us": half}
+        results[name] = {
+            "point": [point.num_sms, list(point.dispatch), list(point.combine)],
+            "samples_us": xs,
+            "mean_us": mean,
+            "ci95_us": half,
+        }
         print(f"{name:8} {mean:8.1f} +- {half:5.1f} us", flush=True)
     fresh.close()
     ratio = results["model"]["mean_us"] / results["live"]["mean_us"]
     print(f"model pick / live pick = {ratio:.3f} (target <= 1.03)")
-    json.dump({"provenance": {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                              "command": " ".join(["validate_model_bench.py", *sys.argv[1:]]),
-                              "shape": "hidden 4096, 128 experts, top-8, bf16 (Qwen3-235B-A22B)",
-                              "deepep_commit": "29d31c0"},
-               "results": results, "ratio_model_over_live": ratio}, open(args.out, "w"), indent=2)
+    json.dump(
+        {
+            "provenance": {
+                "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "command": " ".join(["validate_model_bench.py", *sys.argv[1:]]),
+                "shape": "hidden 4096, 128 experts, top-8, bf16 (Qwen3-235B-A22B)",
+                "deepep_commit": "29d31c0",
+            },
+            "results": results,
+            "ratio_model_over_live": ratio,
+        },
+        open(args.out, "w"),
+        indent=2,
+    )
     return 0
 
 

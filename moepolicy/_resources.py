@@ -13,7 +13,9 @@ def data_dir(name: str) -> Path:
     """The data folder ``name``: ``rules``, ``sheets``, ``tuning`` or ``catalog``."""
     path = DATA / name
     if not path.is_dir():
-        raise FileNotFoundError(f"moepolicy data folder '{name}' is missing from the installation ({path})")
+        raise FileNotFoundError(
+            f"moepolicy data folder '{name}' is missing from the installation ({path})"
+        )
     return path
 
 
@@ -26,11 +28,16 @@ def sheet_files(deepep_sheet: str) -> list[Path]:
     """The data sheets a plan for a target on ``deepep_sheet`` reads: that DeepEP capability sheet
     (``deepep-legacy-29d31c0`` is ``sheets/deepep/legacy-29d31c0.yaml``), the expert kernels, the GPUs."""
     sheets = data_dir("sheets")
-    return [sheets / "deepep" / f"{deepep_sheet.removeprefix('deepep-')}.yaml", sheets / "expert_kernels.yaml",
-            sheets / "gpus.yaml"]
+    return [
+        sheets / "deepep" / f"{deepep_sheet.removeprefix('deepep-')}.yaml",
+        sheets / "expert_kernels.yaml",
+        sheets / "gpus.yaml",
+    ]
 
 
-def sheets_sha256(deepep_sheet: str, read: Optional[Callable[[Path], Optional[bytes]]] = None) -> str:
+def sheets_sha256(
+    deepep_sheet: str, read: Optional[Callable[[Path], Optional[bytes]]] = None
+) -> str:
     """One hash of those sheets' bytes (the decision key's ``sheets_sha256``); light: no YAML parsed.
     ``read`` gives a file's bytes, or None for a missing one (the runtime passes a bounded reader)."""
     import hashlib

@@ -24,8 +24,13 @@ from moepolicy.tuning.options import DEFAULT_STORAGE, TuneOptions
 DEFAULT_NODE_GPUS = 8  # the EP a model-bench tune assumes when neither the plan nor the GPUs say
 
 
-def plan(model: str, target: Optional[TargetSpec] = None, *, rules: Sequence[str] = (),
-         default_ep: Optional[int] = None) -> Plan:
+def plan(
+    model: str,
+    target: Optional[TargetSpec] = None,
+    *,
+    rules: Sequence[str] = (),
+    default_ep: Optional[int] = None,
+) -> Plan:
     """Decide every layer of ``model`` (catalog name, Hugging Face id, ``config.json`` or folder) for
     ``target``; ``rules`` are extra rule packs (files or built-in names), above the built-in pack."""
     from moepolicy.checkpoint import read_model
@@ -47,9 +52,17 @@ def choose_bench(kind: str = "auto", ep_size: Optional[int] = None):
         raise UsageError(f"bench {kind}: {exc}") from None
 
 
-def tune(plan: Plan, *, bench: str = "auto", tokens: Sequence[int] = (), trials: Optional[int] = None,
-         storage: str = DEFAULT_STORAGE, study_name: Optional[str] = None, seed: int = 0,
-         options: Optional[TuneOptions] = None):
+def tune(
+    plan: Plan,
+    *,
+    bench: str = "auto",
+    tokens: Sequence[int] = (),
+    trials: Optional[int] = None,
+    storage: str = DEFAULT_STORAGE,
+    study_name: Optional[str] = None,
+    seed: int = 0,
+    options: Optional[TuneOptions] = None,
+):
     """Tune DeepEP's SM count and chunk sizes for ``plan`` with optuna, returning the
     ``tuning.runner.TuneResult`` (write it with :func:`write_policy`). ``tokens`` are the token
     buckets per rank (default: moepolicy/data/tuning/objective.yaml's); ``bench`` is ``auto`` (live
@@ -60,16 +73,23 @@ def tune(plan: Plan, *, bench: str = "auto", tokens: Sequence[int] = (), trials:
     choice = choose_bench(bench, plan.target.ep_size)
     check_bench_fits(choice, plan.target.ep_size)
     objective, space = load_objective(), load_space()
-    options = options or TuneOptions(buckets=buckets(tokens, objective), trials=trials, storage=storage,
-                                     study=study_name, seed=seed)
+    options = options or TuneOptions(
+        buckets=buckets(tokens, objective),
+        trials=trials,
+        storage=storage,
+        study=study_name,
+        seed=seed,
+    )
     return tune_with(plan, choice, options, objective, space)
 
 
 def check_bench_fits(choice, ep_size: Optional[int]) -> None:
     """A live bench measures on its own ranks: a plan for another EP size cannot be tuned there."""
     if choice.kind == "live" and ep_size is not None and ep_size != choice.ranks:
-        raise UsageError(f"live tuning runs on the {choice.ranks} visible GPUs; the plan is for EP {ep_size} "
-                         f"(tune with the model bench, --bench model, or where {ep_size} GPUs are visible)")
+        raise UsageError(
+            f"live tuning runs on the {choice.ranks} visible GPUs; the plan is for EP {ep_size} "
+            f"(tune with the model bench, --bench model, or where {ep_size} GPUs are visible)"
+        )
 
 
 def buckets(tokens: Sequence[int], objective: dict) -> tuple[tuple[int, float], ...]:
@@ -77,9 +97,13 @@ def buckets(tokens: Sequence[int], objective: dict) -> tuple[tuple[int, float], 
     if tokens:
         chosen = sorted({int(t) for t in tokens})
         if chosen[0] <= 0:
-            raise UsageError(f"tokens: positive token counts per rank are needed, got {list(tokens)}")
+            raise UsageError(
+                f"tokens: positive token counts per rank are needed, got {list(tokens)}"
+            )
         return tuple((t, 1.0) for t in chosen)
-    return tuple(sorted((int(b["tokens"]), float(b.get("weight", 1.0))) for b in objective["buckets"]))
+    return tuple(
+        sorted((int(b["tokens"]), float(b.get("weight", 1.0))) for b in objective["buckets"])
+    )
 
 
 def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, bench=None):
@@ -89,8 +113,10 @@ def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, 
     from moepolicy.tuning.storage import check_storage, storage_failure
 
     if plan.target.deepep.api == "v2":
-        raise UsageError(f"{plan.target.deepep.name}: DeepEP v2 is tuned only by 'moepolicy tune' on GPUs with it "
-                         "(its own live bench); plan it to get DeepEP's defaults")
+        raise UsageError(
+            f"{plan.target.deepep.name}: DeepEP v2 is tuned only by 'moepolicy tune' on GPUs with it "
+            "(its own live bench); plan it to get DeepEP's defaults"
+        )
     try:
         import optuna
     except ImportError:
@@ -100,8 +126,13 @@ def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, 
 
     check_storage(options.storage)
     if bench is None:
-        bench = BenchSource().build(choice, plan.target.gpu, options.max_buffer_bytes, options.trial_timeout_s,
-                                    int(objective.get("reps", 20)))
+        bench = BenchSource().build(
+            choice,
+            plan.target.gpu,
+            options.max_buffer_bytes,
+            options.trial_timeout_s,
+            int(objective.get("reps", 20)),
+        )
     try:
         return tune_plan(plan, bench, options, space, objective)
     except Exception as exc:  # noqa: BLE001 (the study database failing: one line; anything else re-raised)
@@ -118,8 +149,9 @@ def policy_document(result, command: str = "") -> dict:
     return result.document
 
 
-def write_policy(result, path: Union[str, "os.PathLike[str]"], *, fmt: Optional[str] = None,
-                 command: str = "") -> dict:
+def write_policy(
+    result, path: Union[str, "os.PathLike[str]"], *, fmt: Optional[str] = None, command: str = ""
+) -> dict:
     """Write the policy of ``result`` (a :class:`Plan` or a tune's result) to ``path`` atomically
     (YAML, or JSON for a ``.json`` path or ``fmt='json'``); returns the document written."""
     from moepolicy.document.yaml_io import write_document

@@ -59,14 +59,18 @@ def describe_validation(path: Path | str, exc: ValidationError, model: type[Base
 def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
     current: Any = model
     for part in loc:
-        if isinstance(part, int) or not (isinstance(current, type) and issubclass(current, BaseModel)):
+        if isinstance(part, int) or not (
+            isinstance(current, type) and issubclass(current, BaseModel)
+        ):
             continue
         field = current.model_fields.get(str(part))
         if field is None:
             return []
         annotation = field.annotation
         args = getattr(annotation, "__args__", ()) or ()
-        candidates = [a for a in (annotation, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
+        candidates = [
+            a for a in (annotation, *args) if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         current = candidates[0] if candidates else None
     if isinstance(current, type) and issubclass(current, BaseModel):
         return [f.alias or n for n, f in current.model_fields.items()]
@@ -96,7 +100,9 @@ def gpu_profile(name: str) -> GpuProfile:
     if key not in gpus:
         near = difflib.get_close_matches(key, list(gpus), n=1)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
-        raise UsageError(f"gpu {name!r} is not a known profile{hint}; known: {', '.join(gpus)}", field="gpu")
+        raise UsageError(
+            f"gpu {name!r} is not a known profile{hint}; known: {', '.join(gpus)}", field="gpu"
+        )
     return gpus[key]
 
 
@@ -126,6 +132,6 @@ def deepep_sheet(name: str) -> DeepEPSheet:
             return sheet
     raise UsageError(
         f"deep_ep_version {name!r} matches no capability sheet; known: "
-        + ", ".join(f"{s.name} ({s.version})" for s in sheets.values()), field="deep_ep_version"
+        + ", ".join(f"{s.name} ({s.version})" for s in sheets.values()),
+        field="deep_ep_version",
     )
-

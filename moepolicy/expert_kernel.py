@@ -38,15 +38,32 @@ class Deployment:
 
 def _matches(rule: KernelDefault, layer: LayerFacts, arch: str, where: Deployment) -> bool:
     w, a = layer.weights, layer.activations
-    wanted = ((rule.arch, arch), (rule.weights, w.dtype), (rule.granularity, w.granularity), (rule.acts, a.dtype),
-              (rule.act_granularity, a.granularity), (rule.act_dynamic, a.dynamic), (rule.engine, where.engine),
-              (rule.backend, where.backend), (rule.deepep_api, where.deepep_api))
+    wanted = (
+        (rule.arch, arch),
+        (rule.weights, w.dtype),
+        (rule.granularity, w.granularity),
+        (rule.acts, a.dtype),
+        (rule.act_granularity, a.granularity),
+        (rule.act_dynamic, a.dynamic),
+        (rule.engine, where.engine),
+        (rule.backend, where.backend),
+        (rule.deepep_api, where.deepep_api),
+    )
     return all(not allowed or value in allowed for allowed, value in wanted)
 
 
-def default_rule(layer: LayerFacts, arch: str, where: Deployment = Deployment()) -> Optional[KernelDefault]:
+def default_rule(
+    layer: LayerFacts, arch: str, where: Deployment = Deployment()
+) -> Optional[KernelDefault]:
     """The sheet's first ``defaults`` entry that matches (None: none does; the kernel is Triton)."""
-    return next((rule for rule in datasheets.kernel_sheet().defaults if _matches(rule, layer, arch, where)), None)
+    return next(
+        (
+            rule
+            for rule in datasheets.kernel_sheet().defaults
+            if _matches(rule, layer, arch, where)
+        ),
+        None,
+    )
 
 
 def default_kernel(layer: LayerFacts, arch: str, where: Deployment = Deployment()) -> str:
@@ -61,16 +78,21 @@ def find_mode(kernel: str, arch: str, layer: LayerFacts) -> Optional[KernelMode]
         if not mode.weights.matches(layer.weights.dtype, layer.weights.granularity):
             continue
         if mode.checkpoint_acts and not mode.checkpoint_acts.matches(
-                layer.activations.dtype, layer.activations.granularity):
+            layer.activations.dtype, layer.activations.granularity
+        ):
             continue
         return mode
     return None
 
 
-def execution_for(layer: LayerFacts, arch: str, kernel: Optional[str],
-                  where: Deployment = Deployment()) -> Execution:
+def execution_for(
+    layer: LayerFacts, arch: str, kernel: Optional[str], where: Deployment = Deployment()
+) -> Execution:
     if kernel is None:
         chosen = default_kernel(layer, arch, where)
-        return Execution(chosen, find_mode(chosen, arch, layer),
-                         f"{'vLLM' if where.engine == 'vllm' else where.engine}'s pick for this GPU, scheme and path")
+        return Execution(
+            chosen,
+            find_mode(chosen, arch, layer),
+            f"{'vLLM' if where.engine == 'vllm' else where.engine}'s pick for this GPU, scheme and path",
+        )
     return Execution(kernel, find_mode(kernel, arch, layer), "asked for (expert_kernel)")

@@ -56,7 +56,9 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 def read_bounded(path: str | os.PathLike, limit: int, error: Type[MoePolicyError]) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them; else ``error`` with one line."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
+        fd = os.open(
+            path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+        )  # a FIFO must not block the open
     except OSError as exc:
         if exc.errno == errno.EISDIR:
             raise error(f"{path}: is a folder, not a file") from None
@@ -115,7 +117,9 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
     target = write_target(path)
     directory = target.parent if str(target.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".{os.getpid()}.tmp", dir=directory)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{target.name}.", suffix=f".{os.getpid()}.tmp", dir=directory
+        )
     except OSError as exc:
         raise OutputError(f"{path}: cannot be written ({exc.strerror or exc})") from None
     try:
@@ -131,7 +135,9 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
         except OSError:
             pass
         if isinstance(exc, OSError):
-            raise OutputError(f"{path}: cannot be written ({exc.strerror or exc}); the previous file is kept") from None
+            raise OutputError(
+                f"{path}: cannot be written ({exc.strerror or exc}); the previous file is kept"
+            ) from None
         raise
     remove_stale_temps(directory, target.name)
 
@@ -145,9 +151,13 @@ def remove_stale_temps(directory: Path, name: str) -> None:
     import time
 
     for stale in directory.glob(f".{name}.*.tmp"):
-        pid = stale.name[:-len(".tmp")].rpartition(".")[2]
+        pid = stale.name[: -len(".tmp")].rpartition(".")[2]
         try:
-            dead = not _alive(int(pid)) if pid.isdigit() else time.time() - stale.stat().st_mtime > STALE_AGE_S
+            dead = (
+                not _alive(int(pid))
+                if pid.isdigit()
+                else time.time() - stale.stat().st_mtime > STALE_AGE_S
+            )
             if dead:
                 stale.unlink()
         except OSError:

@@ -53,7 +53,10 @@ def nvml_arch() -> Optional[str]:
     if lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)) != 0:
         return None
     major, minor = ctypes.c_int(0), ctypes.c_int(0)
-    if lib.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
+    if (
+        lib.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor))
+        != 0
+    ):
         return None
     return f"sm{major.value}{minor.value}" if major.value < 10 else f"sm{major.value}0"
 
@@ -66,7 +69,9 @@ def current_arch() -> tuple[Optional[str], str]:
         try:
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 major, minor = torch.cuda.get_device_capability()
-                return (f"sm{major}{minor}" if major < 10 else f"sm{major}0"), "torch (already imported)"
+                return (
+                    f"sm{major}{minor}" if major < 10 else f"sm{major}0"
+                ), "torch (already imported)"
         except Exception:  # noqa: BLE001
             pass
     arch = nvml_arch()

@@ -23,7 +23,9 @@ class _Name(str, Enum):
 class Order(_Name):
     """Where a layer's activations are quantized relative to DeepEP's dispatch."""
 
-    QUANT_THEN_DISPATCH = "quant_then_dispatch"  # on the sender: the wire carries the quantized payload
+    QUANT_THEN_DISPATCH = (
+        "quant_then_dispatch"  # on the sender: the wire carries the quantized payload
+    )
     DISPATCH_THEN_QUANT = "dispatch_then_quant"  # bf16 on the wire, quantized by the receiver
     IN_KERNEL_QUANT = "in_kernel_quant"  # DeepEP's low-latency kernel quantizes while sending
     NO_QUANT = "no_quant"  # the experts take bf16 (weight-only or unquantized checkpoints)
@@ -31,7 +33,10 @@ class Order(_Name):
     FUSED = "fused"  # the expert kernel dispatches itself (DeepGEMM Mega MoE)
 
 
-QUANTIZED_ORDERS = (Order.QUANT_THEN_DISPATCH, Order.IN_KERNEL_QUANT)  # a quantized payload crosses the wire
+QUANTIZED_ORDERS = (
+    Order.QUANT_THEN_DISPATCH,
+    Order.IN_KERNEL_QUANT,
+)  # a quantized payload crosses the wire
 
 
 class WireDtype(_Name):

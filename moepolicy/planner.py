@@ -43,7 +43,9 @@ class OrderTiming:
     quant_then_dispatch_us: float
     dispatch_then_quant_us: float
     rounds: int = 1
-    speedup: Optional[float] = None  # quantizing first: dispatch_then_quant time / quant_then_dispatch time
+    speedup: Optional[float] = (
+        None  # quantizing first: dispatch_then_quant time / quant_then_dispatch time
+    )
     ci95: Optional[tuple[float, float]] = None
     verdict: Optional[str] = None  # quant_then_dispatch | dispatch_then_quant | unmeasured
     correction: str = ""
@@ -52,15 +54,27 @@ class OrderTiming:
     def faster(self) -> str:
         if self.verdict is not None:
             return self.verdict
-        return "quant_then_dispatch" if self.quant_then_dispatch_us <= self.dispatch_then_quant_us else "dispatch_then_quant"
+        return (
+            "quant_then_dispatch"
+            if self.quant_then_dispatch_us <= self.dispatch_then_quant_us
+            else "dispatch_then_quant"
+        )
 
     def to_doc(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"tokens": self.tokens, "quant_then_dispatch_us": round(self.quant_then_dispatch_us, 2),
-                               "dispatch_then_quant_us": round(self.dispatch_then_quant_us, 2)}
+        out: dict[str, Any] = {
+            "tokens": self.tokens,
+            "quant_then_dispatch_us": round(self.quant_then_dispatch_us, 2),
+            "dispatch_then_quant_us": round(self.dispatch_then_quant_us, 2),
+        }
         if self.verdict is not None:
-            out.update({"rounds": self.rounds, "quant_first_speedup": round(self.speedup, 4),
-                        "ci95": None if self.ci95 is None else [round(x, 4) for x in self.ci95],
-                        "faster": "neither" if self.verdict == UNMEASURED else self.verdict})
+            out.update(
+                {
+                    "rounds": self.rounds,
+                    "quant_first_speedup": round(self.speedup, 4),
+                    "ci95": None if self.ci95 is None else [round(x, 4) for x in self.ci95],
+                    "faster": "neither" if self.verdict == UNMEASURED else self.verdict,
+                }
+            )
             if self.correction:
                 out["correction"] = self.correction
         return out
@@ -83,8 +97,12 @@ class LayerPlan:
     facts: dict[str, Any]
     execution: Execution
     decision: Decision
-    unmeasured: Optional[Decision] = None  # the rules' decision without measured facts, where it differs
-    bucket_decisions: tuple[tuple[Optional[int], Decision], ...] = ()  # per bucket, where they differ
+    unmeasured: Optional[Decision] = (
+        None  # the rules' decision without measured facts, where it differs
+    )
+    bucket_decisions: tuple[
+        tuple[Optional[int], Decision], ...
+    ] = ()  # per bucket, where they differ
 
 
 @dataclass(frozen=True)
@@ -100,46 +118,80 @@ class Plan:
         if self.target.expert_kernel:
             return self.target.expert_kernel
         kernels = sorted({lp.execution.kernel for lp in self.layers if lp.layer.kind == "moe"})
-        return kernels[0] if len(kernels) == 1 else ("auto: " + "+".join(kernels) if kernels else "none")
+        return (
+            kernels[0]
+            if len(kernels) == 1
+            else ("auto: " + "+".join(kernels) if kernels else "none")
+        )
 
 
-def decide_layer(layer: LayerFacts, target: Target, packs: Sequence[RulePack],
-                 faster_order: str = UNMEASURED) -> LayerPlan:
-    execution = execution_for(layer, target.arch, target.expert_kernel,
-                              Deployment(target.engine, target.backend, target.deepep.api))
+def decide_layer(
+    layer: LayerFacts, target: Target, packs: Sequence[RulePack], faster_order: str = UNMEASURED
+) -> LayerPlan:
+    execution = execution_for(
+        layer,
+        target.arch,
+        target.expert_kernel,
+        Deployment(target.engine, target.backend, target.deepep.api),
+    )
     facts = layer_facts(layer, target, execution, faster_order)
-    decision = decide(facts, packs, target.deepep,
-                      lambda then, f: wire_problem(then, f, target),
-                      allow_inferred="inferred-capabilities" in target.options)
+    decision = decide(
+        facts,
+        packs,
+        target.deepep,
+        lambda then, f: wire_problem(then, f, target),
+        allow_inferred="inferred-capabilities" in target.options,
+    )
     return LayerPlan(layer, facts, execution, decision)
 
 
-def _measured_layer(plain: LayerPlan, target: Target, packs: Sequence[RulePack],
-                    timings: Sequence[OrderTiming]) -> LayerPlan:
+def _measured_layer(
+    plain: LayerPlan, target: Target, packs: Sequence[RulePack], timings: Sequence[OrderTiming]
+) -> LayerPlan:
     """Decide again with the measured facts: overall, and per bucket where the faster order changes."""
     overall = decide_layer(plain.layer, target, packs, overall_faster(timings))
-    per_bucket = [(None if i == len(timings) - 1 else t.tokens,
-                   decide_layer(plain.layer, target, packs, t.faster).decision) for i, t in enumerate(timings)]
+    per_bucket = [
+        (
+            None if i == len(timings) - 1 else t.tokens,
+            decide_layer(plain.layer, target, packs, t.faster).decision,
+        )
+        for i, t in enumerate(timings)
+    ]
     differ = len({(d.order, str(d.wire)) for _, d in per_bucket}) > 1
-    changed = (overall.decision.order, overall.decision.wire) != (plain.decision.order, plain.decision.wire)
-    return LayerPlan(plain.layer, overall.facts, overall.execution, overall.decision,
-                     unmeasured=plain.decision if changed or differ else None,
-                     bucket_decisions=tuple(per_bucket) if differ else ())
+    changed = (overall.decision.order, overall.decision.wire) != (
+        plain.decision.order,
+        plain.decision.wire,
+    )
+    return LayerPlan(
+        plain.layer,
+        overall.facts,
+        overall.execution,
+        overall.decision,
+        unmeasured=plain.decision if changed or differ else None,
+        bucket_decisions=tuple(per_bucket) if differ else (),
+    )
 
 
 def measured_wire(plan: LayerPlan) -> bool:
     """Whether ``tune``'s both-order timing applies to this layer: block-128 fp8 quantized first."""
     d = plan.decision
     scale = d.wire.scale
-    return d.order == "quant_then_dispatch" and scale is not None and scale.granularity == "block" and scale.group == 128
+    return (
+        d.order == "quant_then_dispatch"
+        and scale is not None
+        and scale.granularity == "block"
+        and scale.group == 128
+    )
 
 
 def with_measurements(plan: "Plan", timings: Sequence[OrderTiming]) -> "Plan":
     """``plan`` decided again with measured order timings as facts (layers whose wire was timed)."""
     if not timings:
         return plan
-    layers = tuple(_measured_layer(lp, plan.target, plan.packs, timings) if measured_wire(lp) else lp
-                   for lp in plan.layers)
+    layers = tuple(
+        _measured_layer(lp, plan.target, plan.packs, timings) if measured_wire(lp) else lp
+        for lp in plan.layers
+    )
     return Plan(plan.model, plan.target, plan.packs, layers, tuple(timings))
 
 
@@ -152,7 +204,8 @@ def _kernel_problems(layers: Sequence[LayerPlan], target: Target) -> list[str]:
         if lp.layer.kind == "moe" and not lp.execution.supported and w.is_known:
             problems.append(
                 f"expert kernel {target.expert_kernel} does not run {w.dtype}/{w.granularity} expert "
-                f"weights on {target.arch} (layer {lp.layer.index}; moepolicy/data/sheets/expert_kernels.yaml)")
+                f"weights on {target.arch} (layer {lp.layer.index}; moepolicy/data/sheets/expert_kernels.yaml)"
+            )
     return list(dict.fromkeys(problems))[:1]
 
 
@@ -162,7 +215,8 @@ def make_plan(facts: ModelFacts, target: Target, packs: Sequence[RulePack]) -> P
     if problems:
         raise InfeasibleError(
             f"infeasible: {facts.name} on {target.gpu} EP{target.ep_size} {target.layout} "
-            f"{target.backend}: " + "; ".join(problems))
+            f"{target.backend}: " + "; ".join(problems)
+        )
     layers = tuple(decide_layer(layer, target, packs) for layer in facts.layers)
     kernel_problems = _kernel_problems(layers, target)
     if kernel_problems:
@@ -170,8 +224,14 @@ def make_plan(facts: ModelFacts, target: Target, packs: Sequence[RulePack]) -> P
     return Plan(facts, target, tuple(packs), layers)
 
 
-def buffer_bytes(target: Target, hidden: int, num_experts: int, num_sms: int,
-                 configs: Sequence[ChunkConfig], ll_tokens: int = LL_MAX_TOKENS_DEFAULT) -> tuple[int, int]:
+def buffer_bytes(
+    target: Target,
+    hidden: int,
+    num_experts: int,
+    num_sms: int,
+    configs: Sequence[ChunkConfig],
+    ll_tokens: int = LL_MAX_TOKENS_DEFAULT,
+) -> tuple[int, int]:
     """(num_nvl_bytes, num_rdma_bytes) for bf16 rows of ``hidden`` under the given configs."""
     if target.backend == "deepep_ll":
         return 0, low_latency_bytes_hint(ll_tokens, hidden, num_experts)
@@ -181,24 +241,32 @@ def buffer_bytes(target: Target, hidden: int, num_experts: int, num_sms: int,
 def _shapes(plan: Plan) -> tuple[int, int]:
     """The largest MoE layer's hidden size and expert count: what DeepEP's buffers are sized for."""
     moe = plan.model.moe_layers
-    return (max((layer.hidden_size for layer in moe), default=plan.model.hidden_size),
-            max((layer.num_experts for layer in moe), default=0))
+    return (
+        max((layer.hidden_size for layer in moe), default=plan.model.hidden_size),
+        max((layer.num_experts for layer in moe), default=0),
+    )
 
 
 def default_deepep(plan: Plan) -> KeptDeepEP:
     """DeepEP's built-in configs for the plan's target (what ``plan`` writes until ``tune``)."""
     target = plan.target
     hidden, experts = _shapes(plan)
-    note = (f"DeepEP's built-in Config table for {target.ep_size} ranks and Buffer.num_sms "
-            f"{default_num_sms(target.deepep)} ({target.deepep.name}); buffers sized with DeepEP's hint "
-            f"formulas for bf16 rows of hidden {hidden}")
+    note = (
+        f"DeepEP's built-in Config table for {target.ep_size} ranks and Buffer.num_sms "
+        f"{default_num_sms(target.deepep)} ({target.deepep.name}); buffers sized with DeepEP's hint "
+        f"formulas for bf16 rows of hidden {hidden}"
+    )
     if target.deepep.api == "v2":
-        note = ("DeepEP v2 sizes its own buffers; deepep.v2 holds its defaults (num_sms 0: its analytical "
-                "count; ElasticBuffer's prefer_overlap_with_compute and allow_multiple_reduction, "
-                "deep_ep/buffers/elastic.py:241-242 at dd758ca); the legacy fields are unused")
+        note = (
+            "DeepEP v2 sizes its own buffers; deepep.v2 holds its defaults (num_sms 0: its analytical "
+            "count; ElasticBuffer's prefer_overlap_with_compute and allow_multiple_reduction, "
+            "deep_ep/buffers/elastic.py:241-242 at dd758ca); the legacy fields are unused"
+        )
     elif target.backend == "deepep_ll":
-        note = (f"low-latency: RDMA buffer by DeepEP's low-latency size hint for {LL_MAX_TOKENS_DEFAULT} "
-                f"tokens per rank and {experts} experts, hidden {hidden}; its kernels have no chunk settings")
+        note = (
+            f"low-latency: RDMA buffer by DeepEP's low-latency size hint for {LL_MAX_TOKENS_DEFAULT} "
+            f"tokens per rank and {experts} experts, hidden {hidden}; its kernels have no chunk settings"
+        )
     return deepep_defaults(target.deepep, target.ep_size, note)
 
 
@@ -210,10 +278,16 @@ def _deepep_doc(plan: Plan, kept: KeptDeepEP) -> dict[str, Any]:
     configs = [c for b in kept.buckets for c in (b.dispatch, b.combine)]
     low_latency = None
     if target.backend == "deepep_ll":
-        low_latency = {"num_max_dispatch_tokens_per_rank": LL_MAX_TOKENS_DEFAULT,
-                       "num_qps_per_rank": max(experts // target.ep_size, 1)}
-    return deepep_section(kept, buffer_bytes(target, hidden, experts, kept.num_sms, configs), low_latency,
-                          [t.to_doc() for t in plan.timings])
+        low_latency = {
+            "num_max_dispatch_tokens_per_rank": LL_MAX_TOKENS_DEFAULT,
+            "num_qps_per_rank": max(experts // target.ep_size, 1),
+        }
+    return deepep_section(
+        kept,
+        buffer_bytes(target, hidden, experts, kept.num_sms, configs),
+        low_latency,
+        [t.to_doc() for t in plan.timings],
+    )
 
 
 def stored_facts(facts: dict[str, Any]) -> dict[str, Any]:
@@ -232,8 +306,13 @@ def replayed_decisions(layers, target: Target, packs: Sequence[RulePack]) -> dic
     for layer in layers:
         if layer.kind != "moe":
             continue
-        out[layer.index] = decide(replay_facts(layer.index, layer.facts), packs, target.deepep,
-                                  lambda then, f: wire_problem(then, f, target), allow_inferred=False)
+        out[layer.index] = decide(
+            replay_facts(layer.index, layer.facts),
+            packs,
+            target.deepep,
+            lambda then, f: wire_problem(then, f, target),
+            allow_inferred=False,
+        )
     return out
 
 
@@ -242,45 +321,78 @@ def _layer_entries(layers: Sequence[LayerPlan]) -> list[dict[str, Any]]:
     out = []
     for lp in layers:
         d = lp.decision
-        entry = {"index": lp.layer.index, "kind": lp.layer.kind, "order": d.order,
-                 "wire": d.wire.as_dict(), "numerics": d.numerics, "rule": d.rule,
-                 "reason": d.reason, "facts": stored_facts(lp.facts)}
+        entry = {
+            "index": lp.layer.index,
+            "kind": lp.layer.kind,
+            "order": d.order,
+            "wire": d.wire.as_dict(),
+            "numerics": d.numerics,
+            "rule": d.rule,
+            "reason": d.reason,
+            "facts": stored_facts(lp.facts),
+        }
         if lp.layer.kind == "moe":
             entry["combine"] = {"dtype": d.combine}
         if lp.bucket_decisions:
-            entry["orders"] = [{"max_tokens": bound, "order": b.order, "wire": b.wire.as_dict(), "rule": b.rule}
-                               for bound, b in lp.bucket_decisions]
+            entry["orders"] = [
+                {"max_tokens": bound, "order": b.order, "wire": b.wire.as_dict(), "rule": b.rule}
+                for bound, b in lp.bucket_decisions
+            ]
         if lp.unmeasured is not None:
             u = lp.unmeasured
-            entry["unmeasured"] = {"order": u.order, "wire": u.wire.as_dict(), "numerics": u.numerics,
-                                   "rule": u.rule, "reason": u.reason}
+            entry["unmeasured"] = {
+                "order": u.order,
+                "wire": u.wire.as_dict(),
+                "numerics": u.numerics,
+                "rule": u.rule,
+                "reason": u.reason,
+            }
         out.append(entry)
     return out
 
 
-def tuned_document(plan: Plan, deepep: KeptDeepEP, timings: Sequence[OrderTiming] = (),
-                   command: str = "") -> dict[str, Any]:
+def tuned_document(
+    plan: Plan, deepep: KeptDeepEP, timings: Sequence[OrderTiming] = (), command: str = ""
+) -> dict[str, Any]:
     """The composer: the plan, decided again with the timings a tune measured, and what it kept."""
     return build_document(with_measurements(plan, timings), deepep, command)
 
 
-def build_document(plan: Plan, deepep: Optional[KeptDeepEP] = None, command: str = "") -> dict[str, Any]:
+def build_document(
+    plan: Plan, deepep: Optional[KeptDeepEP] = None, command: str = ""
+) -> dict[str, Any]:
     """The policy document: the plan's model, target, rules and layers, and ``deepep`` (DeepEP's
     defaults where None)."""
     facts, target = plan.model, plan.target
     first = facts.first_moe
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "model": {"name": facts.name, "facts_sha256": facts.sha256(), "hidden_size": facts.hidden_size,
-                  "num_layers": facts.num_hidden_layers,
-                  "num_experts": first.num_experts if first else 0, "top_k": first.top_k if first else 0},
+        "model": {
+            "name": facts.name,
+            "facts_sha256": facts.sha256(),
+            "hidden_size": facts.hidden_size,
+            "num_layers": facts.num_hidden_layers,
+            "num_experts": first.num_experts if first else 0,
+            "top_k": first.top_k if first else 0,
+        },
         "target": {
-            "gpu": target.gpu, "arch": target.arch, "sm_count": target.profile.sm_count,
-            "ep_size": target.ep_size, "gpus_per_node": target.gpus_per_node, "layout": target.layout,
-            "backend": target.backend, "expert_kernel": plan.kernel_label, "engine": target.engine,
-            "deep_ep": {"api": target.deepep.api, "version": target.deepep.version,
-                        "evidence": target.deepep_evidence, "sheet": target.deepep.name},
-            "options": sorted(target.options), "static_scale": target.static_scale,
+            "gpu": target.gpu,
+            "arch": target.arch,
+            "sm_count": target.profile.sm_count,
+            "ep_size": target.ep_size,
+            "gpus_per_node": target.gpus_per_node,
+            "layout": target.layout,
+            "backend": target.backend,
+            "expert_kernel": plan.kernel_label,
+            "engine": target.engine,
+            "deep_ep": {
+                "api": target.deepep.api,
+                "version": target.deepep.version,
+                "evidence": target.deepep_evidence,
+                "sheet": target.deepep.name,
+            },
+            "options": sorted(target.options),
+            "static_scale": target.static_scale,
             "sheets_sha256": sheets_sha256(target.deepep.name),
         },
         "rules": {"packs": [pack.ref() for pack in plan.packs]},

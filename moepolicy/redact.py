@@ -15,7 +15,9 @@ from urllib.parse import unquote
 
 HIDDEN = "***"
 # query parameters that carry a secret in database URLs (libpq, MySQL drivers, cloud tokens)
-_SECRET_PARAMS = re.compile(r"(?i)^(password|passwd|pwd|pass|secret|token|access_token|api_key|apikey|sslpassword)$")
+_SECRET_PARAMS = re.compile(
+    r"(?i)^(password|passwd|pwd|pass|secret|token|access_token|api_key|apikey|sslpassword)$"
+)
 # a word that starts like a URL: a scheme and a colon (``postgresql:``, ``sqlite:``, ``u:`` of ``u:pw@h``)
 _SCHEME = re.compile(r"^\s*([A-Za-z][A-Za-z0-9+.\-]*):")
 _FILE_SCHEMES = {"journal"}  # moepolicy's own ``journal:PATH``: a file, no secret
@@ -24,7 +26,11 @@ _FILE_SCHEMES = {"journal"}  # moepolicy's own ``journal:PATH``: a file, no secr
 def looks_like_url(word: str) -> bool:
     """True for a word that may be a URL with a secret: a scheme, a colon, and a ``/``, ``@`` or ``?``."""
     match = _SCHEME.match(word)
-    return bool(match) and match.group(1).lower() not in _FILE_SCHEMES and any(c in word for c in "/@?")
+    return (
+        bool(match)
+        and match.group(1).lower() not in _FILE_SCHEMES
+        and any(c in word for c in "/@?")
+    )
 
 
 def _parsed(url: str):
@@ -37,7 +43,9 @@ def _parsed(url: str):
         parsed = make_url(url)
     except Exception:  # noqa: BLE001 (ArgumentError, ValueError: unparsable)
         return None
-    if "@" in (parsed.host or ""):  # an unencoded '@' in the password: the host holds the rest of it
+    if "@" in (
+        parsed.host or ""
+    ):  # an unencoded '@' in the password: the host holds the rest of it
         rest, _, host = parsed.host.rpartition("@")
         parsed = parsed.set(password=f"{parsed.password or ''}@{rest}", host=host)
     if _misplaced_user(parsed):
@@ -54,7 +62,9 @@ def _misplaced_user(parsed) -> bool:
         return True  # not a host name: what SQLAlchemy took for the host is the rest of a password or query
     if any(not re.fullmatch(r"[A-Za-z0-9_.\-]+", key) for key in parsed.query):
         return True  # not a parameter's name: the rest of a password that held '?'
-    if parsed.get_backend_name() == "sqlite":  # no server: a host is a mistyped path, and so is user info
+    if (
+        parsed.get_backend_name() == "sqlite"
+    ):  # no server: a host is a mistyped path, and so is user info
         first = database.lstrip("/").split("/", 1)[0]
         return bool(parsed.host) or "@" in first or (":" in first and database != ":memory:")
     return any(c in database for c in "@:?&=")  # user info or a query read as the database's name
@@ -155,9 +165,13 @@ def storage_url_problem(url: str) -> Optional[str]:
     except Exception:  # noqa: BLE001
         return "not a URL SQLAlchemy can read (a database URL is scheme://user:password@host/database)"
     if "@" in (parsed.host or ""):
-        return ("the password holds an '@', which the database driver reads as the start of the host; "
-                "write it as %40")
+        return (
+            "the password holds an '@', which the database driver reads as the start of the host; "
+            "write it as %40"
+        )
     if _misplaced_user(parsed):
-        return ("the host or database name holds user info or a query ('@', ':', '?', '&', '='): write "
-                "scheme://user:password@host/database?key=value, with '@', '?' and '/' in a password as %40, %3F, %2F")
+        return (
+            "the host or database name holds user info or a query ('@', ':', '?', '&', '='): write "
+            "scheme://user:password@host/database?key=value, with '@', '?' and '/' in a password as %40, %3F, %2F"
+        )
     return None

@@ -41,10 +41,12 @@ class Target:
         return self.profile.arch
 
     def describe(self, kernel: str) -> str:
-        return (f"target: gpu={self.gpu} ({self.arch}, {self.profile.sm_count} SMs), "
-                f"ep_size={self.ep_size} ({self.layout}, {self.gpus_per_node}/node), "
-                f"backend={self.backend}, expert_kernel={kernel}, engine={self.engine}, "
-                f"deep_ep={self.deepep.name} [{self.deepep_evidence}]")
+        return (
+            f"target: gpu={self.gpu} ({self.arch}, {self.profile.sm_count} SMs), "
+            f"ep_size={self.ep_size} ({self.layout}, {self.gpus_per_node}/node), "
+            f"backend={self.backend}, expert_kernel={kernel}, engine={self.engine}, "
+            f"deep_ep={self.deepep.name} [{self.deepep_evidence}]"
+        )
 
 
 def visible_gpu() -> tuple[Optional[str], int]:
@@ -71,7 +73,8 @@ def _deepep_sheet(version: Optional[str], probe: bool) -> tuple[DeepEPSheet, str
             if sheet is not None:
                 return sheet, "probed from the installed deep_ep"
             return datasheets.deepep_sheet(datasheets.NEWEST_SHEET), (
-                "installed deep_ep matched no sheet; newest sheet used")
+                "installed deep_ep matched no sheet; newest sheet used"
+            )
     return datasheets.deepep_sheet(datasheets.NEWEST_SHEET), "newest sheet (deep_ep not installed)"
 
 
@@ -91,12 +94,18 @@ class TargetSpec:
     static_scale: str = "global-max"
 
 
-def resolve_target(spec: TargetSpec = TargetSpec(), *, probe: bool = True,
-                   default_ep: Optional[int] = None) -> Target:
+def resolve_target(
+    spec: TargetSpec = TargetSpec(), *, probe: bool = True, default_ep: Optional[int] = None
+) -> Target:
     """The target ``spec`` names, checked (one-line errors naming the field); with ``probe``, the
     visible GPU and the installed deep_ep fill in what ``spec`` leaves out."""
     gpu, ep_size, gpus_per_node, backend = spec.gpu, spec.ep_size, spec.gpus_per_node, spec.backend
-    expert_kernel, engine, options, static_scale = spec.expert_kernel, spec.engine, spec.options, spec.static_scale
+    expert_kernel, engine, options, static_scale = (
+        spec.expert_kernel,
+        spec.engine,
+        spec.options,
+        spec.static_scale,
+    )
     detected, count = visible_gpu() if probe and gpu is None else (None, 0)
     gpu_name = (gpu or detected or "h200").lower()
     profile = datasheets.gpu_profile(gpu_name)
@@ -107,36 +116,65 @@ def resolve_target(spec: TargetSpec = TargetSpec(), *, probe: bool = True,
         raise UsageError(f"ep_size must be a positive integer, got {ep}", field="ep_size")
     per_node = gpus_per_node if gpus_per_node is not None else 8
     if per_node < 1:
-        raise UsageError(f"gpus_per_node must be a positive integer, got {per_node}", field="gpus_per_node")
+        raise UsageError(
+            f"gpus_per_node must be a positive integer, got {per_node}", field="gpus_per_node"
+        )
     if backend not in Backends.values():
-        raise UsageError(f"backend must be deepep_ht or deepep_ll, got {backend!r}", field="backend")
+        raise UsageError(
+            f"backend must be deepep_ht or deepep_ll, got {backend!r}", field="backend"
+        )
     if engine not in Engine.values():
         raise UsageError(f"engine must be vllm or sglang, got {engine!r}", field="engine")
     if static_scale not in ("global-max", "per-expert"):
-        raise UsageError(f"static_scale must be global-max or per-expert, got {static_scale!r}", field="static_scale")
+        raise UsageError(
+            f"static_scale must be global-max or per-expert, got {static_scale!r}",
+            field="static_scale",
+        )
     bad = [o for o in options if o not in OPT_INS]
     if bad:
-        raise UsageError(f"options {bad[0]!r} is unknown; known: {', '.join(OPT_INS)}", field="options")
+        raise UsageError(
+            f"options {bad[0]!r} is unknown; known: {', '.join(OPT_INS)}", field="options"
+        )
     if expert_kernel is not None and expert_kernel not in datasheets.kernel_sheet().kernels:
         import difflib
 
         known = list(datasheets.kernel_sheet().kernels)
         near = difflib.get_close_matches(expert_kernel, known, n=1)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
-        raise UsageError(f"expert_kernel {expert_kernel!r} is unknown{hint}; known: {', '.join(known)}",
-                         field="expert_kernel")
+        raise UsageError(
+            f"expert_kernel {expert_kernel!r} is unknown{hint}; known: {', '.join(known)}",
+            field="expert_kernel",
+        )
     sheet, evidence = _deepep_sheet(spec.deep_ep_version, probe)
-    return Target(gpu=gpu_name, profile=profile, ep_size=ep, gpus_per_node=per_node,
-                  backend=backend, expert_kernel=expert_kernel, engine=engine, deepep=sheet,
-                  deepep_evidence=evidence, options=frozenset(options), static_scale=static_scale)
+    return Target(
+        gpu=gpu_name,
+        profile=profile,
+        ep_size=ep,
+        gpus_per_node=per_node,
+        backend=backend,
+        expert_kernel=expert_kernel,
+        engine=engine,
+        deepep=sheet,
+        deepep_evidence=evidence,
+        options=frozenset(options),
+        static_scale=static_scale,
+    )
 
 
 def target_from_doc(target_doc) -> Target:
     """Rebuild the :class:`Target` a policy was planned for (explain's replay)."""
     kernel = target_doc.expert_kernel
-    return resolve_target(TargetSpec(
-        gpu=target_doc.gpu, ep_size=target_doc.ep_size, gpus_per_node=target_doc.gpus_per_node,
-        backend=target_doc.backend,
-        expert_kernel=None if kernel.startswith("auto") or kernel == "none" else kernel,
-        engine=target_doc.engine, deep_ep_version=target_doc.deep_ep.sheet or target_doc.deep_ep.version,
-        options=tuple(target_doc.options), static_scale=target_doc.static_scale), probe=False)
+    return resolve_target(
+        TargetSpec(
+            gpu=target_doc.gpu,
+            ep_size=target_doc.ep_size,
+            gpus_per_node=target_doc.gpus_per_node,
+            backend=target_doc.backend,
+            expert_kernel=None if kernel.startswith("auto") or kernel == "none" else kernel,
+            engine=target_doc.engine,
+            deep_ep_version=target_doc.deep_ep.sheet or target_doc.deep_ep.version,
+            options=tuple(target_doc.options),
+            static_scale=target_doc.static_scale,
+        ),
+        probe=False,
+    )

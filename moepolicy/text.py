@@ -11,7 +11,9 @@ import re
 
 # C0 and C1 controls but tab and newline; line and paragraph separators; every bidirectional
 # formatting character (embeddings, overrides, isolates, the marks LRM, RLM and ALM)
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
 _CONTROL_AND_LINES = re.compile(_CONTROL.pattern[:-1] + r"\t\n]")
 
 

@@ -24,8 +24,17 @@ from moepolicy.checkpoint.source import RawCheckpoint
 from moepolicy.schema.facts import LayerFacts, ModelFacts, TensorQuant
 
 GIB = 1 << 30
-_WIDTH = {"fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "int8": 1.0, "int4": 0.5, "nvfp4": 0.5 + 1 / 16,
-          "mxfp4": 0.5 + 1 / 32, "mxfp8": 1.0 + 1 / 32, "none": 2.0, "unknown": 1.0}
+_WIDTH = {
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+    "nvfp4": 0.5 + 1 / 16,
+    "mxfp4": 0.5 + 1 / 32,
+    "mxfp8": 1.0 + 1 / 32,
+    "none": 2.0,
+    "unknown": 1.0,
+}
 _SCALED_FORMATS = ("nvfp4", "mxfp4", "mxfp8")  # their scales are in the width above
 
 
@@ -63,9 +72,16 @@ def _attention_params(view: ConfigView, hidden: int) -> int:
         return 4 * hidden * hidden
     kv_lora = view.integer("kv_lora_rank")
     if kv_lora:  # MLA (DeepSeek V2/V3, Kimi)
-        nope, rope = view.integer("qk_nope_head_dim") or 128, view.integer("qk_rope_head_dim") or 64
+        nope, rope = (
+            view.integer("qk_nope_head_dim") or 128,
+            view.integer("qk_rope_head_dim") or 64,
+        )
         v_dim, q_lora = view.integer("v_head_dim") or 128, view.integer("q_lora_rank")
-        q = hidden * q_lora + q_lora * heads * (nope + rope) if q_lora else hidden * heads * (nope + rope)
+        q = (
+            hidden * q_lora + q_lora * heads * (nope + rope)
+            if q_lora
+            else hidden * heads * (nope + rope)
+        )
         kv = hidden * (kv_lora + rope) + kv_lora * heads * (nope + v_dim)
         return q + kv + heads * v_dim * hidden
     head_dim = view.integer("head_dim") or hidden // heads
@@ -86,7 +102,8 @@ def _other_params(view: ConfigView, facts: ModelFacts) -> int:
             total += 3 * hidden * dense_inner
         else:
             shared = view.integer("shared_expert_intermediate_size") or (
-                (layer.moe_intermediate_size or 0) * layer.num_shared_experts)
+                (layer.moe_intermediate_size or 0) * layer.num_shared_experts
+            )
             total += 3 * hidden * shared + hidden * layer.num_experts
     return total
 
@@ -99,7 +116,9 @@ def weight_bytes(raw: RawCheckpoint, facts: ModelFacts) -> WeightBytes:
     vocab = view.integer("vocab_size", maximum=100_000_000) or 0
     tied = view.raw("tie_word_embeddings") is True
     embeddings = vocab * facts.hidden_size * (1 if tied else 2) * 2
-    return WeightBytes(experts=int(experts), other=int(_other_params(view, facts) * width + embeddings))
+    return WeightBytes(
+        experts=int(experts), other=int(_other_params(view, facts) * width + embeddings)
+    )
 
 
 def smallest_ep(weights: WeightBytes, memory_bytes: int, max_ep: int) -> Optional[int]:
@@ -112,8 +131,9 @@ def smallest_ep(weights: WeightBytes, memory_bytes: int, max_ep: int) -> Optiona
     return None
 
 
-def fit_warning(weights: WeightBytes, *, model: str, gpu: str, memory_gib: int, ep_size: int,
-                num_experts: int) -> Optional[str]:
+def fit_warning(
+    weights: WeightBytes, *, model: str, gpu: str, memory_gib: int, ep_size: int, num_experts: int
+) -> Optional[str]:
     """One line when the weights per rank exceed the GPU's memory; None when they fit."""
     memory = memory_gib * GIB
     experts = math.ceil(weights.experts / max(ep_size, 1))
@@ -122,25 +142,39 @@ def fit_warning(weights: WeightBytes, *, model: str, gpu: str, memory_gib: int, 
     need = smallest_ep(weights, memory, num_experts)
     fix = f"EP {need} or more is needed" if need else "no EP size fits it on this GPU"
     if experts > memory:
-        what = (f"its routed experts alone are about {experts / GIB:.0f} GiB per GPU at EP {ep_size} "
-                f"({weights.experts / GIB:.0f} GiB in all)")
+        what = (
+            f"its routed experts alone are about {experts / GIB:.0f} GiB per GPU at EP {ep_size} "
+            f"({weights.experts / GIB:.0f} GiB in all)"
+        )
     else:
-        what = (f"its weights are about {weights.per_rank(ep_size) / GIB:.0f} GiB per GPU at EP {ep_size} "
-                f"({experts / GIB:.0f} GiB of routed experts and about {weights.other / GIB:.0f} GiB that every "
-                "rank holds)")
-    return (f"{model} does not fit: {what}, more than the {memory_gib} GiB of one {gpu.upper()}; modelled "
-            f"results and launch lines assume it fits: {fix}")
+        what = (
+            f"its weights are about {weights.per_rank(ep_size) / GIB:.0f} GiB per GPU at EP {ep_size} "
+            f"({experts / GIB:.0f} GiB of routed experts and about {weights.other / GIB:.0f} GiB that every "
+            "rank holds)"
+        )
+    return (
+        f"{model} does not fit: {what}, more than the {memory_gib} GiB of one {gpu.upper()}; modelled "
+        f"results and launch lines assume it fits: {fix}"
+    )
 
 
-def fit_warning_for(raw: RawCheckpoint, facts: ModelFacts, gpu: str, ep_size: int) -> Optional[str]:
+def fit_warning_for(
+    raw: RawCheckpoint, facts: ModelFacts, gpu: str, ep_size: int
+) -> Optional[str]:
     """:func:`fit_warning` for a checkpoint on the GPU profile named ``gpu``."""
     from moepolicy.datasheets import gpu_profile
 
     moe = facts.first_moe
     if moe is None:
         return None
-    return fit_warning(weight_bytes(raw, facts), model=facts.name, gpu=gpu, memory_gib=gpu_profile(gpu).memory_gib,
-                       ep_size=ep_size, num_experts=moe.num_experts)
+    return fit_warning(
+        weight_bytes(raw, facts),
+        model=facts.name,
+        gpu=gpu,
+        memory_gib=gpu_profile(gpu).memory_gib,
+        ep_size=ep_size,
+        num_experts=moe.num_experts,
+    )
 
 
 def fit_note(spec: str, gpu: str, ep_size: int, engine: str = "vllm") -> Optional[str]:

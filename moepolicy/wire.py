@@ -24,6 +24,10 @@ class Wire:
         out: dict[str, Any] = {"dtype": self.dtype}
         if self.scale is not None:
             s = self.scale
-            out["scale"] = {"granularity": s.granularity, **({"group": s.group} if s.group else {}),
-                            "dtype": s.dtype, "layout": s.layout}
+            out["scale"] = {
+                "granularity": s.granularity,
+                **({"group": s.group} if s.group else {}),
+                "dtype": s.dtype,
+                "layout": s.layout,
+            }
         return out

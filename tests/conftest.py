@@ -18,16 +18,36 @@ def cli_command(*args: str, fake_deepep: int = 0, model_bench_delay: float = 0.0
     """The CLI as a process: ``python -m moepolicy ARGS``, or with a test bench source injected."""
     if not fake_deepep and not model_bench_delay:
         return [sys.executable, "-m", "moepolicy", *args]
-    return [sys.executable, "-m", "moepolicy.testing.cli", "--fake-deepep", str(fake_deepep),
-            "--model-bench-delay", str(model_bench_delay), "--", *args]
+    return [
+        sys.executable,
+        "-m",
+        "moepolicy.testing.cli",
+        "--fake-deepep",
+        str(fake_deepep),
+        "--model-bench-delay",
+        str(model_bench_delay),
+        "--",
+        *args,
+    ]
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, fake_deepep: int = 0,
-            model_bench_delay: float = 0.0) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    fake_deepep: int = 0,
+    model_bench_delay: float = 0.0,
+) -> subprocess.CompletedProcess:
     """Run the installed CLI as a user would, in a separate process."""
     full_env = {**os.environ, "MOEPOLICY_OFFLINE": "1", **(env or {})}
-    return subprocess.run(cli_command(*args, fake_deepep=fake_deepep, model_bench_delay=model_bench_delay),
-                          capture_output=True, text=True, cwd=cwd, env=full_env, timeout=120)
+    return subprocess.run(
+        cli_command(*args, fake_deepep=fake_deepep, model_bench_delay=model_bench_delay),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=full_env,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -50,9 +70,17 @@ def write_config(tmp_path):
 # tests; these modules run real tune subprocesses, fuzzing, kill/interrupt loops, worker groups or
 # spawned ranks, and stay in the full profile (.ci/run).
 SLOW_MODULES = {
-    "test_fuzz.py", "tuning/test_crash_safety.py", "tuning/test_scaleout.py", "tuning/test_live_supervisor.py",
-    "tuning/test_overlap.py", "tuning/test_tuning.py", "tuning/test_tune_serial.py", "moe_step/test_bench_cli.py",
-    "reference/test_prepare_finalize_cpu.py", "reference/test_packed_transport_cpu.py", "export/test_report_plots.py",
+    "test_fuzz.py",
+    "tuning/test_crash_safety.py",
+    "tuning/test_scaleout.py",
+    "tuning/test_live_supervisor.py",
+    "tuning/test_overlap.py",
+    "tuning/test_tuning.py",
+    "tuning/test_tune_serial.py",
+    "moe_step/test_bench_cli.py",
+    "reference/test_prepare_finalize_cpu.py",
+    "reference/test_packed_transport_cpu.py",
+    "export/test_report_plots.py",
 }
 
 

@@ -21,11 +21,15 @@ def _parameters(fn: ast.FunctionDef) -> int:
 def logical_lines(fn: ast.FunctionDef) -> int:
     """Lines on which a statement of ``fn``'s body starts (its docstring and nested defs' own lines
     count too: a nested function is part of the body it makes long)."""
-    return len({node.lineno for node in ast.walk(fn) if isinstance(node, ast.stmt) and node is not fn})
+    return len(
+        {node.lineno for node in ast.walk(fn) if isinstance(node, ast.stmt) and node is not fn}
+    )
 
 
 def test_logical_lines_ignore_wrapping():
-    wrapped = ast.parse("def f(a):\n    x = g(\n        a,\n        a,\n    )\n    return x\n").body[0]
+    wrapped = ast.parse(
+        "def f(a):\n    x = g(\n        a,\n        a,\n    )\n    return x\n"
+    ).body[0]
     assert logical_lines(wrapped) == 2
 
 
@@ -39,6 +43,8 @@ def test_no_function_is_over_40_logical_lines_or_8_parameters():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = logical_lines(node)
                 if lines > MAX_LOGICAL_LINES or _parameters(node) > MAX_PARAMS:
-                    found.append(f"{name}:{node.lineno} {node.name}: {lines} logical lines, "
-                                 f"{_parameters(node)} parameters")
+                    found.append(
+                        f"{name}:{node.lineno} {node.name}: {lines} logical lines, "
+                        f"{_parameters(node)} parameters"
+                    )
     assert not found, "\n".join(found)

@@ -12,7 +12,9 @@ from moepolicy.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-VERBATIM = {"DEEPEP_FACTS.md"}  # a verbatim copy of notes outside the repository: it cites DeepEP's own tests
+VERBATIM = {
+    "DEEPEP_FACTS.md"
+}  # a verbatim copy of notes outside the repository: it cites DeepEP's own tests
 SHELL_OPERATORS = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "2>&1"}
 
 
@@ -47,7 +49,7 @@ def moepolicy_commands(line: str) -> list[list[str]]:
         if word.rsplit("/", 1)[-1] != "moepolicy" or (i > 0 and words[i - 1] in ("install", "-q")):
             continue  # not the CLI, or `pip install moepolicy`
         args = []
-        for arg in words[i + 1:]:
+        for arg in words[i + 1 :]:
             if arg in SHELL_OPERATORS:
                 break
             args.append(arg)
@@ -84,9 +86,12 @@ def test_a_stale_flag_is_caught():
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(moepolicy_commands("moepolicy report p.yaml --no-such-flag")[0])
     assert exc.value.code == 2
-    assert moepolicy_commands("torchrun --nnodes 2 -m moepolicy tune --bench live | tee log # note") == [
-        ["tune", "--bench", "live"]]
-    assert bash_lines("```bash\nmoepolicy plan \\\n  --model m\n```\n") == ["moepolicy plan --model m"]
+    assert moepolicy_commands(
+        "torchrun --nnodes 2 -m moepolicy tune --bench live | tee log # note"
+    ) == [["tune", "--bench", "live"]]
+    assert bash_lines("```bash\nmoepolicy plan \\\n  --model m\n```\n") == [
+        "moepolicy plan --model m"
+    ]
 
 
 def cited_tests(text: str) -> list[tuple[str, str]]:
@@ -112,12 +117,17 @@ def test_every_test_the_docs_cite_exists():
             source = ROOT / path if path else None
             if source is None or not source.is_file():
                 missing.append(f"{doc.name}: {path or '(no file)'}::{name}")
-            elif name and not re.search(rf"^(async )?def {name}\(", source.read_text(), re.MULTILINE):
+            elif name and not re.search(
+                rf"^(async )?def {name}\(", source.read_text(), re.MULTILINE
+            ):
                 missing.append(f"{doc.name}: {path}::{name}")
     assert not missing, missing
 
 
 def test_a_stale_citation_is_caught():
     assert cited_tests("`tests/cli/test_outputs.py::test_a`, `::test_b`; `tests/x.py`") == [
-        ("tests/cli/test_outputs.py", "test_a"), ("tests/cli/test_outputs.py", "test_b"), ("tests/x.py", "")]
+        ("tests/cli/test_outputs.py", "test_a"),
+        ("tests/cli/test_outputs.py", "test_b"),
+        ("tests/x.py", ""),
+    ]
     assert cited_tests("`::orphan`") == [("", "orphan")]

@@ -31,7 +31,10 @@ def test_rules_and_cli_use_them():
     parser = build_parser()
     tune = parser._subparsers._group_actions[0].choices["tune"]
     choices = {a.dest: a.choices for a in tune._actions if a.choices}
-    assert tuple(choices["backend"]) == Backend.values() and tuple(choices["engine"]) == Engine.values()
+    assert (
+        tuple(choices["backend"]) == Backend.values()
+        and tuple(choices["engine"]) == Engine.values()
+    )
     assert tuple(choices["regime"]) == Regime.values()
 
 

@@ -30,11 +30,15 @@ class ConfigView:
         return None
 
     def where(self, key: str) -> str:
-        return f"text_config.{key}" if self._layers[0].get(key) is not None and len(
-            self._layers) > 1 else key
+        return (
+            f"text_config.{key}"
+            if self._layers[0].get(key) is not None and len(self._layers) > 1
+            else key
+        )
 
-    def integer(self, *keys: str, required: bool = False, minimum: int = 0,
-                maximum: int = 10_000_000) -> Optional[int]:
+    def integer(
+        self, *keys: str, required: bool = False, minimum: int = 0, maximum: int = 10_000_000
+    ) -> Optional[int]:
         value = self.raw(*keys)
         if value is None:
             if required:
@@ -43,7 +47,11 @@ class ConfigView:
                     f"looked for {', '.join(repr(k) for k in keys)}"
                 )
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not minimum <= value <= maximum
+        ):
             raise CheckpointError(
                 f"{self.path}: field '{self.first_present(keys)}' must be an integer from {minimum} "
                 f"to {maximum}, got {str(value)[:40]!r}"
@@ -54,8 +62,10 @@ class ConfigView:
         value = self.raw(*keys)
         if value is None:
             return None
-        if not isinstance(value, list) or len(value) > 100_000 or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
+        if (
+            not isinstance(value, list)
+            or len(value) > 100_000
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         ):
             raise CheckpointError(
                 f"{self.path}: field '{self.first_present(keys)}' must be a list of integers, "
@@ -67,7 +77,11 @@ class ConfigView:
         value = self.raw(*keys)
         if value is None:
             return None
-        if not isinstance(value, list) or len(value) > 100_000 or not all(isinstance(v, str) for v in value):
+        if (
+            not isinstance(value, list)
+            or len(value) > 100_000
+            or not all(isinstance(v, str) for v in value)
+        ):
             raise CheckpointError(
                 f"{self.path}: field '{self.first_present(keys)}' must be a list of strings, "
                 f"got {value!r:.80}"

@@ -67,7 +67,7 @@ def snapshot_repo_id(folder: Path) -> Optional[str]:
     repo = folder.parent.parent
     if folder.parent.name != "snapshots" or not repo.name.startswith("models--"):
         return None
-    parts = repo.name[len("models--"):].split("--")
+    parts = repo.name[len("models--") :].split("--")
     return "/".join(parts) if len(parts) == 2 and all(parts) else None
 
 
@@ -94,7 +94,9 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
     from moepolicy.settings import hub_cache_dir, hub_endpoint
 
     common = {"revision": hub_id.revision, "cache_dir": hub_cache_dir()}
-    if not network:  # the cache's files only: hf_hub_download would still build request headers, and
+    if (
+        not network
+    ):  # the cache's files only: hf_hub_download would still build request headers, and
         # huggingface_hub 2.x fetches its agent registry from the endpoint while doing so
         config = _cached(hf, hub_id, "config.json", common)
         if config is None:
@@ -104,7 +106,9 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
     common.update(endpoint=hub_endpoint(), etag_timeout=ETAG_TIMEOUT_S)
     with _quiet(hf):
         silent = _silent_hub(hf, hub_id, common["endpoint"])
-        if silent is not None:  # read the cache now: asked again, huggingface_hub backs off ~23 s per file
+        if (
+            silent is not None
+        ):  # read the cache now: asked again, huggingface_hub backs off ~23 s per file
             return _from_cache_when_silent(hf, hub_id, common, silent)
         try:
             config = Path(hf.hf_hub_download(hub_id.repo_id, "config.json", **common))
@@ -134,15 +138,18 @@ def _from_cache_when_silent(hf, hub_id: HubId, common: dict, error: BaseExceptio
     if config is None:
         raise CheckpointError(_unreachable(hub_id, hub_endpoint() or DEFAULT_ENDPOINT, error))
     quant, notes = _quant_from_cache(hf, hub_id, common)
-    said = (f"the Hugging Face hub ({hub_endpoint() or DEFAULT_ENDPOINT}) did not answer: read from its cache "
-            "(HF_HUB_OFFLINE=1 skips asking)")
+    said = (
+        f"the Hugging Face hub ({hub_endpoint() or DEFAULT_ENDPOINT}) did not answer: read from its cache "
+        "(HF_HUB_OFFLINE=1 skips asking)"
+    )
     logging.getLogger("moepolicy.checkpoint").warning("model '%s': %s", hub_id, said)
     return HubFiles(config=config, quant=quant, commit=config.parent.name, notes=(said, *notes))
 
 
 def _cached(hf, hub_id: HubId, filename: str, common: dict) -> Optional[Path]:
-    found = hf.try_to_load_from_cache(hub_id.repo_id, filename, cache_dir=common["cache_dir"],
-                                      revision=hub_id.revision)
+    found = hf.try_to_load_from_cache(
+        hub_id.repo_id, filename, cache_dir=common["cache_dir"], revision=hub_id.revision
+    )
     return Path(found) if isinstance(found, str) else None
 
 
@@ -151,7 +158,9 @@ def _quiet(hf) -> Iterator[None]:
     """huggingface_hub's own warnings (its retries while the hub does not answer) and progress bars
     (two small files) are not shown: what failed is said once, in moepolicy's one line. Both are
     restored after."""
-    verbosity = hf.utils.logging  # huggingface_hub's own switch: it sets its loggers up on first use
+    verbosity = (
+        hf.utils.logging
+    )  # huggingface_hub's own switch: it sets its loggers up on first use
     level, bars_off = verbosity.get_verbosity(), hf.utils.are_progress_bars_disabled()
     verbosity.set_verbosity_error()
     hf.utils.disable_progress_bars()
@@ -189,8 +198,12 @@ def _quant_config(hf, hub_id: HubId, common: dict) -> tuple[Optional[Path], tupl
 
 
 def _quant_from_cache(hf, hub_id: HubId, common: dict) -> tuple[Optional[Path], tuple[str, ...]]:
-    found = hf.try_to_load_from_cache(hub_id.repo_id, "hf_quant_config.json", cache_dir=common["cache_dir"],
-                                      revision=hub_id.revision)
+    found = hf.try_to_load_from_cache(
+        hub_id.repo_id,
+        "hf_quant_config.json",
+        cache_dir=common["cache_dir"],
+        revision=hub_id.revision,
+    )
     if isinstance(found, str):
         return Path(found), ()
     if found is None:  # not the 'known absent' marker: never downloaded
@@ -218,7 +231,11 @@ def _is_missing_file(exc: BaseException) -> bool:
     from huggingface_hub import utils
 
     local = utils.LocalEntryNotFoundError
-    return isinstance(exc, utils.EntryNotFoundError) and not isinstance(exc, local) and _status(exc) == 404
+    return (
+        isinstance(exc, utils.EntryNotFoundError)
+        and not isinstance(exc, local)
+        and _status(exc) == 404
+    )
 
 
 def _failure(hub_id: HubId, exc: BaseException, filename: str = "config.json") -> str:
@@ -233,33 +250,48 @@ def _failure(hub_id: HubId, exc: BaseException, filename: str = "config.json") -
         if isinstance(cause, utils.GatedRepoError):
             return _needs_access(hub_id, endpoint, status, gated=True)
         if isinstance(cause, utils.RevisionNotFoundError):
-            return (f"model '{hub_id}': the Hugging Face hub ({endpoint}) has no revision "
-                    f"'{hub_id.revision or 'main'}' of {hub_id.repo_id} (HTTP {status})")
+            return (
+                f"model '{hub_id}': the Hugging Face hub ({endpoint}) has no revision "
+                f"'{hub_id.revision or 'main'}' of {hub_id.repo_id} (HTTP {status})"
+            )
         if isinstance(cause, utils.RepositoryNotFoundError) and status == 404:
             return _not_found(hub_id, endpoint)
         if _is_missing_file(cause):
-            return (f"model '{hub_id}': the repository has no {filename} on the Hugging Face hub ({endpoint}); "
-                    "moepolicy reads a transformers checkpoint's config.json")
+            return (
+                f"model '{hub_id}': the repository has no {filename} on the Hugging Face hub ({endpoint}); "
+                "moepolicy reads a transformers checkpoint's config.json"
+            )
         if status in (401, 403):
             return _needs_access(hub_id, endpoint, status, gated=False)
         if type(cause).__name__ == "FileMetadataError":  # it answered, but not as a hub does
-            return (f"model '{hub_id}': the server at {endpoint} does not answer as a Hugging Face hub (no "
-                    "commit or ETag header); check HF_ENDPOINT and any proxy")
+            return (
+                f"model '{hub_id}': the server at {endpoint} does not answer as a Hugging Face hub (no "
+                "commit or ETag header); check HF_ENDPOINT and any proxy"
+            )
         if status is not None:
-            return (f"model '{hub_id}': the Hugging Face hub ({endpoint}) answered HTTP {status} and the model "
-                    "is not in the Hugging Face cache; retry later, or pass the model folder")
+            return (
+                f"model '{hub_id}': the Hugging Face hub ({endpoint}) answered HTTP {status} and the model "
+                "is not in the Hugging Face cache; retry later, or pass the model folder"
+            )
     return _unreachable(hub_id, endpoint, exc)
 
 
 def _did_you_mean(hub_id: HubId) -> str:
-    close = catalog.close_names(hub_id.repo_id) or catalog.close_names(hub_id.repo_id.split("/", 1)[1])
-    return f"did you mean: {', '.join(close)} (see 'moepolicy models')" if close else (
-        "check the name ('moepolicy models' lists the built-in catalog)")
+    close = catalog.close_names(hub_id.repo_id) or catalog.close_names(
+        hub_id.repo_id.split("/", 1)[1]
+    )
+    return (
+        f"did you mean: {', '.join(close)} (see 'moepolicy models')"
+        if close
+        else ("check the name ('moepolicy models' lists the built-in catalog)")
+    )
 
 
 def _not_found(hub_id: HubId, endpoint: str) -> str:
-    return (f"unknown model '{hub_id}': not a file, a folder or a catalog name, and the Hugging Face hub "
-            f"({endpoint}) has no such repository (HTTP 404); {_did_you_mean(hub_id)}")
+    return (
+        f"unknown model '{hub_id}': not a file, a folder or a catalog name, and the Hugging Face hub "
+        f"({endpoint}) has no such repository (HTTP 404); {_did_you_mean(hub_id)}"
+    )
 
 
 def _needs_access(hub_id: HubId, endpoint: str, status: Optional[int], gated: bool) -> str:
@@ -269,12 +301,17 @@ def _needs_access(hub_id: HubId, endpoint: str, status: Optional[int], gated: bo
     page = f"{endpoint}/{hub_id.repo_id}"
     token = "a token was sent" if get_token() else "no token was sent"
     if gated:
-        fix = (f"accept its terms at {page} with an account whose token can read it" if get_token() else
-               f"accept its terms at {page}, then set HF_TOKEN (or run 'hf auth login')")
+        fix = (
+            f"accept its terms at {page} with an account whose token can read it"
+            if get_token()
+            else f"accept its terms at {page}, then set HF_TOKEN (or run 'hf auth login')"
+        )
         return f"model '{hub_id}' is gated on the Hugging Face hub (HTTP {status}, {token}); {fix}"
-    return (f"model '{hub_id}': the Hugging Face hub refused it (HTTP {status}, {token}): the repository is "
-            f"private or gated, or no such name exists (the hub does not say which); if it is gated, accept its "
-            f"terms at {page} and set HF_TOKEN; {_did_you_mean(hub_id)}")
+    return (
+        f"model '{hub_id}': the Hugging Face hub refused it (HTTP {status}, {token}): the repository is "
+        f"private or gated, or no such name exists (the hub does not say which); if it is gated, accept its "
+        f"terms at {page} and set HF_TOKEN; {_did_you_mean(hub_id)}"
+    )
 
 
 def _not_cached(hub_id: HubId, why_offline: str) -> str:
@@ -287,17 +324,25 @@ def _not_cached(hub_id: HubId, why_offline: str) -> str:
     revision = f" --revision {hub_id.revision}" if hub_id.revision else ""
     close = catalog.close_names(hub_id.repo_id)
     hint = f"; close catalog names: {', '.join(close)}" if close else ""
-    return (f"unknown model '{hub_id}': not a file, a folder or a catalog name, and its config.json is not in "
-            f"the Hugging Face cache ({cache}){why}; download it first (hf download {hub_id.repo_id} "
-            f"config.json{revision}) or pass the model folder{hint}")
+    return (
+        f"unknown model '{hub_id}': not a file, a folder or a catalog name, and its config.json is not in "
+        f"the Hugging Face cache ({cache}){why}; download it first (hf download {hub_id.repo_id} "
+        f"config.json{revision}) or pass the model folder{hint}"
+    )
 
 
 def _unreachable(hub_id: HubId, endpoint: str, exc: BaseException) -> str:
     causes = list(_chain(exc))
-    transport = [c for c in causes if type(c).__module__.split(".")[0] in _TRANSPORT_MODULES
-                 or isinstance(c, (ConnectionError, TimeoutError))]
+    transport = [
+        c
+        for c in causes
+        if type(c).__module__.split(".")[0] in _TRANSPORT_MODULES
+        or isinstance(c, (ConnectionError, TimeoutError))
+    ]
     innermost = (transport or causes)[-1]
     reason = " ".join(str(innermost).split())[:160] or type(innermost).__name__
-    return (f"model '{hub_id}': the Hugging Face hub at {endpoint} could not be reached "
-            f"({type(innermost).__name__}: {reason}) and the model is not in the Hugging Face cache; check the "
-            "network, a proxy or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to read the cache only")
+    return (
+        f"model '{hub_id}': the Hugging Face hub at {endpoint} could not be reached "
+        f"({type(innermost).__name__}: {reason}) and the model is not in the Hugging Face cache; check the "
+        "network, a proxy or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to read the cache only"
+    )

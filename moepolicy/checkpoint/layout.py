@@ -54,7 +54,8 @@ def moe_flags(view: ConfigView, n: int, has_experts: bool) -> tuple[list[bool], 
         k = view.integer("first_k_dense_replace") or 0
         freq = view.integer("moe_layer_freq", minimum=1) or 1
         return [i >= k and i % freq == 0 for i in range(n)], (
-            f"first_k_dense_replace={k}, moe_layer_freq={freq}")
+            f"first_k_dense_replace={k}, moe_layer_freq={freq}"
+        )
     if view.raw("moe_layers") is not None:
         chosen = set(view.int_list("moe_layers") or [])
         return [i in chosen for i in range(n)], "moe_layers"
@@ -65,16 +66,22 @@ def moe_flags(view: ConfigView, n: int, has_experts: bool) -> tuple[list[bool], 
         dense = set(view.int_list("mlp_only_layers") or [])
         step = view.integer("decoder_sparse_step", minimum=1) or 1
         return [i not in dense and (i + 1) % step == 0 for i in range(n)], (
-            f"mlp_only_layers={sorted(dense)}, decoder_sparse_step={step}")
+            f"mlp_only_layers={sorted(dense)}, decoder_sparse_step={step}"
+        )
     return [True] * n, "every layer MoE (no layer-schedule key)"
 
 
 def layer_slots(view: ConfigView, has_experts: bool) -> list[LayerSlot]:
-    n = view.integer("num_hidden_layers", "n_layers", "num_layers", required=True, minimum=1,
-                     maximum=MAX_LAYERS)
+    n = view.integer(
+        "num_hidden_layers", "n_layers", "num_layers", required=True, minimum=1, maximum=MAX_LAYERS
+    )
     flags, scheme = moe_flags(view, n, has_experts)
     slots = [LayerSlot(index=i, is_moe=flag, scheme=scheme) for i, flag in enumerate(flags)]
     mtp = view.integer("num_nextn_predict_layers", maximum=64) or 0
     for j in range(mtp):
-        slots.append(LayerSlot(index=n + j, is_moe=has_experts, is_mtp=True, scheme="num_nextn_predict_layers"))
+        slots.append(
+            LayerSlot(
+                index=n + j, is_moe=has_experts, is_mtp=True, scheme="num_nextn_predict_layers"
+            )
+        )
     return slots

@@ -21,19 +21,32 @@ def _shared_experts(view: ConfigView) -> int:
     return 1 if (view.integer("shared_expert_intermediate_size") or 0) > 0 else 0
 
 
-def _moe_layer(slot: LayerSlot, view: ConfigView, raw: RawCheckpoint, scheme: QuantScheme,
-               engine: str, common: dict) -> LayerFacts:
+def _moe_layer(
+    slot: LayerSlot,
+    view: ConfigView,
+    raw: RawCheckpoint,
+    scheme: QuantScheme,
+    engine: str,
+    common: dict,
+) -> LayerFacts:
     modules = expert_modules(common["model_type"], common["architecture"], slot.index)
     weights, acts = scheme.for_modules(modules)
     ignored = first_match(scheme.ignore, modules, engine, scheme.method)
     if ignored is not None:
         weights, acts = NOT_QUANTIZED, NOT_QUANTIZED
     return LayerFacts(
-        index=slot.index, kind="moe", is_mtp=slot.is_mtp, hidden_size=common["hidden"],
-        num_experts=common["experts"], top_k=common["top_k"],
-        moe_intermediate_size=common["intermediate"], num_shared_experts=common["shared"],
+        index=slot.index,
+        kind="moe",
+        is_mtp=slot.is_mtp,
+        hidden_size=common["hidden"],
+        num_experts=common["experts"],
+        top_k=common["top_k"],
+        moe_intermediate_size=common["intermediate"],
+        num_shared_experts=common["shared"],
         quant_method=scheme.method if ignored is None else "none",
-        weights=weights, activations=acts, experts_ignored=ignored,
+        weights=weights,
+        activations=acts,
+        experts_ignored=ignored,
     )
 
 
@@ -57,10 +70,13 @@ def facts_from_raw(raw: RawCheckpoint, engine: str = "vllm") -> ModelFacts:
     config_qc = view.raw("quantization_config")
     scheme = read_quant(config_qc, raw.hf_quant_config, raw.config_path, raw.hf_quant_path)
     common = {
-        "hidden": hidden, "experts": experts, "top_k": top_k,
+        "hidden": hidden,
+        "experts": experts,
+        "top_k": top_k,
         "intermediate": view.integer("moe_intermediate_size", "intermediate_size"),
         "shared": _shared_experts(view),
-        "model_type": view.string("model_type"), "architecture": view.string("architectures"),
+        "model_type": view.string("model_type"),
+        "architecture": view.string("architectures"),
     }
     layers = []
     slots = layer_slots(view, has_experts=experts > 0)
@@ -68,17 +84,25 @@ def facts_from_raw(raw: RawCheckpoint, engine: str = "vllm") -> ModelFacts:
         if slot.is_moe:
             layers.append(_moe_layer(slot, view, raw, scheme, engine, common))
         else:
-            layers.append(LayerFacts(index=slot.index, kind="dense", hidden_size=hidden,
-                                     is_mtp=slot.is_mtp))
-    n = view.integer("num_hidden_layers", "n_layers", "num_layers", required=True, minimum=1,
-                     maximum=10_000)
+            layers.append(
+                LayerFacts(index=slot.index, kind="dense", hidden_size=hidden, is_mtp=slot.is_mtp)
+            )
+    n = view.integer(
+        "num_hidden_layers", "n_layers", "num_layers", required=True, minimum=1, maximum=10_000
+    )
     notes = list(raw.notes) + list(scheme.notes)
     if slots:
         notes.append(f"layer schedule: {slots[0].scheme}")
     return ModelFacts(
-        name=raw.name, source=raw.source, architecture=common["architecture"],
-        model_type=common["model_type"], hidden_size=hidden, num_hidden_layers=n,
-        num_mtp_layers=len(slots) - n, quant_method=scheme.method, layers=tuple(layers),
+        name=raw.name,
+        source=raw.source,
+        architecture=common["architecture"],
+        model_type=common["model_type"],
+        hidden_size=hidden,
+        num_hidden_layers=n,
+        num_mtp_layers=len(slots) - n,
+        quant_method=scheme.method,
+        layers=tuple(layers),
         notes=tuple(notes),
     )
 

@@ -32,7 +32,9 @@ class RawCheckpoint:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-MAX_CONFIG_BYTES = 16 * 1024 * 1024  # config.json files are kilobytes; a quant config with long ignore lists, megabytes
+MAX_CONFIG_BYTES = (
+    16 * 1024 * 1024
+)  # config.json files are kilobytes; a quant config with long ignore lists, megabytes
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -51,7 +53,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (RecursionError, ValueError) as exc:
         raise CheckpointError(f"{path}: unreadable JSON ({type(exc).__name__})") from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object at the top, got {type(data).__name__}")
+        raise CheckpointError(
+            f"{path}: expected a JSON object at the top, got {type(data).__name__}"
+        )
     return data
 
 
@@ -62,8 +66,12 @@ def _from_folder(folder: Path, name: str, source: str) -> RawCheckpoint:
     quant_path = folder / "hf_quant_config.json"
     quant = _read_json(quant_path) if quant_path.is_file() else None
     return RawCheckpoint(
-        name=name, source=source, config=_read_json(config_path), hf_quant_config=quant,
-        config_path=str(config_path), hf_quant_path=str(quant_path),
+        name=name,
+        source=source,
+        config=_read_json(config_path),
+        hf_quant_config=quant,
+        config_path=str(config_path),
+        hf_quant_path=str(quant_path),
     )
 
 
@@ -84,9 +92,13 @@ def _from_hub(hub_id: hub.HubId, network: bool, why_offline: str) -> RawCheckpoi
     files = hub.fetch(hub_id, network=network, why_offline=why_offline)
     quant = _read_json(files.quant) if files.quant is not None else None
     return RawCheckpoint(
-        name=hub_id.repo_id, source=f"hub:{hub_id.repo_id}@{files.commit}", config=_read_json(files.config),
-        hf_quant_config=quant, config_path=str(files.config),
-        hf_quant_path=str(files.quant or files.config.parent / "hf_quant_config.json"), notes=files.notes,
+        name=hub_id.repo_id,
+        source=f"hub:{hub_id.repo_id}@{files.commit}",
+        config=_read_json(files.config),
+        hf_quant_config=quant,
+        config_path=str(files.config),
+        hf_quant_path=str(files.quant or files.config.parent / "hf_quant_config.json"),
+        notes=files.notes,
     )
 
 
@@ -114,8 +126,12 @@ def _from_local(path: Path) -> Optional[RawCheckpoint]:
         sibling = path.parent / "hf_quant_config.json"
         quant = _read_json(sibling) if sibling.is_file() else None
         return RawCheckpoint(
-            name=_name_from_path(path), source=str(path), config=config,
-            hf_quant_config=quant, config_path=str(path), hf_quant_path=str(sibling),
+            name=_name_from_path(path),
+            source=str(path),
+            config=config,
+            hf_quant_config=quant,
+            config_path=str(path),
+            hf_quant_path=str(sibling),
         )
     return None
 
@@ -135,8 +151,10 @@ def _resolve(spec: str, hub_allowed: bool) -> RawCheckpoint:
     from moepolicy.settings import offline
 
     if not spec or not str(spec).strip():
-        raise CheckpointError("no model given: pass a catalog name, a Hugging Face id (org/name), a config.json "
-                              "or a model folder")
+        raise CheckpointError(
+            "no model given: pass a catalog name, a Hugging Face id (org/name), a config.json "
+            "or a model folder"
+        )
     local = _from_local(Path(spec).expanduser())
     if local is not None:
         return local

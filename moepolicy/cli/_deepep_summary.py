@@ -18,7 +18,9 @@ from moepolicy.tuning.overlap_report import OverlapBucketRow
 
 # what the comm-first pair includes besides the GPU's sharing (docs/BENCHMARKS.md, "Overlap": the launch order is the host's wait)
 COMM_FIRST_NOTE = "; the GEMM launches only after the dispatch's host wait for its receive counts"
-COMM_FIRST_NO_WAIT_NOTE = " (dispatch given num_worst_tokens, receive buffers sized for the worst case)"
+COMM_FIRST_NO_WAIT_NOTE = (
+    " (dispatch given num_worst_tokens, receive buffers sized for the worst case)"
+)
 
 
 def _mib(n: int) -> str:
@@ -35,25 +37,36 @@ def deepep_lines(deepep) -> list[str]:
     prov = deepep.provenance
     extra = prov.model_extra or {}
     where = ", ".join(str(extra[k]) for k in ("bench", "date") if extra.get(k))
-    lines = [f"DeepEP: {deepep.num_sms} SMs, NVLink buffer {_mib(deepep.num_nvl_bytes)}, RDMA buffer "
-             f"{_mib(deepep.num_rdma_bytes)}; {prov.source}" + (f" ({where})" if where else "")]
+    lines = [
+        f"DeepEP: {deepep.num_sms} SMs, NVLink buffer {_mib(deepep.num_nvl_bytes)}, RDMA buffer "
+        f"{_mib(deepep.num_rdma_bytes)}; {prov.source}" + (f" ({where})" if where else "")
+    ]
     if prov.note:
         lines.append(f"  {prov.note}")
     if extra.get("why"):
         lines.append(f"  why: {extra['why']}")
-    lines.append(f"  chosen for the {deepep.schedule} schedule, timed in the {deepep.regime} regime")
+    lines.append(
+        f"  chosen for the {deepep.schedule} schedule, timed in the {deepep.regime} regime"
+    )
     if deepep.partial is not None:
-        lines.append(f"  PARTIAL: {deepep.partial.reason}; load_policy uses DeepEP's defaults for it")
+        lines.append(
+            f"  PARTIAL: {deepep.partial.reason}; load_policy uses DeepEP's defaults for it"
+        )
     lines += _v2_lines(extra.get("v2"))
     overlap = deepep.overlap or {}
     if overlap:
-        lines.append(f"  overlap split: {overlap.get('comm_sms')} communication SMs, expert GEMM on "
-                     f"{overlap.get('gemm_sms')}, chosen for the {overlap.get('order', 'gemm-first')} launch order")
+        lines.append(
+            f"  overlap split: {overlap.get('comm_sms')} communication SMs, expert GEMM on "
+            f"{overlap.get('gemm_sms')}, chosen for the {overlap.get('order', 'gemm-first')} launch order"
+        )
         lines.append(f"  GEMM stand-in: {overlap.get('gemm')}")
     if deepep.low_latency:  # low-latency mode: no chunk settings, sized by tokens per rank
         ll = deepep.low_latency
-        lines.append("  low-latency: " + ", ".join(f"{k} {v}" for k, v in ll.items())
-                     + " (its kernels have no chunk settings)")
+        lines.append(
+            "  low-latency: "
+            + ", ".join(f"{k} {v}" for k, v in ll.items())
+            + " (its kernels have no chunk settings)"
+        )
         return lines
     previous = None
     for bucket in deepep.buckets:
@@ -78,19 +91,35 @@ def order_lines(timings) -> list[str]:
     out = []
     for t in timings:
         if t.faster is None:
-            out.append(f"  both orders at T={t.tokens}: quant_then_dispatch {t.quant_then_dispatch_us} us, "
-                       f"dispatch_then_quant {t.dispatch_then_quant_us} us (one sample each: no test)")
+            out.append(
+                f"  both orders at T={t.tokens}: quant_then_dispatch {t.quant_then_dispatch_us} us, "
+                f"dispatch_then_quant {t.dispatch_then_quant_us} us (one sample each: no test)"
+            )
             continue
-        verdict = "neither beyond noise: the rules' order" if t.faster == "neither" else f"{t.faster} faster beyond noise"
+        verdict = (
+            "neither beyond noise: the rules' order"
+            if t.faster == "neither"
+            else f"{t.faster} faster beyond noise"
+        )
         low, high = t.ci95 if t.ci95 else (None, None)
-        out.append(f"  both orders at T={t.tokens} ({t.rounds} rounds): quantizing first "
-                   f"{speedup_words(t.quant_first_speedup)} ({interval_words(low, high)}"
-                   f"{', ' + t.correction if t.correction else ''}): {verdict}")
+        out.append(
+            f"  both orders at T={t.tokens} ({t.rounds} rounds): quantizing first "
+            f"{speedup_words(t.quant_first_speedup)} ({interval_words(low, high)}"
+            f"{', ' + t.correction if t.correction else ''}): {verdict}"
+        )
     return out
 
 
 # what a hand-edited (free-form) ``measured`` can raise while it is rendered
-_MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError, OverflowError)
+_MALFORMED = (
+    KeyError,
+    TypeError,
+    ValueError,
+    IndexError,
+    AttributeError,
+    ZeroDivisionError,
+    OverflowError,
+)
 
 
 def _bucket_lines(name: str, bucket, source: str) -> list[str]:
@@ -99,15 +128,21 @@ def _bucket_lines(name: str, bucket, source: str) -> list[str]:
     try:
         return _measured_lines(name, bucket, source)
     except _MALFORMED as exc:
-        chunks = (f"send chunks {bucket.dispatch.num_max_nvl_chunked_send_tokens}/"
-                  f"{bucket.combine.num_max_nvl_chunked_send_tokens}")
-        return [f"  {name}: {chunks}; measured: not in the form tune writes, not shown ({type(exc).__name__}: "
-                f"{' '.join(str(exc).split())[:80]})"]
+        chunks = (
+            f"send chunks {bucket.dispatch.num_max_nvl_chunked_send_tokens}/"
+            f"{bucket.combine.num_max_nvl_chunked_send_tokens}"
+        )
+        return [
+            f"  {name}: {chunks}; measured: not in the form tune writes, not shown ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:80]})"
+        ]
 
 
 def _measured_lines(name: str, bucket, source: str) -> list[str]:
-    chunks = (f"send chunks {bucket.dispatch.num_max_nvl_chunked_send_tokens}/"
-              f"{bucket.combine.num_max_nvl_chunked_send_tokens}")
+    chunks = (
+        f"send chunks {bucket.dispatch.num_max_nvl_chunked_send_tokens}/"
+        f"{bucket.combine.num_max_nvl_chunked_send_tokens}"
+    )
     m = bucket.measured or {}
     if "overlapped_us" in m:
         return [f"  {name}: {chunks}", *overlap_lines(OverlapBucketRow.from_doc(m))]
@@ -120,8 +155,14 @@ def _measured_lines(name: str, bucket, source: str) -> list[str]:
         lines += legacy_lines(m, source)
     if bucket.search:
         s = bucket.search
-        lines.append(f"    search (selected minima, not a claim): best {s.get('best_us')} us at {s.get('num_sms')} SMs"
-                     + (f", DeepEP's default {s['default_us']} us" if s.get("default_us") is not None else ""))
+        lines.append(
+            f"    search (selected minima, not a claim): best {s.get('best_us')} us at {s.get('num_sms')} SMs"
+            + (
+                f", DeepEP's default {s['default_us']} us"
+                if s.get("default_us") is not None
+                else ""
+            )
+        )
     return lines
 
 
@@ -131,8 +172,10 @@ def _claim(r: dict[str, Any]) -> str:
     verdict = r.get("verdict", "")
     tail = {"faster": "", "slower": ": a loss beyond noise"}.get(verdict, f", {verdict}")
     family = f", {r['correction']}" if r.get("correction") else ""
-    return (f"{speedup_words(r['speedup'])} than {r['baseline']}{tail} "
-            f"({interval_words(low, high)}, {r['rounds']} rounds{family})")
+    return (
+        f"{speedup_words(r['speedup'])} than {r['baseline']}{tail} "
+        f"({interval_words(low, high)}, {r['rounds']} rounds{family})"
+    )
 
 
 def measured_lines(m: dict[str, Any]) -> list[str]:
@@ -140,7 +183,9 @@ def measured_lines(m: dict[str, Any]) -> list[str]:
     report = m["report"]
     out = [f"    kept {m.get('kept')} at {m.get('num_sms')} SMs: {m.get('selection', '')}"]
     times = ", ".join(f"{k} {v} us" for k, v in (report.get("median_us") or {}).items())
-    out.append(f"    report rounds ({report.get('rounds')}, fresh workers, they decided nothing): {times}")
+    out.append(
+        f"    report rounds ({report.get('rounds')}, fresh workers, they decided nothing): {times}"
+    )
     for key in ("vs_engine", "vs_default"):
         if report.get(key):
             out.append(f"    {_claim(report[key])}")
@@ -150,13 +195,17 @@ def measured_lines(m: dict[str, Any]) -> list[str]:
 def modelled_lines(m: dict[str, Any]) -> list[str]:
     """A bucket of a modelled tune: the model's answers, labelled so; no interval, no noise test."""
     us = ", ".join(f"{k} {v} us" for k, v in (m.get("us") or {}).items())
-    out = [f"    kept {m.get('kept')} at {m.get('num_sms')} SMs; modelled (the model bench's answers, not "
-           f"measurements): {us}"]
+    out = [
+        f"    kept {m.get('kept')} at {m.get('num_sms')} SMs; modelled (the model bench's answers, not "
+        f"measurements): {us}"
+    ]
     c = m.get("chosen_vs_engine")
     if c:
         err = "unknown" if c.get("model_error") is None else f"{c['model_error']:.1%}"
-        out.append(f"    {c.get('num_sms')} SMs vs the engine's default: {speedup_words(c['speedup'])}, modelled; "
-                   f"{c.get('claim')} (held-out error {err})")
+        out.append(
+            f"    {c.get('num_sms')} SMs vs the engine's default: {speedup_words(c['speedup'])}, modelled; "
+            f"{c.get('claim')} (held-out error {err})"
+        )
     return out
 
 
@@ -172,13 +221,17 @@ def legacy_lines(m: dict[str, Any], source: str) -> list[str]:
     for key in ("vs_engine", "vs_default"):
         r = confirm[key]
         if source == "modelled":
-            out.append(f"    vs {r['baseline']}: {speedup_words(r['speedup'])}, modelled (no interval; the "
-                       "model's error is not in it)")
+            out.append(
+                f"    vs {r['baseline']}: {speedup_words(r['speedup'])}, modelled (no interval; the "
+                "model's error is not in it)"
+            )
             continue
         low, high = r["ci95"]
         verdict = "beyond noise" if r.get("beyond_noise") else "within noise"
-        out.append(f"    vs {r['baseline']}: {speedup_words(r['speedup'])}, {verdict} "
-                   f"({interval_words(low, high)}, {r['rounds']} rounds; schema 2.1: the rounds that also decided)")
+        out.append(
+            f"    vs {r['baseline']}: {speedup_words(r['speedup'])}, {verdict} "
+            f"({interval_words(low, high)}, {r['rounds']} rounds; schema 2.1: the rounds that also decided)"
+        )
     return out
 
 
@@ -198,37 +251,63 @@ def _time_ratio_words(ratio: float) -> str:
 def overlap_lines(row: OverlapBucketRow) -> list[str]:
     """One bucket of ``tune --overlap``: what ``tune`` prints and ``audit`` shows."""
     c, v = row.chosen, row.vllm
-    source = ("report rounds (fresh workers; they decided nothing)" if row.rounds_from == "report"
-              else "the rounds that chose the split")
-    out = [f"    overlapped {_us(c.overlapped_us)} us {_spread(c.spread_us)}, medians of {row.rounds} "
-           f"{source} ({row.objective} launch order)"]
+    source = (
+        "report rounds (fresh workers; they decided nothing)"
+        if row.rounds_from == "report"
+        else "the rounds that chose the split"
+    )
+    out = [
+        f"    overlapped {_us(c.overlapped_us)} us {_spread(c.spread_us)}, medians of {row.rounds} "
+        f"{source} ({row.objective} launch order)"
+    ]
     comm = "comm alone without the host wait" if row.comm_region == "no-wait" else "comm alone"
     if v is not None:
-        parts = f"; {comm} {_us(v.comm_us)} us, GEMM alone {_us(v.gemm_us)} us" if v.gemm_us else ""
+        parts = (
+            f"; {comm} {_us(v.comm_us)} us, GEMM alone {_us(v.gemm_us)} us" if v.gemm_us else ""
+        )
         paired = row.paired_vs_vllm
-        claim = (f"{speedup_words(paired.speedup)} ({interval_words(paired.low, paired.high)}, paired over "
-                 f"{paired.rounds} rounds)" if paired is not None else _time_ratio_words(row.vs_vllm_split))
-        out.append(f"    vs vLLM's split ({VLLM_DBO_COMM_SMS} SMs): {_us(v.overlapped_us)} us "
-                   f"{_spread(v.spread_us)}{parts}: {claim}")
-    out.append(f"    vs its floor max({comm}, GEMM alone) = {_us(row.floor_us)} us: "
-               f"{_time_ratio_words(row.vs_floor)}; serial {_us(row.serial_us)} us")
-    for order, label, tail in (("gemm_first", "gemm-first", ""), ("comm_first", "comm-first", COMM_FIRST_NOTE),
-                               ("comm_first_no_wait", "comm-first, no host wait", COMM_FIRST_NO_WAIT_NOTE)):
+        claim = (
+            f"{speedup_words(paired.speedup)} ({interval_words(paired.low, paired.high)}, paired over "
+            f"{paired.rounds} rounds)"
+            if paired is not None
+            else _time_ratio_words(row.vs_vllm_split)
+        )
+        out.append(
+            f"    vs vLLM's split ({VLLM_DBO_COMM_SMS} SMs): {_us(v.overlapped_us)} us "
+            f"{_spread(v.spread_us)}{parts}: {claim}"
+        )
+    out.append(
+        f"    vs its floor max({comm}, GEMM alone) = {_us(row.floor_us)} us: "
+        f"{_time_ratio_words(row.vs_floor)}; serial {_us(row.serial_us)} us"
+    )
+    for order, label, tail in (
+        ("gemm_first", "gemm-first", ""),
+        ("comm_first", "comm-first", COMM_FIRST_NOTE),
+        ("comm_first_no_wait", "comm-first, no host wait", COMM_FIRST_NO_WAIT_NOTE),
+    ):
         ratio = row.vs_vllm_split_in(order)
         if ratio is not None:
-            out.append(f"    {label}: {_us(c.by_order[order])} us vs vLLM's split "
-                       f"{_us(v.by_order[order])} us ({_time_ratio_words(ratio)}, medians){tail}")
+            out.append(
+                f"    {label}: {_us(c.by_order[order])} us vs vLLM's split "
+                f"{_us(v.by_order[order])} us ({_time_ratio_words(ratio)}, medians){tail}"
+            )
     if row.gemm_alone_vs_vllm_split is not None:
-        out.append(f"    GEMM alone on {c.gemm_sms} SMs: {_time_ratio_words(row.gemm_alone_vs_vllm_split)} than on "
-                   f"vLLM's {v.gemm_sms} ({_time_ratio_words(row.gemm_sm_ratio_vs_vllm_split)} if its time followed "
-                   "its SMs)")
+        out.append(
+            f"    GEMM alone on {c.gemm_sms} SMs: {_time_ratio_words(row.gemm_alone_vs_vllm_split)} than on "
+            f"vLLM's {v.gemm_sms} ({_time_ratio_words(row.gemm_sm_ratio_vs_vllm_split)} if its time followed "
+            "its SMs)"
+        )
     if row.best_floor_vs_vllm_split is not None:
         b = row.bound
-        out.append(f"    bound: the grid's lowest floor is {_time_ratio_words(row.best_floor_vs_vllm_split)} than "
-                   f"vLLM's split ({_us(b.floor_us)} us at c={b.split}, the {b.bound_by} alone); "
-                   f"no split overlaps below its floor beyond the spread")
+        out.append(
+            f"    bound: the grid's lowest floor is {_time_ratio_words(row.best_floor_vs_vllm_split)} than "
+            f"vLLM's split ({_us(b.floor_us)} us at c={b.split}, the {b.bound_by} alone); "
+            f"no split overlaps below its floor beyond the spread"
+        )
     waited = v.deepep_waited_rounds if v is not None else None
     if waited:
-        out.append(f"    at vLLM's split DeepEP waited for the GEMM in {waited} of {row.rounds} rounds (enqueued "
-                   f"after it, its cluster launch found no room beside the GEMM's programs)")
+        out.append(
+            f"    at vLLM's split DeepEP waited for the GEMM in {waited} of {row.rounds} rounds (enqueued "
+            f"after it, its cluster launch found no room beside the GEMM's programs)"
+        )
     return out

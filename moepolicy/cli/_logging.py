@@ -29,13 +29,24 @@ class Settings:
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("output and logging")
-    group.add_argument("-q", "--quiet", action="store_true",
-                       help="only warnings and errors on stderr (no target line, progress or 'wrote' lines)")
-    group.add_argument("--log-level", choices=LEVELS, default=None,
-                       help="log records shown on stderr (default warning; tune's progress shows at info unless -q; "
-                            "debug: a line per trial)")
-    group.add_argument("--log-file", metavar="FILE",
-                       help="also append every log record at --log-level or above to FILE, with times")
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="only warnings and errors on stderr (no target line, progress or 'wrote' lines)",
+    )
+    group.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default=None,
+        help="log records shown on stderr (default warning; tune's progress shows at info unless -q; "
+        "debug: a line per trial)",
+    )
+    group.add_argument(
+        "--log-file",
+        metavar="FILE",
+        help="also append every log record at --log-level or above to FILE, with times",
+    )
 
 
 def configure(args: argparse.Namespace) -> None:
@@ -45,8 +56,12 @@ def configure(args: argparse.Namespace) -> None:
     Settings.level = getattr(logging, name.upper()) if name else logging.WARNING
     root = logging.getLogger()
     for handler in root.handlers:
-        if isinstance(handler, LastResortWithoutInterrupts):  # -q: stderr shows warnings and errors only
-            handler.setLevel(max(Settings.level, logging.WARNING) if Settings.quiet else Settings.level)
+        if isinstance(
+            handler, LastResortWithoutInterrupts
+        ):  # -q: stderr shows warnings and errors only
+            handler.setLevel(
+                max(Settings.level, logging.WARNING) if Settings.quiet else Settings.level
+            )
     if Settings.file_handler is not None:
         root.removeHandler(Settings.file_handler)
         Settings.file_handler.close()
@@ -58,8 +73,10 @@ def configure(args: argparse.Namespace) -> None:
         try:
             handler = logging.FileHandler(path, encoding="utf-8")
         except OSError as exc:
-            raise OutputError(f"--log-file {path}: cannot be opened for appending ({exc.strerror or exc})",
-                              field="log_file") from None
+            raise OutputError(
+                f"--log-file {path}: cannot be opened for appending ({exc.strerror or exc})",
+                field="log_file",
+            ) from None
         handler.setLevel(Settings.level)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)

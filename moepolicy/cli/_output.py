@@ -24,8 +24,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out=None) ->
     if Settings.quiet and out is sys.stderr:
         return
     cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
-              for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
+        for i, h in enumerate(headers)
+    ]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(), file=out)
     print("  ".join("-" * w for w in widths), file=out)
     for row in cells:
@@ -34,8 +36,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out=None) ->
 
 def add_format_flag(p) -> None:
     """``--format table|json``: what a listing command prints (json: one document on stdout)."""
-    p.add_argument("--format", choices=["table", "json"], default="table",
-                   help="table (default, for people) or json (one document on standard output, for programs)")
+    p.add_argument(
+        "--format",
+        choices=["table", "json"],
+        default="table",
+        help="table (default, for people) or json (one document on standard output, for programs)",
+    )
 
 
 def print_json(value) -> None:
@@ -136,8 +142,14 @@ class _Bars(logging.Handler):
         if hasattr(record, "phase"):
             if self._bar is not None:
                 self._bar.close()
-            self._bar = tqdm(total=record.total, desc=record.phase, unit="step", file=_terminal(), leave=False,
-                             dynamic_ncols=True)
+            self._bar = tqdm(
+                total=record.total,
+                desc=record.phase,
+                unit="step",
+                file=_terminal(),
+                leave=False,
+                dynamic_ncols=True,
+            )
         elif hasattr(record, "advance") and self._bar is not None:
             self._bar.update(record.advance)
 
@@ -196,17 +208,23 @@ def os_error_line(exc: OSError) -> str:
 
 
 # ------------------------------------------------------------------------------------------- outputs
-OUTPUT_HELP = ("write it to this file (written atomically; a symbolic link is written through); '-': standard "
-               "output")
+OUTPUT_HELP = (
+    "write it to this file (written atomically; a symbolic link is written through); '-': standard "
+    "output"
+)
 
 
 def add_output_flag(p, what: str, default: Optional[str] = None) -> None:
     """The ``-o/--output`` flag, the same in every command."""
     where = f"default {default}" if default else "default: standard output"
-    p.add_argument("-o", "--output", default=default, metavar="FILE", help=f"{what}: {OUTPUT_HELP} ({where})")
+    p.add_argument(
+        "-o", "--output", default=default, metavar="FILE", help=f"{what}: {OUTPUT_HELP} ({where})"
+    )
 
 
-def output_path(path: Optional[str], inputs: Sequence[tuple[str, object]] = (), flag: str = "-o") -> Optional[str]:
+def output_path(
+    path: Optional[str], inputs: Sequence[tuple[str, object]] = (), flag: str = "-o"
+) -> Optional[str]:
     """``path`` checked before any work (None: standard output): a writable regular file or a new
     one, and none of the command's ``inputs`` ((what, path) pairs, None skipped), compared by
     resolved path and by device and inode, symbolic links followed."""
@@ -217,7 +235,9 @@ def output_path(path: Optional[str], inputs: Sequence[tuple[str, object]] = (), 
         return None
     for what, given in inputs:
         if given is not None and same_file(path, given):
-            raise OutputError(f"{flag} {path}: is {what} ({given}), which this command reads; write to another file")
+            raise OutputError(
+                f"{flag} {path}: is {what} ({given}), which this command reads; write to another file"
+            )
     write_target(path)
     return path
 
@@ -240,13 +260,19 @@ def model_inputs(model: Optional[str]) -> list[tuple[str, object]]:
         return []
     folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
     config = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    return [("the checkpoint's config", config),
-            ("the checkpoint's hf_quant_config.json", os.path.join(folder, "hf_quant_config.json"))]
+    return [
+        ("the checkpoint's config", config),
+        ("the checkpoint's hf_quant_config.json", os.path.join(folder, "hf_quant_config.json")),
+    ]
 
 
 def rules_inputs(rules: Sequence[str]) -> list[tuple[str, object]]:
     """The rule pack files ``--rules`` names (a built-in pack's name is not a file)."""
-    return [("a rule pack", os.path.expanduser(spec)) for spec in rules if os.path.exists(os.path.expanduser(spec))]
+    return [
+        ("a rule pack", os.path.expanduser(spec))
+        for spec in rules
+        if os.path.exists(os.path.expanduser(spec))
+    ]
 
 
 def write_result(path: Optional[str], text: str, what: str = "") -> None:
@@ -262,12 +288,16 @@ def write_result(path: Optional[str], text: str, what: str = "") -> None:
         failed = str(exc)
     kept = _keep_elsewhere(path, text)
     if kept is None:
-        raise OutputError(f"{failed}; the result could not be kept beside it or in the temporary folder either: "
-                          "the study keeps every trial, so the same command run again writes it")
+        raise OutputError(
+            f"{failed}; the result could not be kept beside it or in the temporary folder either: "
+            "the study keeps every trial, so the same command run again writes it"
+        )
     import shlex
 
-    raise OutputError(f"{failed}; the result is kept in {kept}: put it in place with: mv {shlex.quote(kept)} "
-                      f"{shlex.quote(path)}")
+    raise OutputError(
+        f"{failed}; the result is kept in {kept}: put it in place with: mv {shlex.quote(kept)} "
+        f"{shlex.quote(path)}"
+    )
 
 
 def _keep_elsewhere(path: str, text: str) -> Optional[str]:

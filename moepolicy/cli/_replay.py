@@ -37,17 +37,31 @@ def policy_packs(doc, policy_path: str, given: Sequence[str]) -> list[FoundPack]
         else:
             found = find_user_pack(ref.name, ref.path, places)
             if found is None:
-                out.append(FoundPack(ref.name, None, f"rule pack '{ref.name}' used by this policy is not beside it and "
-                                                     "not among --rules: pass its file with --rules"))
+                out.append(
+                    FoundPack(
+                        ref.name,
+                        None,
+                        f"rule pack '{ref.name}' used by this policy is not beside it and "
+                        "not among --rules: pass its file with --rules",
+                    )
+                )
                 continue
             pack = load_user_pack(str(found.path))
-        note = "" if pack.sha256 == ref.sha256 else (
-            f"rule pack '{ref.name}' changed since the plan (sha256 {ref.sha256[:12]} -> {pack.sha256[:12]})")
+        note = (
+            ""
+            if pack.sha256 == ref.sha256
+            else (
+                f"rule pack '{ref.name}' changed since the plan (sha256 {ref.sha256[:12]} -> {pack.sha256[:12]})"
+            )
+        )
         out.append(FoundPack(ref.name, pack, note))
     return out
 
 
-REPLAY_NEEDS = {"layer.hidden_size": 1, "layer.top_k": 0}  # facts the replay cannot do without: their least
+REPLAY_NEEDS = {
+    "layer.hidden_size": 1,
+    "layer.top_k": 0,
+}  # facts the replay cannot do without: their least
 MAX_SIZE = 1 << 20
 
 
@@ -59,16 +73,28 @@ def stored_facts_problem(doc) -> Optional[str]:
         facts = layer.facts
         for name, least in REPLAY_NEEDS.items():  # read directly when an order's wire is checked
             value = facts.get(name)
-            if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_SIZE:
-                return (f"layers[{n}].facts.{name}: must be a whole number from {least} to {MAX_SIZE} (the rules replay "
-                        f"it), got {repr(value)[:60]}; re-plan, or restore the fact")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not least <= value <= MAX_SIZE
+            ):
+                return (
+                    f"layers[{n}].facts.{name}: must be a whole number from {least} to {MAX_SIZE} (the rules replay "
+                    f"it), got {repr(value)[:60]}; re-plan, or restore the fact"
+                )
         for name, value in facts.items():
             ftype = VOCABULARY.get(name)
             if ftype is not None and not _fits(ftype, value):
                 shown = repr(value)[:60]
-                allowed = f"one of {', '.join(ftype.values)}" if ftype.kind == "enum" else f"a {ftype.kind}"
-                return (f"layers[{n}].facts.{name}: must be {allowed} (the rules replay it), got {shown}; "
-                        "re-plan, or restore the fact")
+                allowed = (
+                    f"one of {', '.join(ftype.values)}"
+                    if ftype.kind == "enum"
+                    else f"a {ftype.kind}"
+                )
+                return (
+                    f"layers[{n}].facts.{name}: must be {allowed} (the rules replay it), got {shown}; "
+                    "re-plan, or restore the fact"
+                )
     return None
 
 

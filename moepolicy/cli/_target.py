@@ -11,35 +11,79 @@ from moepolicy.target import OPT_INS, Target, TargetSpec, resolve_target
 
 def add_target_flags(p: argparse.ArgumentParser, ep_required_hint: str = "required") -> None:
     g = p.add_argument_group("target")
-    g.add_argument("--gpu", help=f"hardware profile ({', '.join(_profiles())}); default: the visible GPU, else h200")
+    g.add_argument(
+        "--gpu",
+        help=f"hardware profile ({', '.join(_profiles())}); default: the visible GPU, else h200",
+    )
     g.add_argument("--ep-size", type=int, help=f"expert-parallel ranks ({ep_required_hint})")
-    g.add_argument("--gpus-per-node", type=int, help="ranks per NVLink domain; EP above it is internode (default 8)")
-    g.add_argument("--backend", default="deepep_ht", choices=Backend.values(),
-                   help="DeepEP high-throughput (normal) or low-latency kernels (default deepep_ht)")
-    g.add_argument("--expert-kernel", help="what consumes dispatched tokens (deepgemm, cutlass, triton, marlin, "
-                   "flashinfer_cutlass); default: what vLLM picks for the GPU and scheme")
-    g.add_argument("--engine", default="vllm", choices=Engine.values(),
-                   help="whose conventions to follow (ignore-list matching, scale layout)")
-    g.add_argument("--deep-ep-version", help=f"DeepEP capability sheet ({', '.join(_sheets())}); default: probed from "
-                   "the installed deep_ep, else the newest. Planning on a machine without DeepEP for a cluster with "
-                   "it: name the cluster's build, or the policy's tuning key will not match there")
-    g.add_argument("--rules", action="append", default=[], metavar="FILE",
-                   help="extra rule pack (file or built-in name such as 'vllm'), higher priority than the built-in one")
-    g.add_argument("--opt-in", action="append", default=[], choices=list(OPT_INS),
-                   help="enable an opt-in rule path")
-    g.add_argument("--static-scale", default="global-max", choices=["global-max", "per-expert"],
-                   help="static per-tensor input scale convention (default: one global max, as vLLM loads it)")
+    g.add_argument(
+        "--gpus-per-node",
+        type=int,
+        help="ranks per NVLink domain; EP above it is internode (default 8)",
+    )
+    g.add_argument(
+        "--backend",
+        default="deepep_ht",
+        choices=Backend.values(),
+        help="DeepEP high-throughput (normal) or low-latency kernels (default deepep_ht)",
+    )
+    g.add_argument(
+        "--expert-kernel",
+        help="what consumes dispatched tokens (deepgemm, cutlass, triton, marlin, "
+        "flashinfer_cutlass); default: what vLLM picks for the GPU and scheme",
+    )
+    g.add_argument(
+        "--engine",
+        default="vllm",
+        choices=Engine.values(),
+        help="whose conventions to follow (ignore-list matching, scale layout)",
+    )
+    g.add_argument(
+        "--deep-ep-version",
+        help=f"DeepEP capability sheet ({', '.join(_sheets())}); default: probed from "
+        "the installed deep_ep, else the newest. Planning on a machine without DeepEP for a cluster with "
+        "it: name the cluster's build, or the policy's tuning key will not match there",
+    )
+    g.add_argument(
+        "--rules",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="extra rule pack (file or built-in name such as 'vllm'), higher priority than the built-in one",
+    )
+    g.add_argument(
+        "--opt-in",
+        action="append",
+        default=[],
+        choices=list(OPT_INS),
+        help="enable an opt-in rule path",
+    )
+    g.add_argument(
+        "--static-scale",
+        default="global-max",
+        choices=["global-max", "per-expert"],
+        help="static per-tensor input scale convention (default: one global max, as vLLM loads it)",
+    )
 
 
 def target_spec(args: argparse.Namespace) -> TargetSpec:
     """The target the flags ask for (resolved and checked by ``target.resolve_target``)."""
-    return TargetSpec(gpu=args.gpu, ep_size=args.ep_size, gpus_per_node=args.gpus_per_node, backend=args.backend,
-                      expert_kernel=args.expert_kernel, engine=args.engine, deep_ep_version=args.deep_ep_version,
-                      options=tuple(args.opt_in), static_scale=args.static_scale)
+    return TargetSpec(
+        gpu=args.gpu,
+        ep_size=args.ep_size,
+        gpus_per_node=args.gpus_per_node,
+        backend=args.backend,
+        expert_kernel=args.expert_kernel,
+        engine=args.engine,
+        deep_ep_version=args.deep_ep_version,
+        options=tuple(args.opt_in),
+        static_scale=args.static_scale,
+    )
 
 
-def target_from_args(args: argparse.Namespace, default_ep: Optional[int] = None,
-                     probe: bool = True) -> Target:
+def target_from_args(
+    args: argparse.Namespace, default_ep: Optional[int] = None, probe: bool = True
+) -> Target:
     return resolve_target(target_spec(args), probe=probe, default_ep=default_ep)
 
 

@@ -16,11 +16,18 @@ FALLBACK_ORDERS = (Order.DISPATCH_THEN_QUANT,)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("audit", help="group layers by decision; count the fallbacks and their reasons")
+    p = sub.add_parser(
+        "audit", help="group layers by decision; count the fallbacks and their reasons"
+    )
     p.add_argument("policy", help="policy file")
-    p.add_argument("--rules", action="append", default=[], metavar="FILE",
-                   help="a user rule pack the policy was planned with (a file or a folder of packs), to lint it too; "
-                        "packs beside the policy and built-in packs are found by name")
+    p.add_argument(
+        "--rules",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a user rule pack the policy was planned with (a file or a folder of packs), to lint it too; "
+        "packs beside the policy and built-in packs are found by name",
+    )
     add_format_flag(p)
     p.set_defaults(run=run)
 
@@ -51,9 +58,18 @@ def run(args: argparse.Namespace) -> int:
         print_json({**found, "deepep": deepep_lines(doc.deepep), "lint": lint})
         return 0
     print(found["headline"])
-    table(["order", "rule", "layers", "indices"],
-          [[("FALLBACK " if g["fallback"] else "") + g["order"], g["rule"], len(g["layers"]), g["indices"]]
-           for g in found["groups"]])
+    table(
+        ["order", "rule", "layers", "indices"],
+        [
+            [
+                ("FALLBACK " if g["fallback"] else "") + g["order"],
+                g["rule"],
+                len(g["layers"]),
+                g["indices"],
+            ]
+            for g in found["groups"]
+        ],
+    )
     for line in found["per_bucket"]:
         print(line)
     fallbacks = [g for g in found["groups"] if g["fallback"]]
@@ -73,23 +89,43 @@ def audit(doc) -> dict:
     """The policy's layers grouped by (order, rule, reason), fallbacks first; what per-bucket orders
     there are; one headline."""
     groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
-    measured_choice: set[str] = set()  # rules that sent bf16 because it was measured faster: no fallback
+    measured_choice: set[str] = (
+        set()
+    )  # rules that sent bf16 because it was measured faster: no fallback
     for layer in doc.layers:
         groups[(layer.order, layer.rule, layer.reason)].append(layer.index)
         if layer.unmeasured is not None:
             measured_choice.add(layer.rule)
     rows = []
-    for (order, rule, reason), idx in sorted(groups.items(),
-                                             key=lambda kv: (kv[0][0] not in FALLBACK_ORDERS, kv[0][0], kv[0][1])):
-        rows.append({"order": order, "rule": rule, "reason": reason, "layers": idx, "indices": index_ranges(idx),
-                     "fallback": order in FALLBACK_ORDERS and rule not in measured_choice})
+    for (order, rule, reason), idx in sorted(
+        groups.items(), key=lambda kv: (kv[0][0] not in FALLBACK_ORDERS, kv[0][0], kv[0][1])
+    ):
+        rows.append(
+            {
+                "order": order,
+                "rule": rule,
+                "reason": reason,
+                "layers": idx,
+                "indices": index_ranges(idx),
+                "fallback": order in FALLBACK_ORDERS and rule not in measured_choice,
+            }
+        )
     moe = sum(1 for layer in doc.layers if layer.kind == "moe")
     n_fb = sum(len(g["layers"]) for g in rows if g["fallback"])
-    headline = (f"{doc.model.name} on {doc.target.gpu} EP{doc.target.ep_size} {doc.target.backend} "
-                f"({doc.target.expert_kernel}): {len(doc.layers)} layers, {moe} MoE, "
-                f"{n_fb} fell back to bf16 dispatch with quantization after it")
-    return {"headline": headline, "model": doc.model.name, "layers": len(doc.layers), "moe_layers": moe,
-            "fallback_layers": n_fb, "groups": rows, "per_bucket": _per_bucket_lines(doc)}
+    headline = (
+        f"{doc.model.name} on {doc.target.gpu} EP{doc.target.ep_size} {doc.target.backend} "
+        f"({doc.target.expert_kernel}): {len(doc.layers)} layers, {moe} MoE, "
+        f"{n_fb} fell back to bf16 dispatch with quantization after it"
+    )
+    return {
+        "headline": headline,
+        "model": doc.model.name,
+        "layers": len(doc.layers),
+        "moe_layers": moe,
+        "fallback_layers": n_fb,
+        "groups": rows,
+        "per_bucket": _per_bucket_lines(doc),
+    }
 
 
 def _per_bucket_lines(doc) -> list[str]:
@@ -99,12 +135,16 @@ def _per_bucket_lines(doc) -> list[str]:
         if layer.orders:
             previous, parts = None, []
             for entry in layer.orders:
-                parts.append((f"<= {entry.max_tokens}" if entry.max_tokens is not None else f"> {previous}")
-                             + f": {entry.order}")
+                parts.append(
+                    (f"<= {entry.max_tokens}" if entry.max_tokens is not None else f"> {previous}")
+                    + f": {entry.order}"
+                )
                 previous = entry.max_tokens
             groups[", ".join(parts)].append(layer.index)
-    return [f"per token bucket, {len(idx)} layer(s) [{index_ranges(idx)}]: {what} (measured, see explain)"
-            for what, idx in groups.items()]
+    return [
+        f"per token bucket, {len(idx)} layer(s) [{index_ranges(idx)}]: {what} (measured, see explain)"
+        for what, idx in groups.items()
+    ]
 
 
 def lint_result(doc, args) -> dict:
@@ -113,15 +153,24 @@ def lint_result(doc, args) -> dict:
 
     packs, notes = packs_for_lint(doc, args.policy, args.rules)
     findings = lint_packs_cached(packs) if packs else []
-    return {"packs": [p.name for p in packs], "findings": [{"kind": f.kind, "message": f.message} for f in findings],
-            "notes": notes}
+    return {
+        "packs": [p.name for p in packs],
+        "findings": [{"kind": f.kind, "message": f.message} for f in findings],
+        "notes": notes,
+    }
 
 
 def print_lint(lint: dict) -> None:
     names = ", ".join(lint["packs"]) or "none"
     findings = lint["findings"]
-    print(f"\nrule packs ({names}): " + (f"{len(findings)} finding(s)" if findings else "no shadowed rules, "
-                                          "no same-priority overlaps"))
+    print(
+        f"\nrule packs ({names}): "
+        + (
+            f"{len(findings)} finding(s)"
+            if findings
+            else "no shadowed rules, no same-priority overlaps"
+        )
+    )
     for finding in findings:
         print(f"- {finding['kind']}: {finding['message']}")
     for note in lint["notes"]:

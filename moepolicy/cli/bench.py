@@ -21,29 +21,61 @@ from moepolicy.errors import UsageError
 from moepolicy.measure.placement import SHARED_LABEL
 from moepolicy.measure.rounds import DEFAULT_ROUNDS
 
-WHAT_IT_IS = ("DeepEP with the project's expert GEMM stand-in, following each arm's choices: the 'vllm' arm "
-              "runs vLLM's choices, not vLLM itself")
+WHAT_IT_IS = (
+    "DeepEP with the project's expert GEMM stand-in, following each arm's choices: the 'vllm' arm "
+    "runs vLLM's choices, not vLLM itself"
+)
 EMULATED = "emulated all-to-all on CPU (gloo): plumbing only, not a performance number"
 MAX_EMULATED_RANKS = 64  # processes on one machine, each a rank of the emulated all-to-all
 MAX_REPS = 10_000
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="time the MoE step with the policy vs vLLM's choices vs DeepEP's defaults")
+    p = sub.add_parser(
+        "bench", help="time the MoE step with the policy vs vLLM's choices vs DeepEP's defaults"
+    )
     p.add_argument("policy", help="policy file")
-    p.add_argument("--tokens", help="tokens per rank, e.g. 128,1024,4096 (default: that on GPUs, 32,128 emulated)")
-    p.add_argument("--routing", default="uniform,zipf", help="uniform, zipf or both (default uniform,zipf)")
-    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
-                   help=f"interleaved rounds (default {DEFAULT_ROUNDS}); a run's comparisons are tested with Holm's "
-                        "correction over all of them, which needs at least 9 rounds for 12 comparisons")
-    p.add_argument("--reps", type=int, default=None, help="repetitions per timing (default 10 on GPUs, 3 emulated)")
-    p.add_argument("--transport", choices=["auto", "deepep", "emulated"], default="auto",
-                   help="deepep (GPUs), emulated (CPU, plumbing only) or auto (deepep when it can run)")
-    p.add_argument("--ranks", type=int, default=2,
-                   help=f"ranks of the emulated transport, 1 to {MAX_EMULATED_RANKS} (default 2)")
-    add_output_flag(p, "the raw per-round times and the comparison as JSON (with '-', the table goes to stderr)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="read the policy and say what would be timed (arms, layers, ranks); start nothing")
+    p.add_argument(
+        "--tokens",
+        help="tokens per rank, e.g. 128,1024,4096 (default: that on GPUs, 32,128 emulated)",
+    )
+    p.add_argument(
+        "--routing", default="uniform,zipf", help="uniform, zipf or both (default uniform,zipf)"
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        help=f"interleaved rounds (default {DEFAULT_ROUNDS}); a run's comparisons are tested with Holm's "
+        "correction over all of them, which needs at least 9 rounds for 12 comparisons",
+    )
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="repetitions per timing (default 10 on GPUs, 3 emulated)",
+    )
+    p.add_argument(
+        "--transport",
+        choices=["auto", "deepep", "emulated"],
+        default="auto",
+        help="deepep (GPUs), emulated (CPU, plumbing only) or auto (deepep when it can run)",
+    )
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=2,
+        help=f"ranks of the emulated transport, 1 to {MAX_EMULATED_RANKS} (default 2)",
+    )
+    add_output_flag(
+        p,
+        "the raw per-round times and the comparison as JSON (with '-', the table goes to stderr)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="read the policy and say what would be timed (arms, layers, ranks); start nothing",
+    )
     p.set_defaults(run=run)
 
 
@@ -73,8 +105,14 @@ def _transport(asked: str, ep_size: int) -> tuple[str, int, str]:
     why = missing or f"{gpus} CUDA GPU(s) visible for EP{ep_size}"
     if asked == "deepep":
         raise UsageError(f"--transport deepep: {why}")
-    return "emulated", 0, (f"{why}: the emulated transport (--transport deepep runs DeepEP's ranks on the GPUs "
-                           "there are, as a functional check)")
+    return (
+        "emulated",
+        0,
+        (
+            f"{why}: the emulated transport (--transport deepep runs DeepEP's ranks on the GPUs "
+            "there are, as a functional check)"
+        ),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,57 +122,99 @@ def run(args: argparse.Namespace) -> int:
     from moepolicy.cli._replay import read_for_replay
 
     _check_counts(args)
-    output = output_path(args.output, [("the policy being benchmarked", args.policy)])  # before any work
+    output = output_path(
+        args.output, [("the policy being benchmarked", args.policy)]
+    )  # before any work
     doc = read_for_replay(args.policy).doc
     routings = _checked_request(args, doc)
     kind, world, why = _transport(args.transport, doc.target.ep_size)
     world = world or args.ranks
     emulated = kind == "emulated"
     functional = EMULATED if emulated else (why if SHARED_LABEL in why else "")
-    tokens = _ints(args.tokens, "--tokens") if args.tokens else ((32, 128) if emulated else (128, 1024, 4096))
+    tokens = (
+        _ints(args.tokens, "--tokens")
+        if args.tokens
+        else ((32, 128) if emulated else (128, 1024, 4096))
+    )
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise UsageError("bench needs torch (the CPU build is enough for the emulated transport)") from None
+        raise UsageError(
+            "bench needs torch (the CPU build is enough for the emulated transport)"
+        ) from None
     from moepolicy.moe_step.measure import StepSpec, run as run_step, spec_doc
 
     if doc.model.num_experts % world:
         raise UsageError(f"{doc.model.num_experts} experts do not divide over --ranks {world}")
-    spec = StepSpec(doc.model.hidden_size, doc.model.num_experts, doc.model.top_k,
-                    intermediate=32 if emulated else max(doc.model.hidden_size // 3, 128), tokens=tokens,
-                    routings=routings, rounds=args.rounds, reps=args.reps or (3 if emulated else 10), transport=kind,
-                    regime=doc.deepep.regime)
+    spec = StepSpec(
+        doc.model.hidden_size,
+        doc.model.num_experts,
+        doc.model.top_k,
+        intermediate=32 if emulated else max(doc.model.hidden_size // 3, 128),
+        tokens=tokens,
+        routings=routings,
+        rounds=args.rounds,
+        reps=args.reps or (3 if emulated else 10),
+        transport=kind,
+        regime=doc.deepep.regime,
+    )
     fused = sum(1 for layer in doc.layers if layer.order == "fused")
     if fused:
-        note(f"{fused} fused layers (the expert kernel does its own communication) are not timed here")
+        note(
+            f"{fused} fused layers (the expert kernel does its own communication) are not timed here"
+        )
     arms = build_arms(doc)
     if not arms[0].kinds:
-        raise UsageError(f"{args.policy}: no MoE layer goes through DeepEP's dispatch; nothing to time")
+        raise UsageError(
+            f"{args.policy}: no MoE layer goes through DeepEP's dispatch; nothing to time"
+        )
     note(f"bench: {kind} ({why}), {world} ranks; {functional or WHAT_IT_IS}")
     for arm in arms:
-        note(f"  {arm.name}: {arm.label}; " + ", ".join(f"{k.count} layers {k.order}" for k in arm.kinds))
+        note(
+            f"  {arm.name}: {arm.label}; "
+            + ", ".join(f"{k.count} layers {k.order}" for k in arm.kinds)
+        )
     if args.dry_run:
-        note(f"dry run: {len(spec.routings)} routing(s) x {len(spec.tokens)} bucket(s) x {spec.rounds} rounds "
-             f"x {spec.reps} reps not started")
+        note(
+            f"dry run: {len(spec.routings)} routing(s) x {len(spec.tokens)} bucket(s) x {spec.rounds} rounds "
+            f"x {spec.reps} reps not started"
+        )
         return 0
-    note(f"timing {len(arms)} arms x {len(routings)} routing(s) x {len(tokens)} bucket(s), {args.rounds} rounds of "
-         f"{spec.reps} repetitions; progress per bucket below")
+    note(
+        f"timing {len(arms)} arms x {len(routings)} routing(s) x {len(tokens)} bucket(s), {args.rounds} rounds of "
+        f"{spec.reps} repetitions; progress per bucket below"
+    )
     with tempfile.TemporaryDirectory(prefix="moepolicy-bench-") as tmp:
         times = run_step(arms, spec, world, tmp)
     rows = comparison(times)
     render(rows, functional, args.rounds, out=sys.stderr if args.output == STDOUT else sys.stdout)
     if args.output:
-        write_output(output, json.dumps({"what": functional or WHAT_IT_IS, "transport": kind,
-                                         "ranks": world, "policy": args.policy, "spec": spec_doc(spec),
-                                         "arms": {a.name: a.label for a in arms}, "times_us": times,
-                                         "comparison": [] if functional else rows}, indent=1) + "\n")
+        write_output(
+            output,
+            json.dumps(
+                {
+                    "what": functional or WHAT_IT_IS,
+                    "transport": kind,
+                    "ranks": world,
+                    "policy": args.policy,
+                    "spec": spec_doc(spec),
+                    "arms": {a.name: a.label for a in arms},
+                    "times_us": times,
+                    "comparison": [] if functional else rows,
+                },
+                indent=1,
+            )
+            + "\n",
+        )
     return 0
 
 
 def _checked_request(args: argparse.Namespace, doc) -> tuple[str, ...]:
     """What ``bench`` is asked to time, checked against the policy: its routings."""
     if doc.target.backend != "deepep_ht":
-        raise UsageError(f"{args.policy}: bench times DeepEP high-throughput; this policy is for {doc.target.backend}")
+        raise UsageError(
+            f"{args.policy}: bench times DeepEP high-throughput; this policy is for {doc.target.backend}"
+        )
     if args.rounds < 1:
         raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
     routings = tuple(r.strip() for r in args.routing.split(",") if r.strip())
@@ -149,8 +229,10 @@ def _check_counts(args: argparse.Namespace) -> None:
     if args.reps is not None and not 1 <= args.reps <= MAX_REPS:
         raise UsageError(f"--reps must be from 1 to {MAX_REPS}, got {args.reps}")
     if not 1 <= args.ranks <= MAX_EMULATED_RANKS:
-        raise UsageError(f"--ranks must be from 1 to {MAX_EMULATED_RANKS} (processes of the emulated transport), "
-                         f"got {args.ranks}")
+        raise UsageError(
+            f"--ranks must be from 1 to {MAX_EMULATED_RANKS} (processes of the emulated transport), "
+            f"got {args.ranks}"
+        )
 
 
 BASELINES = ("vllm", "deepep-default")
@@ -166,9 +248,19 @@ def comparison(times: dict) -> list[dict]:
     rows, tests = [], []
     for routing, by_tokens in times.items():
         for tokens, arms in by_tokens.items():
-            rows.append({"routing": routing, "tokens": int(tokens),
-                         "median_us": {name: round(statistics.median(xs), 2) for name, xs in arms.items()}})
-            tests += [paired_speedup(arms[base], arms["policy"], names=("the policy", base)) for base in BASELINES]
+            rows.append(
+                {
+                    "routing": routing,
+                    "tokens": int(tokens),
+                    "median_us": {
+                        name: round(statistics.median(xs), 2) for name, xs in arms.items()
+                    },
+                }
+            )
+            tests += [
+                paired_speedup(arms[base], arms["policy"], names=("the policy", base))
+                for base in BASELINES
+            ]
     rounds = tests[0].rounds if tests else 0
     testable = rounds >= least_rounds(len(tests))
     tested = holm(tests, "both", "comparisons of this run") if testable else tests
@@ -176,8 +268,10 @@ def comparison(times: dict) -> list[dict]:
         for j, base in enumerate(BASELINES):
             doc = tested[2 * i + j].to_doc()
             if not testable:
-                doc["verdict"] = (f"untested: {rounds} rounds cannot test {len(tests)} comparisons at 5% "
-                                  f"(needs {least_rounds(len(tests))})")
+                doc["verdict"] = (
+                    f"untested: {rounds} rounds cannot test {len(tests)} comparisons at 5% "
+                    f"(needs {least_rounds(len(tests))})"
+                )
             row[f"vs_{base}"] = doc
     return rows
 
@@ -187,7 +281,9 @@ def _ratio(r: dict) -> str:
 
     low, high = r["ci95"] if r.get("ci95") else (None, None)
     verdict = r["verdict"]
-    tail = {"faster": "", "slower": ", a loss beyond noise"}.get(verdict, ", " + verdict.split(":")[0])
+    tail = {"faster": "", "slower": ", a loss beyond noise"}.get(
+        verdict, ", " + verdict.split(":")[0]
+    )
     return f"{speedup_words(r['speedup'])}{tail} [{interval_words(low, high)}]"
 
 
@@ -197,13 +293,39 @@ def render(rows: list[dict], functional: str, rounds: int = 0, out=None) -> None
     out = out or sys.stdout
     if functional:
         runs = sum(len(r["median_us"]) for r in rows)
-        print(f"plumbing ok: {runs} arm runs ({len(rows)} routing x bucket pairs, {rounds} rounds each) went end to "
-              f"end; {functional}: no time is shown or compared", file=out)
+        print(
+            f"plumbing ok: {runs} arm runs ({len(rows)} routing x bucket pairs, {rounds} rounds each) went end to "
+            f"end; {functional}: no time is shown or compared",
+            file=out,
+        )
         return
-    table(["routing", "tokens", "policy us", "vllm us", "deepep-default us", "policy vs vllm", "vs deepep-default"],
-          [[r["routing"], r["tokens"], r["median_us"]["policy"], r["median_us"]["vllm"],
-            r["median_us"]["deepep-default"], _ratio(r["vs_vllm"]), _ratio(r["vs_deepep-default"])] for r in rows],
-          out=out)
+    table(
+        [
+            "routing",
+            "tokens",
+            "policy us",
+            "vllm us",
+            "deepep-default us",
+            "policy vs vllm",
+            "vs deepep-default",
+        ],
+        [
+            [
+                r["routing"],
+                r["tokens"],
+                r["median_us"]["policy"],
+                r["median_us"]["vllm"],
+                r["median_us"]["deepep-default"],
+                _ratio(r["vs_vllm"]),
+                _ratio(r["vs_deepep-default"]),
+            ]
+            for r in rows
+        ],
+        out=out,
+    )
     family = rows[0]["vs_vllm"].get("correction", "") if rows else ""
-    print("medians over rounds; speed-ups: paired per-round geometric means with the exact sign-flip test's 95% "
-          f"interval (per comparison); 'faster'/'slower' only beyond noise under {family or 'the test'}", file=out)
+    print(
+        "medians over rounds; speed-ups: paired per-round geometric means with the exact sign-flip test's 95% "
+        f"interval (per comparison); 'faster'/'slower' only beyond noise under {family or 'the test'}",
+        file=out,
+    )

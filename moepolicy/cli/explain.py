@@ -18,8 +18,13 @@ from moepolicy.feasibility import wire_problem
 from moepolicy.rules.engine import Decision, decide
 from moepolicy.rules.vocabulary import VOCABULARY
 
-_MARK = {"fired": "=> fired", "condition-false": "   no", "not-for-this-layer": "   n/a",
-         "capability-blocked": "   blocked", "infeasible": "   infeasible"}
+_MARK = {
+    "fired": "=> fired",
+    "condition-false": "   no",
+    "not-for-this-layer": "   n/a",
+    "capability-blocked": "   blocked",
+    "infeasible": "   infeasible",
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,27 +40,52 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def wire_words(wire) -> str:
     """A wire in words: ``fp8_e4m3 with block-128 float32 scales (row)``, ``bf16``."""
-    wire = wire if isinstance(wire, dict) else getattr(wire, "as_dict", lambda: {"dtype": str(wire)})()
+    wire = (
+        wire
+        if isinstance(wire, dict)
+        else getattr(wire, "as_dict", lambda: {"dtype": str(wire)})()
+    )
     scale = wire.get("scale")
     if not scale:
-        return str(wire.get("dtype", "bf16")) + (" (no scales: a static scale the receiver knows)"
-                                                 if wire.get("dtype") == "fp8_e4m3" else "")
+        return str(wire.get("dtype", "bf16")) + (
+            " (no scales: a static scale the receiver knows)"
+            if wire.get("dtype") == "fp8_e4m3"
+            else ""
+        )
     group = f"-{scale['group']}" if scale.get("group") else ""
     return f"{wire['dtype']} with {scale['granularity']}{group} {scale['dtype']} scales ({scale.get('layout', 'row')})"
 
 
 def as_json(index: int, facts: dict, decision: Decision) -> dict:
-    return {"layer": index, "order": decision.order, "wire": wire_words(decision.wire), "combine": decision.combine,
-            "numerics": decision.numerics, "rule": decision.rule, "why": decision.reason, "source": decision.source,
-            "evidence": [item.render() for item in decision.evidence],
-            "facts": {name: facts[name] for name in VOCABULARY if name in facts},
-            "trace": [{"rule": f"{step.pack}/{step.rule}", "priority": step.priority, "outcome": step.outcome,
-                       "detail": step.detail} for step in decision.trace]}
+    return {
+        "layer": index,
+        "order": decision.order,
+        "wire": wire_words(decision.wire),
+        "combine": decision.combine,
+        "numerics": decision.numerics,
+        "rule": decision.rule,
+        "why": decision.reason,
+        "source": decision.source,
+        "evidence": [item.render() for item in decision.evidence],
+        "facts": {name: facts[name] for name in VOCABULARY if name in facts},
+        "trace": [
+            {
+                "rule": f"{step.pack}/{step.rule}",
+                "priority": step.priority,
+                "outcome": step.outcome,
+                "detail": step.detail,
+            }
+            for step in decision.trace
+        ],
+    }
 
 
 def render(index: int, facts: dict, decision: Decision, out=None) -> None:
     out = out or sys.stdout
-    print(f"layer {index}: {decision.order}  (rule {decision.rule}, numerics {decision.numerics})", file=out)
+    print(
+        f"layer {index}: {decision.order}  (rule {decision.rule}, numerics {decision.numerics})",
+        file=out,
+    )
     print(f"  wire: {wire_words(decision.wire)}", file=out)
     if decision.combine != "bf16":
         print(f"  combine: {decision.combine}", file=out)
@@ -70,7 +100,10 @@ def render(index: int, facts: dict, decision: Decision, out=None) -> None:
     print("  rules considered, in order:", file=out)
     for step in decision.trace:
         detail = f": {step.detail}" if step.detail and step.outcome != "fired" else ""
-        print(f"  {_MARK[step.outcome]:12} {step.pack}/{step.rule} (priority {step.priority}){detail}", file=out)
+        print(
+            f"  {_MARK[step.outcome]:12} {step.pack}/{step.rule} (priority {step.priority}){detail}",
+            file=out,
+        )
 
 
 def _fact_words(value) -> str:
@@ -85,18 +118,29 @@ def measured_lines(doc, layer) -> list[str]:
     out = []
     timings = doc.deepep.measured_orders or []
     if timings and (layer.orders or layer.unmeasured):
-        out.append("measured (tune, both orders timed): " + "; ".join(
-            f"T={t.tokens}: quant_then_dispatch {t.quant_then_dispatch_us} us, dispatch_then_quant "
-            f"{t.dispatch_then_quant_us} us" for t in timings))
+        out.append(
+            "measured (tune, both orders timed): "
+            + "; ".join(
+                f"T={t.tokens}: quant_then_dispatch {t.quant_then_dispatch_us} us, dispatch_then_quant "
+                f"{t.dispatch_then_quant_us} us"
+                for t in timings
+            )
+        )
     if layer.orders:
         previous = None
         for entry in layer.orders:
-            name = f"<= {entry.max_tokens} tokens" if entry.max_tokens is not None else f"> {previous} tokens"
+            name = (
+                f"<= {entry.max_tokens} tokens"
+                if entry.max_tokens is not None
+                else f"> {previous} tokens"
+            )
             out.append(f"  {name}: {entry.order} ({entry.wire.dtype}) by {entry.rule}")
             previous = entry.max_tokens
     if layer.unmeasured is not None:
         u = layer.unmeasured
-        out.append(f"without measured facts (used when the tuning key does not match): {u.order} by {u.rule}")
+        out.append(
+            f"without measured facts (used when the tuning key does not match): {u.order} by {u.rule}"
+        )
     return out
 
 
@@ -121,8 +165,13 @@ def explain_from_file(path: str, index: int, rules: Sequence[str] = (), fmt: str
     from moepolicy.planner import replay_facts
 
     facts = replay_facts(layer.index, layer.facts)
-    decision = decide(facts, packs, target.deepep, lambda then, f: wire_problem(then, f, target),
-                      allow_inferred="inferred-capabilities" in target.options)
+    decision = decide(
+        facts,
+        packs,
+        target.deepep,
+        lambda then, f: wire_problem(then, f, target),
+        allow_inferred="inferred-capabilities" in target.options,
+    )
     if fmt == "json":
         print_json({**as_json(index, facts, decision), "measured": measured_lines(doc, layer)})
     else:
@@ -130,15 +179,22 @@ def explain_from_file(path: str, index: int, rules: Sequence[str] = (), fmt: str
         for line in measured_lines(doc, layer):
             print(line)
     if (decision.order, decision.rule) != (layer.order, layer.rule):
-        note(f"note: the file records {layer.order} by rule {layer.rule}; replay now gives "
-             f"{decision.order} by {decision.rule}")
+        note(
+            f"note: the file records {layer.order} by rule {layer.rule}; replay now gives "
+            f"{decision.order} by {decision.rule}"
+        )
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     if args.vocab:
         if args.format == "json":
-            print_json({name: {"kind": t.kind, "values": list(t.values or ()), "doc": t.doc} for name, t in VOCABULARY.items()})
+            print_json(
+                {
+                    name: {"kind": t.kind, "values": list(t.values or ()), "doc": t.doc}
+                    for name, t in VOCABULARY.items()
+                }
+            )
             return 0
         for name, ftype in VOCABULARY.items():
             values = f" {{{', '.join(ftype.values)}}}" if ftype.values else ""
@@ -157,8 +213,10 @@ def run(args: argparse.Namespace) -> int:
     plan = build_plan(args)
     matches = [lp for lp in plan.layers if lp.layer.index == args.layer]
     if not matches:
-        raise UsageError(f"--layer {args.layer} is not a layer of {plan.model.name} "
-                         f"(layers 0-{len(plan.layers) - 1})")
+        raise UsageError(
+            f"--layer {args.layer} is not a layer of {plan.model.name} "
+            f"(layers 0-{len(plan.layers) - 1})"
+        )
     lp = matches[0]
     if args.format == "json":
         print_json(as_json(args.layer, lp.facts, lp.decision))

@@ -11,15 +11,29 @@ from moepolicy.weights_memory import fit_note
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="the vLLM plugin launch, or SGLang's --deepep-config JSON or launch command")
+    p = sub.add_parser(
+        "export", help="the vLLM plugin launch, or SGLang's --deepep-config JSON or launch command"
+    )
     p.add_argument("policy", help="policy file written by plan or tune")
-    p.add_argument("--to", required=True, choices=["sglang", "vllm"],
-                   help="vllm: the plugin's launch (env and flags) and what it applies per layer; sglang: "
-                        "--deepep-config JSON, or --format launch for a launch_server command")
-    p.add_argument("--tokens", type=int, help="SGLang takes one config: the bucket for this many tokens per rank (default: the largest)")
-    p.add_argument("--format", choices=["shell", "json", "launch"], default=None,
-                   help="vllm: shell (default) or json; sglang: json (the --deepep-config, default) or launch "
-                        "(a launch_server command with every flag SGLang can take)")
+    p.add_argument(
+        "--to",
+        required=True,
+        choices=["sglang", "vllm"],
+        help="vllm: the plugin's launch (env and flags) and what it applies per layer; sglang: "
+        "--deepep-config JSON, or --format launch for a launch_server command",
+    )
+    p.add_argument(
+        "--tokens",
+        type=int,
+        help="SGLang takes one config: the bucket for this many tokens per rank (default: the largest)",
+    )
+    p.add_argument(
+        "--format",
+        choices=["shell", "json", "launch"],
+        default=None,
+        help="vllm: shell (default) or json; sglang: json (the --deepep-config, default) or launch "
+        "(a launch_server command with every flag SGLang can take)",
+    )
     add_output_flag(p, "the export")
     add_serving_flags(p)
     p.set_defaults(run=run)
@@ -28,10 +42,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from moepolicy.cli._replay import read_for_replay
 
-    output = output_path(args.output, [("the policy being exported", args.policy)])  # before any work
+    output = output_path(
+        args.output, [("the policy being exported", args.policy)]
+    )  # before any work
     doc = read_for_replay(args.policy).doc
     serving_note(args)
-    fits = fit_note(args.model or doc.model.name, doc.target.gpu, doc.target.ep_size, doc.target.engine)
+    fits = fit_note(
+        args.model or doc.model.name, doc.target.gpu, doc.target.ep_size, doc.target.engine
+    )
     if fits:
         note(f"warning: {fits}")
     if args.to == "sglang":
@@ -43,15 +61,28 @@ def run(args: argparse.Namespace) -> int:
             from moepolicy.text import printable
 
             result = launch(doc, doc.model.name, args.tokens)
-            lines = [f"# SGLang {SGLANG_CHECKED}; moepolicy's policy as far as SGLang's flags carry it"]
+            lines = [
+                f"# SGLang {SGLANG_CHECKED}; moepolicy's policy as far as SGLang's flags carry it"
+            ]
             lines += [f"# {printable(line)}" for line in result.get("about", ())]
             lines += [f"export {k}={shlex.quote(v)}" for k, v in result["env"].items()]
             if result["node_args"]:
                 nodes = result["node_args"][1]
-                lines.append(f"# on each of the {nodes} nodes: NODE_RANK=0..{int(nodes) - 1} (0 on the head node), "
-                             "HEAD_ADDR=the head node's address")
-            lines.append(" ".join(["python", "-m", "sglang.launch_server", *(shlex.quote(a) for a in result["args"]),
-                                   *result["node_args"]]))
+                lines.append(
+                    f"# on each of the {nodes} nodes: NODE_RANK=0..{int(nodes) - 1} (0 on the head node), "
+                    "HEAD_ADDR=the head node's address"
+                )
+            lines.append(
+                " ".join(
+                    [
+                        "python",
+                        "-m",
+                        "sglang.launch_server",
+                        *(shlex.quote(a) for a in result["args"]),
+                        *result["node_args"],
+                    ]
+                )
+            )
             lines += [f"# not carried: {' '.join(printable(n).split())}" for n in result["notes"]]
             text = "\n".join(lines) + "\n"
         else:
@@ -60,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
         from moepolicy.export.vllm import export, render_shell
 
         result = export(doc, args.policy)
-        text = json.dumps(result, indent=2) + "\n" if args.format == "json" else render_shell(result, doc.model.name)
+        text = (
+            json.dumps(result, indent=2) + "\n"
+            if args.format == "json"
+            else render_shell(result, doc.model.name)
+        )
     write_output(output, text)
     return 0

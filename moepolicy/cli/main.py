@@ -18,13 +18,17 @@ class _Parser(argparse.ArgumentParser):
         # the message quotes what was typed (unrecognized arguments, an invalid choice): escaped as
         # every other message is (argparse runs before the escaping streams are in place)
         message = printable(one_line(message), one_line=True) + _did_you_mean(message)
-        print(f"moepolicy: {message} (see 'moepolicy {self.prog.split()[-1]} --help')"
-              if " " in self.prog else f"moepolicy: {message}", file=sys.stderr)
+        print(
+            f"moepolicy: {message} (see 'moepolicy {self.prog.split()[-1]} --help')"
+            if " " in self.prog
+            else f"moepolicy: {message}",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
 
 
 def _did_you_mean(message: str) -> str:
-    """" (did you mean 'plan'?)" for a mistyped command."""
+    """ " (did you mean 'plan'?)" for a mistyped command."""
     import difflib
     import re
 
@@ -40,10 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     from moepolicy.cli import _logging
 
-    parser = _Parser(prog="moepolicy", description=(
-        "Decide, per MoE layer, whether activations are quantized before or after DeepEP dispatch; "
-        "tune DeepEP; emit a policy the serving runtime loads."), epilog=exit_codes(),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="moepolicy",
+        description=(
+            "Decide, per MoE layer, whether activations are quantized before or after DeepEP dispatch; "
+            "tune DeepEP; emit a policy the serving runtime loads."
+        ),
+        epilog=exit_codes(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     from moepolicy._version import __version__
 
     parser.add_argument("--version", action="version", version=f"moepolicy {__version__}")
@@ -62,11 +71,19 @@ def exit_codes() -> str:
     """The exit codes, from the error classes (one home)."""
     from moepolicy import errors
 
-    leaves = sorted({cls.exit_code: cls for cls in vars(errors).values()
-                     if isinstance(cls, type) and issubclass(cls, errors.MoePolicyError)}.items())
+    leaves = sorted(
+        {
+            cls.exit_code: cls
+            for cls in vars(errors).values()
+            if isinstance(cls, type) and issubclass(cls, errors.MoePolicyError)
+        }.items()
+    )
     lines = ["exit codes: 0 done", "  1 any other error moepolicy names (in one line)"]
-    lines += [f"  {code} {(cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip('.')}" for code, cls in leaves
-              if cls is not errors.MoePolicyError]
+    lines += [
+        f"  {code} {(cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip('.')}"
+        for code, cls in leaves
+        if cls is not errors.MoePolicyError
+    ]
     lines += ["  130 interrupted (Ctrl-C), 143 terminated (SIGTERM)"]
     return "\n".join(lines)
 
@@ -148,7 +165,7 @@ def flag_words(exc: MoePolicyError) -> str:
     message = one_line(str(exc))
     field = getattr(exc, "field", None)
     if field and message.startswith(field):
-        return _FLAGS.get(field, "--" + field.replace("_", "-")) + message[len(field):]
+        return _FLAGS.get(field, "--" + field.replace("_", "-")) + message[len(field) :]
     return message
 
 
@@ -195,7 +212,9 @@ def _run(args: argparse.Namespace, bench_source) -> int:
             _silence_stdout()
             return 0
         if isinstance(exc, OSError):  # what really failed: standard output (a full disk, a closed
-            from moepolicy.cli._output import os_error_line  # descriptor), or a file a command used
+            from moepolicy.cli._output import (
+                os_error_line,
+            )  # descriptor), or a file a command used
 
             if getattr(exc, "moepolicy_stream", None) == "standard output":
                 _silence_stdout()

@@ -26,7 +26,16 @@ def _scheme(facts) -> str:
     return f"{facts.quant_method}: W {weight}, A {act}"
 
 
-HEADERS = ("model", "quant scheme (experts)", "moe", "dense", "experts", "top-k", "hidden", "config")
+HEADERS = (
+    "model",
+    "quant scheme (experts)",
+    "moe",
+    "dense",
+    "experts",
+    "top-k",
+    "hidden",
+    "config",
+)
 KEYS = ("model", "scheme", "moe_layers", "dense_layers", "experts", "top_k", "hidden", "config")
 
 
@@ -41,16 +50,25 @@ def run(args: argparse.Namespace) -> int:
     for entry in catalog.entries():
         facts = facts_from_raw(resolve(str(entry.folder)))
         moe = facts.first_moe
-        rows.append([
-            entry.repo_id, _scheme(facts), len(facts.moe_layers), len(facts.dense_layers),
-            moe.num_experts if moe else 0, moe.top_k if moe else 0, facts.hidden_size,
-            "partial" if entry.partial else "complete",
-        ])
+        rows.append(
+            [
+                entry.repo_id,
+                _scheme(facts),
+                len(facts.moe_layers),
+                len(facts.dense_layers),
+                moe.num_experts if moe else 0,
+                moe.top_k if moe else 0,
+                facts.hidden_size,
+                "partial" if entry.partial else "complete",
+            ]
+        )
     if args.format == "json":
         print_json([dict(zip(KEYS, row)) for row in rows])
         return 0
     table(HEADERS, rows)
     if any(entry.partial for entry in catalog.entries()):
-        print("partial: the catalog's copy lacks part of the real config (see its SOURCE.md); plan from the "
-              "checkpoint instead: its folder, or its id with a revision (org/name@main) from the hub")
+        print(
+            "partial: the catalog's copy lacks part of the real config (see its SOURCE.md); plan from the "
+            "checkpoint instead: its folder, or its id with a revision (org/name@main) from the hub"
+        )
     return 0

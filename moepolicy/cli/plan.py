@@ -7,7 +7,14 @@ import sys
 
 from moepolicy import api
 from moepolicy.names import Order
-from moepolicy.cli._output import add_output_flag, model_inputs, note, output_path, rules_inputs, write_output
+from moepolicy.cli._output import (
+    add_output_flag,
+    model_inputs,
+    note,
+    output_path,
+    rules_inputs,
+    write_output,
+)
 from moepolicy.cli._target import add_target_flags, target_spec
 from moepolicy.document.yaml_io import dumps
 from moepolicy.redact import redact_command
@@ -17,12 +24,19 @@ from moepolicy.weights_memory import fit_note
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="decide quant-before/after dispatch per layer; write the policy")
-    p.add_argument("--model", required=True,
-                   help="catalog name, Hugging Face id (org/name[@rev]), config.json, or model folder")
+    p = sub.add_parser(
+        "plan", help="decide quant-before/after dispatch per layer; write the policy"
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="catalog name, Hugging Face id (org/name[@rev]), config.json, or model folder",
+    )
     add_target_flags(p)
     add_output_flag(p, "the policy")
-    p.add_argument("--format", choices=["yaml", "json"], help="output format (default: from -o, else yaml)")
+    p.add_argument(
+        "--format", choices=["yaml", "json"], help="output format (default: from -o, else yaml)"
+    )
     p.set_defaults(run=run)
 
 
@@ -44,11 +58,15 @@ def _say_catalog_copy(spec: str, source: str) -> None:
 
     hub_id = parse_id(spec)
     if hub_id is not None and hub_id.revision is None and source.startswith("catalog:"):
-        note(f"model: {hub_id} from moepolicy's catalog (its config as shipped); '{hub_id}@main' reads the "
-             "Hugging Face hub's or cache's instead")
+        note(
+            f"model: {hub_id} from moepolicy's catalog (its config as shipped); '{hub_id}@main' reads the "
+            "Hugging Face hub's or cache's instead"
+        )
 
 
-def vllm_difference(plan: Plan, deepep: str = "DeepEP: its default configs, as vLLM runs it") -> str:
+def vllm_difference(
+    plan: Plan, deepep: str = "DeepEP: its default configs, as vLLM runs it"
+) -> str:
     """One line: how this plan's MoE layers differ from what vLLM decides today (its ``vllm`` pack on
     the same target), and what the DeepEP section changes; empty when the plan is vLLM's own."""
     if any(p.name == "vllm" for p in plan.packs):
@@ -58,24 +76,35 @@ def vllm_difference(plan: Plan, deepep: str = "DeepEP: its default configs, as v
     moe = [(a, b) for a, b in zip(plan.layers, vllm_plan.layers) if a.layer.kind == "moe"]
     if not moe:
         return ""
-    differ = [(a, b) for a, b in moe if (a.decision.order, a.decision.wire) != (b.decision.order, b.decision.wire)]
+    differ = [
+        (a, b)
+        for a, b in moe
+        if (a.decision.order, a.decision.wire) != (b.decision.order, b.decision.wire)
+    ]
     if not differ:
         return f"this policy matches vLLM's own choice on all {len(moe)} MoE layers; {deepep}"
     a, b = differ[0]
-    return (f"this policy differs from vLLM's own choice on {len(differ)} of {len(moe)} MoE layers (layer "
-            f"{a.layer.index}: {_sends(a.decision)} where vLLM {_sends(b.decision)}; 'moepolicy plan --rules vllm' "
-            f"shows vLLM's); {deepep}")
+    return (
+        f"this policy differs from vLLM's own choice on {len(differ)} of {len(moe)} MoE layers (layer "
+        f"{a.layer.index}: {_sends(a.decision)} where vLLM {_sends(b.decision)}; 'moepolicy plan --rules vllm' "
+        f"shows vLLM's); {deepep}"
+    )
 
 
 def _sends(decision) -> str:
     wire = decision.wire.dtype
-    where = {Order.QUANT_THEN_DISPATCH: "quantized before dispatch", Order.IN_KERNEL_QUANT: "quantized in the dispatch "
-             "kernel", Order.DISPATCH_THEN_QUANT: "quantized after dispatch"}.get(decision.order, "not quantized")
+    where = {
+        Order.QUANT_THEN_DISPATCH: "quantized before dispatch",
+        Order.IN_KERNEL_QUANT: "quantized in the dispatch kernel",
+        Order.DISPATCH_THEN_QUANT: "quantized after dispatch",
+    }.get(decision.order, "not quantized")
     return f"sends {wire} ({where})"
 
 
 def run(args: argparse.Namespace) -> int:
-    output = output_path(args.output, [*model_inputs(args.model), *rules_inputs(args.rules)])  # before any work
+    output = output_path(
+        args.output, [*model_inputs(args.model), *rules_inputs(args.rules)]
+    )  # before any work
     plan = build_plan(args)
     doc = api.policy_document(plan, command="moepolicy " + redact_command(sys.argv[1:]))
     diff = vllm_difference(plan)

@@ -12,10 +12,17 @@ from moepolicy.errors import OutputError, UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="draw the policy's tuning evidence (SM scan, kept vs defaults, orders, overlap)")
+    p = sub.add_parser(
+        "report",
+        help="draw the policy's tuning evidence (SM scan, kept vs defaults, orders, overlap)",
+    )
     p.add_argument("policy", help="policy file")
-    p.add_argument("folder", nargs="?", metavar="DIR",
-                   help="folder for the PNG files, made if missing (default: the policy's name with -plots, beside it)")
+    p.add_argument(
+        "folder",
+        nargs="?",
+        metavar="DIR",
+        help="folder for the PNG files, made if missing (default: the policy's name with -plots, beside it)",
+    )
     p.add_argument("--plots", metavar="DIR", help="the same as DIR")
     p.set_defaults(run=run)
 
@@ -39,13 +46,21 @@ def run(args: argparse.Namespace) -> int:
         raise OutputError(f"{folder}: is not a folder (the report's PNG files go into a folder)")
     if not folder.parent.is_dir():
         raise OutputError(f"{folder}: the folder {folder.parent} does not exist")
-    for name in FIGURES if folder.is_dir() else ():  # before any work: the figures replace these files
-        output_path(str(folder / f"{name}.png"), [("the policy being reported", args.policy)], flag="--plots")
+    for name in (
+        FIGURES if folder.is_dir() else ()
+    ):  # before any work: the figures replace these files
+        output_path(
+            str(folder / f"{name}.png"),
+            [("the policy being reported", args.policy)],
+            flag="--plots",
+        )
     loaded = read_policy(args.policy)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UsageError("report --plots needs matplotlib: pip install 'moepolicy[plots]'") from None
+        raise UsageError(
+            "report --plots needs matplotlib: pip install 'moepolicy[plots]'"
+        ) from None
     notes: list[str] = []
     written = draw(loaded.raw, folder, notes)
     for line in notes:
@@ -53,8 +68,12 @@ def run(args: argparse.Namespace) -> int:
     if not written:
         from moepolicy.errors import MoePolicyError
 
-        raise MoePolicyError(f"{args.policy}: nothing tuned to draw (DeepEP's default configs: 'moepolicy tune' it "
-                             "first); no folder made" if not notes else f"{args.policy}: nothing drawn; no folder made")
+        raise MoePolicyError(
+            f"{args.policy}: nothing tuned to draw (DeepEP's default configs: 'moepolicy tune' it "
+            "first); no folder made"
+            if not notes
+            else f"{args.policy}: nothing drawn; no folder made"
+        )
     for path in written:
         note(f"wrote {path}")
     return 0

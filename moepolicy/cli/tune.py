@@ -16,15 +16,27 @@ from typing import Optional
 
 from moepolicy import api
 from moepolicy.cli._deepep_summary import overlap_lines
-from moepolicy.cli._output import (add_output_flag, model_inputs, note, output_path, progress_to_stderr, rules_inputs,
-                                   table, write_result)
+from moepolicy.cli._output import (
+    add_output_flag,
+    model_inputs,
+    note,
+    output_path,
+    progress_to_stderr,
+    rules_inputs,
+    table,
+    write_result,
+)
 from moepolicy.cli._target import add_target_flags
 from moepolicy.document.yaml_io import dumps
 from moepolicy.errors import MoePolicyError, TuningError, UsageError
 from moepolicy.tuning.bench_source import BenchChoice, BenchSource
 from moepolicy.tuning.overlap_report import OverlapBucketRow
 from moepolicy.tuning.options import (
-    DEFAULT_STORAGE, OVERLAP_CONFINES, OVERLAP_GEMMS, OverlapOptions, TuneOptions,
+    DEFAULT_STORAGE,
+    OVERLAP_CONFINES,
+    OVERLAP_GEMMS,
+    OverlapOptions,
+    TuneOptions,
 )
 from moepolicy.redact import redact_command
 from moepolicy.tuning.bench import REGIMES
@@ -36,42 +48,91 @@ MAX_TRIAL_TIMEOUT_S = 86400.0  # the live watchdog: a day per trial at most
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="tune DeepEP (optuna, live or modelled) and write the policy")
-    p.add_argument("--model", required=True,
-                   help="catalog name, Hugging Face id (org/name[@rev]), config.json, or model folder")
-    add_target_flags(p, ep_required_hint="default: the visible GPU count when tuning live, else one full node")
-    p.add_argument("--bench", choices=["live", "model"], help="default: live when deep_ep and GPUs are present")
-    p.add_argument("--trials", type=int, default=None,
-                   help="trials per (SM count, token bucket) study (default 24; 1 on the model bench, whose chunk "
-                        "effects are not fitted from measurements, so only DeepEP's default chunks are timed)")
-    p.add_argument("--max-sms", type=int, help="the most SMs DeepEP may take (default: the bench's range and the GPU)")
-    p.add_argument("--sms", help="explicit SM counts to try, e.g. 20,24 (default: the space's grid)")
-    p.add_argument("--max-buffer-mb", type=int, default=2048, help="NVLink buffer budget (default 2048)")
-    p.add_argument("--tokens", help=f"token buckets per rank, e.g. 128,1024,4096 (default {_default_buckets()}, from "
-                                    "moepolicy/data/tuning/objective.yaml); the largest should reach what one rank "
-                                    "dispatches at vLLM's --max-num-batched-tokens")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="catalog name, Hugging Face id (org/name[@rev]), config.json, or model folder",
+    )
+    add_target_flags(
+        p, ep_required_hint="default: the visible GPU count when tuning live, else one full node"
+    )
+    p.add_argument(
+        "--bench",
+        choices=["live", "model"],
+        help="default: live when deep_ep and GPUs are present",
+    )
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        help="trials per (SM count, token bucket) study (default 24; 1 on the model bench, whose chunk "
+        "effects are not fitted from measurements, so only DeepEP's default chunks are timed)",
+    )
+    p.add_argument(
+        "--max-sms",
+        type=int,
+        help="the most SMs DeepEP may take (default: the bench's range and the GPU)",
+    )
+    p.add_argument(
+        "--sms", help="explicit SM counts to try, e.g. 20,24 (default: the space's grid)"
+    )
+    p.add_argument(
+        "--max-buffer-mb", type=int, default=2048, help="NVLink buffer budget (default 2048)"
+    )
+    p.add_argument(
+        "--tokens",
+        help=f"token buckets per rank, e.g. 128,1024,4096 (default {_default_buckets()}, from "
+        "moepolicy/data/tuning/objective.yaml); the largest should reach what one rank "
+        "dispatches at vLLM's --max-num-batched-tokens",
+    )
     p.add_argument("--storage", help="optuna storage URL (default sqlite:///moepolicy-studies.db)")
-    p.add_argument("--study", "--study-name", dest="study",
-                   help="optuna study name (default from model and target); an existing study is resumed")
-    p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0): the same seed, the same trials")
-    p.add_argument("--trial-timeout", type=float, default=90.0, help="live watchdog per trial, seconds")
+    p.add_argument(
+        "--study",
+        "--study-name",
+        dest="study",
+        help="optuna study name (default from model and target); an existing study is resumed",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the sampler's seed (default 0): the same seed, the same trials",
+    )
+    p.add_argument(
+        "--trial-timeout", type=float, default=90.0, help="live watchdog per trial, seconds"
+    )
     _add_overlap_flags(p)
-    p.add_argument("--confirm-rounds", type=int, default=DEFAULT_ROUNDS,
-                   help="rotated rounds of each phase of the re-measurement protocol: selection, gate and report, "
-                        "each in fresh workers (a new Buffer) after a dropped warm-up pass. The gate decides with "
-                        "the exact sign-flip test on the per-round speed-ups, 2.5%% per side (Holm over the buckets "
-                        "where several are claimed); the report's figures are the ones written and printed "
-                        f"(default {DEFAULT_ROUNDS}; at least {MIN_ROUNDS}, the fewest in which Holm over three buckets "
-                        "can claim anything)")
-    p.add_argument("--regime", choices=list(REGIMES), default=None,
-                   help="what the timings include: host (each call as an eager engine runs it, the host's "
-                        "launches and waits on the critical path: vLLM's DeepEP high-throughput path, CUDA "
-                        "graphs off with DP > 1) or gpu (the GPU's own time, the host enqueued ahead: a CUDA-graph "
-                        "or run-ahead engine); default: the engine's (host for vllm and sglang with deepep_ht)")
-    p.add_argument("-v", "--verbose", action="store_true", help="a line per trial instead of progress bars")
-    p.add_argument("--launcher", choices=["local", "torchrun"], default="local",
-                   help="torchrun: one process per rank from torchrun's environment (several nodes); rank 0 alone "
-                        "talks to the study; --bench live measures on every rank's GPU (NCCL), --bench model "
-                        "checks the coordination on CPUs (gloo)")
+    p.add_argument(
+        "--confirm-rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        help="rotated rounds of each phase of the re-measurement protocol: selection, gate and report, "
+        "each in fresh workers (a new Buffer) after a dropped warm-up pass. The gate decides with "
+        "the exact sign-flip test on the per-round speed-ups, 2.5%% per side (Holm over the buckets "
+        "where several are claimed); the report's figures are the ones written and printed "
+        f"(default {DEFAULT_ROUNDS}; at least {MIN_ROUNDS}, the fewest in which Holm over three buckets "
+        "can claim anything)",
+    )
+    p.add_argument(
+        "--regime",
+        choices=list(REGIMES),
+        default=None,
+        help="what the timings include: host (each call as an eager engine runs it, the host's "
+        "launches and waits on the critical path: vLLM's DeepEP high-throughput path, CUDA "
+        "graphs off with DP > 1) or gpu (the GPU's own time, the host enqueued ahead: a CUDA-graph "
+        "or run-ahead engine); default: the engine's (host for vllm and sglang with deepep_ht)",
+    )
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="a line per trial instead of progress bars"
+    )
+    p.add_argument(
+        "--launcher",
+        choices=["local", "torchrun"],
+        default="local",
+        help="torchrun: one process per rank from torchrun's environment (several nodes); rank 0 alone "
+        "talks to the study; --bench live measures on every rank's GPU (NCCL), --bench model "
+        "checks the coordination on CPUs (gloo)",
+    )
     add_output_flag(p, "the policy", default="policy.yaml")
     p.set_defaults(run=run)
 
@@ -83,7 +144,9 @@ def _buckets(args, objective) -> tuple[tuple[int, float], ...]:
         try:
             tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
         except ValueError:
-            raise UsageError(f"--tokens takes integers like 128,1024,4096, got {args.tokens!r}") from None
+            raise UsageError(
+                f"--tokens takes integers like 128,1024,4096, got {args.tokens!r}"
+            ) from None
         if not tokens or min(tokens) <= 0:
             raise UsageError(f"--tokens needs positive token counts, got {args.tokens!r}")
     return api.buckets(tokens, objective)
@@ -100,29 +163,42 @@ def _sms(text: Optional[str]) -> tuple[int, ...]:
 
 def _add_overlap_flags(p: argparse.ArgumentParser) -> None:
     """--overlap and how its GEMM, confinement and launch order are chosen."""
-    p.add_argument("--overlap", action="store_true",
-                   help="choose DeepEP's SMs and send chunks against the experts' GEMM on the other SMs "
-                        "(live bench; --trials joint trials after a scan of the --sms splits)")
-    p.add_argument("--overlap-gemm", choices=list(OVERLAP_GEMMS),
-                   default="auto",
-                   help="--overlap: the experts' GEMM beside the communication: persistent (block-fp8 grouped "
-                        "Triton kernel on exactly the GEMM's SMs), persistent-clustered (the same in 2-CTA "
-                        "clusters, as DeepGEMM's multicast launches), grouped (torch's fp8 grouped GEMM) or dense "
-                        "(one cuBLAS fp8 GEMM); auto (default): persistent-clustered where the experts run "
-                        "DeepGEMM, else persistent; a kind that cannot run falls back")
-    p.add_argument("--overlap-confine", choices=list(OVERLAP_CONFINES), default="grid",
-                   help="--overlap: grid (default): the GEMM is held to its SMs only by the persistent kernel's "
-                        "grid, as serving does when it tells DeepGEMM its SMs; green: also a green context "
-                        "(an idealised partition, for analysis)")
-    p.add_argument("--overlap-order", choices=["gemm-first", "comm-first", "comm-first-no-wait", "mean"],
-                   default="gemm-first",
-                   help="--overlap: which launch order the split is chosen for: gemm-first (default: the GEMM "
-                        "already holds its SMs when DeepEP launches), comm-first (DeepEP's calls are enqueued "
-                        "first, as vLLM's DBO and SGLang's TBO schedules order them; the full dispatch's host "
-                        "wait for its receive counts then delays the GEMM's launch), comm-first-no-wait (the "
-                        "same order with the dispatch given num_worst_tokens, so the host does not wait: what "
-                        "a CUDA-graph or run-ahead engine can do), or the mean of gemm-first and comm-first; "
-                        "all are always measured and recorded")
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="choose DeepEP's SMs and send chunks against the experts' GEMM on the other SMs "
+        "(live bench; --trials joint trials after a scan of the --sms splits)",
+    )
+    p.add_argument(
+        "--overlap-gemm",
+        choices=list(OVERLAP_GEMMS),
+        default="auto",
+        help="--overlap: the experts' GEMM beside the communication: persistent (block-fp8 grouped "
+        "Triton kernel on exactly the GEMM's SMs), persistent-clustered (the same in 2-CTA "
+        "clusters, as DeepGEMM's multicast launches), grouped (torch's fp8 grouped GEMM) or dense "
+        "(one cuBLAS fp8 GEMM); auto (default): persistent-clustered where the experts run "
+        "DeepGEMM, else persistent; a kind that cannot run falls back",
+    )
+    p.add_argument(
+        "--overlap-confine",
+        choices=list(OVERLAP_CONFINES),
+        default="grid",
+        help="--overlap: grid (default): the GEMM is held to its SMs only by the persistent kernel's "
+        "grid, as serving does when it tells DeepGEMM its SMs; green: also a green context "
+        "(an idealised partition, for analysis)",
+    )
+    p.add_argument(
+        "--overlap-order",
+        choices=["gemm-first", "comm-first", "comm-first-no-wait", "mean"],
+        default="gemm-first",
+        help="--overlap: which launch order the split is chosen for: gemm-first (default: the GEMM "
+        "already holds its SMs when DeepEP launches), comm-first (DeepEP's calls are enqueued "
+        "first, as vLLM's DBO and SGLang's TBO schedules order them; the full dispatch's host "
+        "wait for its receive counts then delays the GEMM's launch), comm-first-no-wait (the "
+        "same order with the dispatch given num_worst_tokens, so the host does not wait: what "
+        "a CUDA-graph or run-ahead engine can do), or the mean of gemm-first and comm-first; "
+        "all are always measured and recorded",
+    )
 
 
 def _default_buckets() -> str:
@@ -145,20 +221,37 @@ def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
     if args.max_buffer_mb < 1:
         raise UsageError(f"--max-buffer-mb must be at least 1, got {args.max_buffer_mb}")
     if not (math.isfinite(args.trial_timeout) and 0 < args.trial_timeout <= MAX_TRIAL_TIMEOUT_S):
-        raise UsageError(f"--trial-timeout must be a number of seconds from 0 to {MAX_TRIAL_TIMEOUT_S} (the live "
-                         f"watchdog; nan and inf would turn it off), got {args.trial_timeout}")
+        raise UsageError(
+            f"--trial-timeout must be a number of seconds from 0 to {MAX_TRIAL_TIMEOUT_S} (the live "
+            f"watchdog; nan and inf would turn it off), got {args.trial_timeout}"
+        )
     overlap = None
     if args.confirm_rounds < MIN_ROUNDS:
-        raise UsageError(f"--confirm-rounds must be at least {MIN_ROUNDS} (the fewest in which the paired test with "
-                         f"Holm's correction over three buckets can claim anything), got {args.confirm_rounds}")
+        raise UsageError(
+            f"--confirm-rounds must be at least {MIN_ROUNDS} (the fewest in which the paired test with "
+            f"Holm's correction over three buckets can claim anything), got {args.confirm_rounds}"
+        )
     if args.overlap:
-        overlap = OverlapOptions(gemm=args.overlap_gemm, confine=args.overlap_confine, order=args.overlap_order,
-                                 confirm_rounds=args.confirm_rounds)
-    return TuneOptions(buckets=_buckets(args, objective), trials=args.trials, max_sms=args.max_sms,
-                       sms=_sms(args.sms), max_buffer_mb=args.max_buffer_mb, storage=args.storage or DEFAULT_STORAGE,
-                       study=args.study, seed=args.seed, command="moepolicy " + redact_command(sys.argv[1:]),
-                       overlap=overlap, regime=args.regime or engine_regime(args.engine, args.backend),
-                       confirm_rounds=args.confirm_rounds)
+        overlap = OverlapOptions(
+            gemm=args.overlap_gemm,
+            confine=args.overlap_confine,
+            order=args.overlap_order,
+            confirm_rounds=args.confirm_rounds,
+        )
+    return TuneOptions(
+        buckets=_buckets(args, objective),
+        trials=args.trials,
+        max_sms=args.max_sms,
+        sms=_sms(args.sms),
+        max_buffer_mb=args.max_buffer_mb,
+        storage=args.storage or DEFAULT_STORAGE,
+        study=args.study,
+        seed=args.seed,
+        command="moepolicy " + redact_command(sys.argv[1:]),
+        overlap=overlap,
+        regime=args.regime or engine_regime(args.engine, args.backend),
+        confirm_rounds=args.confirm_rounds,
+    )
 
 
 def engine_regime(engine: str, backend: str) -> str:
@@ -175,12 +268,18 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
     import torch.distributed as dist
 
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise UsageError("--launcher torchrun: RANK and WORLD_SIZE are not set (start it with torchrun)")
+        raise UsageError(
+            "--launcher torchrun: RANK and WORLD_SIZE are not set (start it with torchrun)"
+        )
     if args.bench not in ("model", "live"):
-        raise UsageError("--launcher torchrun needs --bench model (CPUs, gloo) or --bench live (GPUs, NCCL)")
+        raise UsageError(
+            "--launcher torchrun needs --bench model (CPUs, gloo) or --bench live (GPUs, NCCL)"
+        )
     world = int(os.environ["WORLD_SIZE"])
     if args.ep_size is not None and args.ep_size != world:
-        raise UsageError(f"--launcher torchrun measures on its {world} ranks; --ep-size {args.ep_size} differs")
+        raise UsageError(
+            f"--launcher torchrun measures on its {world} ranks; --ep-size {args.ep_size} differs"
+        )
     args.ep_size = world
     from moepolicy.target import TargetSpec, resolve_target
     from moepolicy.tuning.coordinate import CoordinatedBench, join_group, serve
@@ -196,8 +295,13 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
         inner = RankBench(dist.group.WORLD, args.max_buffer_mb * 1024 * 1024 // 128 * 128)
     else:
         join_group("gloo", note)
-        inner = source.build(BenchChoice("model", "torchrun", world),
-                             resolve_target(TargetSpec(gpu=args.gpu, ep_size=world), probe=False).gpu, 0, 0.0, 0)
+        inner = source.build(
+            BenchChoice("model", "torchrun", world),
+            resolve_target(TargetSpec(gpu=args.gpu, ep_size=world), probe=False).gpu,
+            0,
+            0.0,
+            0,
+        )
     try:
         if dist.get_rank() != 0:
             served = serve(inner)
@@ -205,7 +309,9 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
             return 0
         bench = CoordinatedBench(inner)
         try:
-            choice = BenchChoice(args.bench, f"torchrun, {world} ranks, rank 0 drives the study", world)
+            choice = BenchChoice(
+                args.bench, f"torchrun, {world} ranks, rank 0 drives the study", world
+            )
             return _tune_and_write(args, choice, lambda plan, objective: bench)
         finally:
             bench.close()
@@ -223,25 +329,38 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
     except TuningError as exc:
         raise UsageError(f"--bench {args.bench}: {exc}") from None
     if args.overlap and choice.kind != "live":
-        raise UsageError("--overlap needs the live bench: it times DeepEP beside a confined GEMM on GPUs "
-                         f"(bench: {choice.kind}, {choice.why})")
+        raise UsageError(
+            "--overlap needs the live bench: it times DeepEP beside a confined GEMM on GPUs "
+            f"(bench: {choice.kind}, {choice.why})"
+        )
     api.check_bench_fits(choice, args.ep_size)
 
     def build(plan, objective):
-        return source.build(choice, plan.target.gpu, args.max_buffer_mb * 1024 * 1024 // 128 * 128,
-                            args.trial_timeout, int(objective.get("reps", 20)))
+        return source.build(
+            choice,
+            plan.target.gpu,
+            args.max_buffer_mb * 1024 * 1024 // 128 * 128,
+            args.trial_timeout,
+            int(objective.get("reps", 20)),
+        )
 
-    return _tune_and_write(args, choice, build, lambda: source.build_v2(choice, args.trial_timeout, V2_REPS))
+    return _tune_and_write(
+        args, choice, build, lambda: source.build_v2(choice, args.trial_timeout, V2_REPS)
+    )
 
 
 V2_REPS = 20  # timings per DeepEP v2 measurement (their median counts)
 
 
-def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench, build_v2_bench=None) -> int:
+def _tune_and_write(
+    args: argparse.Namespace, choice: BenchChoice, build_bench, build_v2_bench=None
+) -> int:
     if args.backend == "deepep_ll":
-        raise UsageError("--backend deepep_ll: low-latency mode has no SM count or chunk sizes to tune (its kernels "
-                         "size themselves by num_max_dispatch_tokens_per_rank); 'moepolicy plan --backend deepep_ll' "
-                         "writes its decisions and buffer size")
+        raise UsageError(
+            "--backend deepep_ll: low-latency mode has no SM count or chunk sizes to tune (its kernels "
+            "size themselves by num_max_dispatch_tokens_per_rank); 'moepolicy plan --backend deepep_ll' "
+            "writes its decisions and buffer size"
+        )
     from moepolicy.cli.plan import build_plan
     from moepolicy.tuning.space import load_objective, load_space
 
@@ -253,41 +372,64 @@ def _tune_and_write(args: argparse.Namespace, choice: BenchChoice, build_bench, 
     default_ep = choice.ranks if choice.kind == "live" else None
     if choice.kind == "model" and args.ep_size is None:
         default_ep = args.gpus_per_node or api.DEFAULT_NODE_GPUS
-        note(f"no --ep-size and no GPUs to count: assuming one full node, EP {default_ep} "
-             "(pass --ep-size to choose)")
+        note(
+            f"no --ep-size and no GPUs to count: assuming one full node, EP {default_ep} "
+            "(pass --ep-size to choose)"
+        )
     plan = build_plan(args, default_ep=default_ep)
     if plan.target.deepep.api == "v2":
         return _tune_v2(args, choice, plan, options, build_v2_bench, output)
     with progress_to_stderr(verbose=args.verbose):
-        result = api.tune_with(plan, choice, options, objective, space, bench=build_bench(plan, objective))
+        result = api.tune_with(
+            plan, choice, options, objective, space, bench=build_bench(plan, objective)
+        )
     if choice.shared:
         mark_functional(result.document, choice)
     render(result)
     _closing_line(plan, result)
-    write_result(_output_for(result, output), dumps(result.document),
-                 "a partial result, marked so in the file" if result.interrupted else "")
+    write_result(
+        _output_for(result, output),
+        dumps(result.document),
+        "a partial result, marked so in the file" if result.interrupted else "",
+    )
     return _after_interrupt(result)
 
 
-def _tune_v2(args: argparse.Namespace, choice: BenchChoice, plan, options, build_v2_bench,
-             output: Optional[str]) -> int:
+def _tune_v2(
+    args: argparse.Namespace,
+    choice: BenchChoice,
+    plan,
+    options,
+    build_v2_bench,
+    output: Optional[str],
+) -> int:
     """DeepEP v2: its SM count and prefer-overlap option, measured live (no model of v2 exists)."""
     if choice.kind != "live" or build_v2_bench is None:
         raise UsageError(
             f"{plan.target.deepep.name}: DeepEP v2 sizes its own buffers and chunks; its settings (num_sms, 0 = its "
             "analytical count, and prefer_overlap_with_compute) are measured only live, on GPUs with DeepEP v2 (it "
             "needs NCCL with GIN; unverified on this project's machines), not with the model bench or torchrun; "
-            "'moepolicy plan' writes DeepEP's defaults as deepep.v2")
+            "'moepolicy plan' writes DeepEP's defaults as deepep.v2"
+        )
     from moepolicy.planner import tuned_document
     from moepolicy.tuning.v2_tune import tune_v2_plan
 
-    note("DeepEP v2: measuring its SM count and prefer-overlap option (unverified on this project's machines)")
+    note(
+        "DeepEP v2: measuring its SM count and prefer-overlap option (unverified on this project's machines)"
+    )
     kept, chosen = tune_v2_plan(plan, build_v2_bench(), options)
     document = tuned_document(plan, kept, command=options.command)
     note(f"DeepEP v2: kept {chosen.kept.name} ({chosen.why})")
-    for tokens, speedup in chosen.vs_default.items():  # the report rounds: fresh workers, they decided nothing
-        times = ", ".join(f"{name} {us} us" for name, us in chosen.report_us.get(tokens, {}).items())
-        note(f"  T={tokens}, report rounds: " + (speedup.words() if speedup is not None else times))
+    for (
+        tokens,
+        speedup,
+    ) in chosen.vs_default.items():  # the report rounds: fresh workers, they decided nothing
+        times = ", ".join(
+            f"{name} {us} us" for name, us in chosen.report_us.get(tokens, {}).items()
+        )
+        note(
+            f"  T={tokens}, report rounds: " + (speedup.words() if speedup is not None else times)
+        )
     if chosen.report_weighted is not None:
         note(f"  weighted over the buckets, report rounds: {chosen.report_weighted.words()}")
     write_result(output, dumps(document))
@@ -304,7 +446,9 @@ def _closing_line(plan, result) -> None:
     elif kept == {"engine"}:
         deepep = f"DeepEP: vLLM's own settings kept ({result.num_sms} SMs, DeepEP's table; {result.label})"
     else:
-        deepep = f"DeepEP: {result.num_sms} SMs (vLLM runs 20) and the configs above ({result.label})"
+        deepep = (
+            f"DeepEP: {result.num_sms} SMs (vLLM runs 20) and the configs above ({result.label})"
+        )
     line = vllm_difference(plan, deepep)
     if line:
         note(line)
@@ -318,8 +462,10 @@ def mark_functional(document: dict, choice: BenchChoice) -> None:
     from moepolicy.document.keys import compute_keys
 
     note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
-    document["deepep"]["partial"] = {"reason": f"functional run, {SHARED_LABEL} ({choice.why}); its times "
-                                               "measure no communication and its configs are not for serving"}
+    document["deepep"]["partial"] = {
+        "reason": f"functional run, {SHARED_LABEL} ({choice.why}); its times "
+        "measure no communication and its configs are not for serving"
+    }
     document["key"] = compute_keys(document)
 
 
@@ -333,7 +479,11 @@ def tune_inputs(args: argparse.Namespace, storage: str) -> list[tuple[str, objec
     """What a tune reads, which its ``-o`` must not name: the checkpoint, the rule packs, the study database."""
     from moepolicy.tuning.storage import storage_file
 
-    return [*model_inputs(args.model), *rules_inputs(args.rules), ("the study database", storage_file(storage))]
+    return [
+        *model_inputs(args.model),
+        *rules_inputs(args.rules),
+        ("the study database", storage_file(storage)),
+    ]
 
 
 def _output_for(result, output: Optional[str]) -> Optional[str]:
@@ -353,7 +503,9 @@ def _output_for(result, output: Optional[str]) -> Optional[str]:
         return output
     p = Path(output)
     beside = str(p.with_name(p.stem + ".partial" + (p.suffix or ".yaml")))
-    note(f"interrupted: {output} holds a complete policy and is kept; the partial result goes to {beside}")
+    note(
+        f"interrupted: {output} holds a complete policy and is kept; the partial result goes to {beside}"
+    )
     return beside
 
 
@@ -370,7 +522,9 @@ def render(result) -> None:
                 note(line)
         return
     if not result.buckets:
-        note(f"DeepEP: {result.num_sms} SMs, DeepEP's default configs ({result.label}): {result.why}")
+        note(
+            f"DeepEP: {result.num_sms} SMs, DeepEP's default configs ({result.label}): {result.why}"
+        )
         return
     note(f"num_sms {result.num_sms} ({result.label}): {result.why}")
     if result.interrupted or not any(b.confirmed for b in result.buckets):
@@ -392,29 +546,73 @@ def _render_measured(result) -> None:
     rows = []
     for b in result.buckets:
         c = b.confirmed
-        rows.append([b.tokens, f"{c.times_us['engine']:.1f}", f"{c.times_us['default']:.1f}",
-                     f"{c.times_us['kept']:.1f}", report_words(c.vs_engine), report_words(c.vs_default), _kept_words(b)])
-    table(["tokens", "engine default us", f"default chunks @{result.num_sms} us", "kept us", "kept vs engine",
-           "kept vs default chunks", "kept (nvl send, recv)"], rows, out=sys.stderr)
+        rows.append(
+            [
+                b.tokens,
+                f"{c.times_us['engine']:.1f}",
+                f"{c.times_us['default']:.1f}",
+                f"{c.times_us['kept']:.1f}",
+                report_words(c.vs_engine),
+                report_words(c.vs_default),
+                _kept_words(b),
+            ]
+        )
+    table(
+        [
+            "tokens",
+            "engine default us",
+            f"default chunks @{result.num_sms} us",
+            "kept us",
+            "kept vs engine",
+            "kept vs default chunks",
+            "kept (nvl send, recv)",
+        ],
+        rows,
+        out=sys.stderr,
+    )
     weighted = getattr(result.protocol, "weighted", None)
     if weighted is not None:
         note(f"  weighted over the buckets: {weighted.words()}")
-    note(f"  measured, {result.region} region: DeepEP's dispatch + combine, medians of the report rounds (fresh workers; "
-         "they decided nothing); the serial MoE step adds the experts' GEMM, the same in every column. Speed-ups: "
-         "paired per-round geometric means with the exact sign-flip test's 95% interval, per bucket (not adjusted "
-         "for the other buckets); what is kept was decided in the gate rounds before")
+    note(
+        f"  measured, {result.region} region: DeepEP's dispatch + combine, medians of the report rounds (fresh workers; "
+        "they decided nothing); the serial MoE step adds the experts' GEMM, the same in every column. Speed-ups: "
+        "paired per-round geometric means with the exact sign-flip test's 95% interval, per bucket (not adjusted "
+        "for the other buckets); what is kept was decided in the gate rounds before"
+    )
 
 
 def _render_modelled(result) -> None:
     chosen = next((b.confirmed.chosen_sms for b in result.buckets if b.confirmed.chosen_sms), None)
     if chosen is None:  # the engine's SM count: nothing compared
-        table(["tokens", "kept us (modelled)", "kept (nvl send, recv)"],
-              [[b.tokens, f"{b.confirmed.us['kept']:.1f}", _kept_words(b)] for b in result.buckets], out=sys.stderr)
+        table(
+            ["tokens", "kept us (modelled)", "kept (nvl send, recv)"],
+            [[b.tokens, f"{b.confirmed.us['kept']:.1f}", _kept_words(b)] for b in result.buckets],
+            out=sys.stderr,
+        )
     else:
-        rows = [[b.tokens, f"{b.confirmed.us['engine']:.1f}", f"{b.confirmed.us['chosen']:.1f}", b.confirmed.words(),
-                 _kept_words(b)] for b in result.buckets]
-        table(["tokens", "engine default us (modelled)", f"{chosen} SMs us (modelled)", "chosen vs engine (modelled)",
-               "kept (nvl send, recv)"], rows, out=sys.stderr)
-    note(f"  modelled, {result.region} region: the model bench's answers (a cost model fitted to measurements on "
-         "2 x H200), not measurements: no interval (a model has no round-to-round noise); an SM count other than "
-         "the engine's is kept only where the modelled speed-up exceeds the model's held-out error there")
+        rows = [
+            [
+                b.tokens,
+                f"{b.confirmed.us['engine']:.1f}",
+                f"{b.confirmed.us['chosen']:.1f}",
+                b.confirmed.words(),
+                _kept_words(b),
+            ]
+            for b in result.buckets
+        ]
+        table(
+            [
+                "tokens",
+                "engine default us (modelled)",
+                f"{chosen} SMs us (modelled)",
+                "chosen vs engine (modelled)",
+                "kept (nvl send, recv)",
+            ],
+            rows,
+            out=sys.stderr,
+        )
+    note(
+        f"  modelled, {result.region} region: the model bench's answers (a cost model fitted to measurements on "
+        "2 x H200), not measurements: no interval (a model has no round-to-round noise); an SM count other than "
+        "the engine's is kept only where the modelled speed-up exceeds the model's held-out error there"
+    )

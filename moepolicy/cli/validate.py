@@ -9,15 +9,25 @@ from moepolicy.errors import PolicyError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("validate", help="check a policy: schema, version, DeepEP rules, key integrity")
+    p = sub.add_parser(
+        "validate", help="check a policy: schema, version, DeepEP rules, key integrity"
+    )
     p.add_argument("policy", nargs="+", help="policy file(s) written by plan or tune")
-    p.add_argument("--strict", action="store_true", help="refuse unknown keys (from a newer minor version)")
-    p.add_argument("--rekey", action="store_true",
-                   help="after a deliberate hand edit: recompute the keys and rewrite the file")
-    p.add_argument("--live", action="store_true",
-                   help="also run the policy's DeepEP settings through real DeepEP on the GPUs visible, at its EP "
-                        "size (ranks share a GPU where there are fewer GPUs: a functional check, not a speed one): "
-                        "buffer, configs, every bucket and wire format, dispatch and combine against the reference")
+    p.add_argument(
+        "--strict", action="store_true", help="refuse unknown keys (from a newer minor version)"
+    )
+    p.add_argument(
+        "--rekey",
+        action="store_true",
+        help="after a deliberate hand edit: recompute the keys and rewrite the file",
+    )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="also run the policy's DeepEP settings through real DeepEP on the GPUs visible, at its EP "
+        "size (ranks share a GPU where there are fewer GPUs: a functional check, not a speed one): "
+        "buffer, configs, every bucket and wire format, dispatch and combine against the reference",
+    )
     add_serving_flags(p)
     add_format_flag(p)
     p.set_defaults(run=run)
@@ -25,9 +35,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_serving_flags(p: argparse.ArgumentParser) -> None:
     """--model / --ep-size: predict load_policy's decision for the served model and EP size."""
-    p.add_argument("--model", help="the model serving will load (catalog name, Hugging Face id, folder): "
-                                   "checked as load_policy checks it, from the HF cache only")
-    p.add_argument("--ep-size", type=int, help="the EP size serving will run with, checked as load_policy checks it")
+    p.add_argument(
+        "--model",
+        help="the model serving will load (catalog name, Hugging Face id, folder): "
+        "checked as load_policy checks it, from the HF cache only",
+    )
+    p.add_argument(
+        "--ep-size",
+        type=int,
+        help="the EP size serving will run with, checked as load_policy checks it",
+    )
 
 
 def serving_outcome(path: str, args: argparse.Namespace):
@@ -50,16 +67,22 @@ def _rekey(path: str, strict: bool) -> None:
     from moepolicy.files import read_bounded
     from moepolicy.cli._replay import stored_facts_problem
 
-    raw = _parse_raw(read_bounded(path, MAX_POLICY_BYTES, PolicyError).decode("utf-8", "replace"), path)
+    raw = _parse_raw(
+        read_bounded(path, MAX_POLICY_BYTES, PolicyError).decode("utf-8", "replace"), path
+    )
     if "layers" not in raw or "target" not in raw:
         raise PolicyError(f"{path}: cannot rekey: not a policy (no layers or target)")
     try:
         raw["key"] = compute_keys(raw)
     except (KeyError, TypeError, AttributeError) as exc:
-        raise PolicyError(f"{path}: cannot rekey, a key part is missing or malformed ({exc})") from None
+        raise PolicyError(
+            f"{path}: cannot rekey, a key part is missing or malformed ({exc})"
+        ) from None
     fmt = "json" if path.endswith(".json") else "yaml"
     text = dumps(raw, fmt)
-    loaded = parse_policy(text, f"{path} (rekeyed, not written)", strict=strict)  # refuses before anything is written
+    loaded = parse_policy(
+        text, f"{path} (rekeyed, not written)", strict=strict
+    )  # refuses before anything is written
     problem = stored_facts_problem(loaded.doc)
     if problem:
         raise PolicyError(f"{path} (rekeyed, not written): {problem}")
@@ -97,15 +120,19 @@ def run(args: argparse.Namespace) -> int:
         print_json(results)
     failures = [r["failure"] for r in live if r["failure"]]
     if failures:
-        raise PolicyError(failures[0] + (f" (and {len(failures) - 1} more polic(ies) failed)" if len(failures) > 1
-                                         else ""))
+        raise PolicyError(
+            failures[0]
+            + (f" (and {len(failures) - 1} more polic(ies) failed)" if len(failures) > 1 else "")
+        )
     return 0
 
 
 def _ok_line(result: dict) -> str:
-    return (f"ok: {result['policy']}: schema {result['schema_version']}, {result['model']}, {result['layers']} layers, "
-            f"{result['gpu']} EP{result['ep_size']} {result['backend']}, deepep {result['deepep_source']}, "
-            "keys intact")
+    return (
+        f"ok: {result['policy']}: schema {result['schema_version']}, {result['model']}, {result['layers']} layers, "
+        f"{result['gpu']} EP{result['ep_size']} {result['backend']}, deepep {result['deepep_source']}, "
+        "keys intact"
+    )
 
 
 def _validate(path: str, args: argparse.Namespace) -> dict:
@@ -124,14 +151,28 @@ def _validate(path: str, args: argparse.Namespace) -> dict:
     if problem:
         raise PolicyError(f"{path}: {problem}")
     if doc.deepep.partial is not None:
-        raise PolicyError(f"{path}: a partial result ({doc.deepep.partial.reason}); load_policy uses DeepEP's "
-                          "default configs and the decisions without measured facts for it; re-run the tune")
+        raise PolicyError(
+            f"{path}: a partial result ({doc.deepep.partial.reason}); load_policy uses DeepEP's "
+            "default configs and the decisions without measured facts for it; re-run the tune"
+        )
     outcome = serving_outcome(path, args)
-    return {"policy": path, "schema_version": doc.schema_version, "model": doc.model.name, "layers": len(doc.layers),
-            "gpu": doc.target.gpu, "ep_size": doc.target.ep_size, "backend": doc.target.backend,
-            "deepep_source": doc.deepep.provenance.source, "keys": "intact",
-            "serving": {"state": outcome.state, "reason": outcome.reason, "checks": dict(outcome.report),
-                        "summary": outcome.summary()}}
+    return {
+        "policy": path,
+        "schema_version": doc.schema_version,
+        "model": doc.model.name,
+        "layers": len(doc.layers),
+        "gpu": doc.target.gpu,
+        "ep_size": doc.target.ep_size,
+        "backend": doc.target.backend,
+        "deepep_source": doc.deepep.provenance.source,
+        "keys": "intact",
+        "serving": {
+            "state": outcome.state,
+            "reason": outcome.reason,
+            "checks": dict(outcome.report),
+            "summary": outcome.summary(),
+        },
+    }
 
 
 def _live(paths: list[str], show: bool = True) -> list[dict]:
@@ -160,8 +201,9 @@ def _live(paths: list[str], show: bool = True) -> list[dict]:
             if show:
                 print("\n".join(render(report)), flush=True)
 
-        for report in run_preflight([plan for plan in plans if plan.ep_size == ep_size], placement,
-                                    on_report=display):
+        for report in run_preflight(
+            [plan for plan in plans if plan.ep_size == ep_size], placement, on_report=display
+        ):
             if not any(report is r for r in shown):  # failed or not run: shown at the end
                 display(report)
             reports[id(report.plan)] = report
@@ -169,6 +211,12 @@ def _live(paths: list[str], show: bool = True) -> list[dict]:
 
 
 def _live_result(report, describe_failure) -> dict:
-    return {"ok": report.ok, "placement": report.placement.describe(), "shared_gpu": report.placement.shared,
-            "rows": [vars(row) for row in report.rows], "not_checked": list(report.plan.not_checked),
-            "error": report.error or None, "failure": None if report.ok else describe_failure(report)}
+    return {
+        "ok": report.ok,
+        "placement": report.placement.describe(),
+        "shared_gpu": report.placement.shared,
+        "rows": [vars(row) for row in report.rows],
+        "not_checked": list(report.plan.not_checked),
+        "error": report.error or None,
+        "failure": None if report.ok else describe_failure(report),
+    }

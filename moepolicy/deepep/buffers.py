@@ -18,14 +18,20 @@ def _round128(n: int) -> int:
     return (n + 127) // 128 * 128
 
 
-def nvl_bytes_hint(num_sms: int, nvl_recv: int, hidden_bytes: int, num_ranks: int,
-                   nvshmem_build: bool = True) -> int:
+def nvl_bytes_hint(
+    num_sms: int, nvl_recv: int, hidden_bytes: int, num_ranks: int, nvshmem_build: bool = True
+) -> int:
     channels = num_sms // 2
     nvl_ranks = min(num_ranks, 8)
     rdma_ranks = max(num_ranks // 8, 1)
     meta = channels * nvl_ranks * (2 * rdma_ranks + 3) * 4
-    slot = (hidden_bytes + (8 if nvshmem_build else 0) + MAX_TOPK * TOPK_IDX_BYTES
-            + MAX_TOPK * 4 + MAX_SCALES * 4)
+    slot = (
+        hidden_bytes
+        + (8 if nvshmem_build else 0)
+        + MAX_TOPK * TOPK_IDX_BYTES
+        + MAX_TOPK * 4
+        + MAX_SCALES * 4
+    )
     return _round128(meta + channels * nvl_ranks * nvl_recv * slot)
 
 
@@ -61,5 +67,8 @@ def ht_buffer_bytes(num_sms: int, configs, hidden: int, num_ranks: int) -> tuple
     ``configs`` (``ChunkConfig``s: nvl_send, nvl_recv, rdma_send, rdma_recv), by DeepEP's hints."""
     hidden_bytes = hidden * 2
     nvl = max(nvl_bytes_hint(num_sms, c[1], hidden_bytes, num_ranks) for c in configs)
-    rdma = max(rdma_bytes_hint(num_sms, effective_rdma_recv(c[2], c[3]), hidden_bytes, num_ranks) for c in configs)
+    rdma = max(
+        rdma_bytes_hint(num_sms, effective_rdma_recv(c[2], c[3]), hidden_bytes, num_ranks)
+        for c in configs
+    )
     return nvl, rdma

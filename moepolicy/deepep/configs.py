@@ -16,8 +16,12 @@ from moepolicy.deepep.engines import DEEPEP_DEFAULT_NUM_SMS
 if TYPE_CHECKING:
     from moepolicy.schema.capability import DeepEPSheet
 
-DOC_KEYS = ("num_max_nvl_chunked_send_tokens", "num_max_nvl_chunked_recv_tokens",
-            "num_max_rdma_chunked_send_tokens", "num_max_rdma_chunked_recv_tokens")
+DOC_KEYS = (
+    "num_max_nvl_chunked_send_tokens",
+    "num_max_nvl_chunked_recv_tokens",
+    "num_max_rdma_chunked_send_tokens",
+    "num_max_rdma_chunked_recv_tokens",
+)
 
 
 class ChunkConfig(NamedTuple):

@@ -42,14 +42,24 @@ class KeptDeepEP:
     def settings(self) -> DeepEPSettings:
         """What a serving process runs DeepEP with (buffer sizes: the composer's, from the plan)."""
         source = str(self.provenance.get("source", ""))
-        return DeepEPSettings(self.num_sms, None, None, self.buckets, source, is_default=source == "default",
-                              v2=self.v2)
+        return DeepEPSettings(
+            self.num_sms,
+            None,
+            None,
+            self.buckets,
+            source,
+            is_default=source == "default",
+            v2=self.v2,
+        )
 
 
 def deepep_defaults(sheet, ep_size: int, note: str) -> KeptDeepEP:
     """DeepEP's built-in configs and SM count for ``ep_size`` ranks (``sheet``: a DeepEP data sheet);
     a v2 build's ElasticBuffer defaults beside them."""
     dispatch, combine = default_configs(sheet, ep_size)
-    return KeptDeepEP(default_num_sms(sheet), (Bucket(None, dispatch, combine),),
-                      {"source": "default", "note": note},
-                      v2=V2Settings() if sheet.api == "v2" else None)
+    return KeptDeepEP(
+        default_num_sms(sheet),
+        (Bucket(None, dispatch, combine),),
+        {"source": "default", "note": note},
+        v2=V2Settings() if sheet.api == "v2" else None,
+    )

@@ -11,8 +11,11 @@ if TYPE_CHECKING:
 
 
 def features_of(module: ModuleType) -> frozenset[str]:
-    found = {name for name in ("Buffer", "Config", "ElasticBuffer", "topk_idx_t")
-             if hasattr(module, name)}
+    found = {
+        name
+        for name in ("Buffer", "Config", "ElasticBuffer", "topk_idx_t")
+        if hasattr(module, name)
+    }
     import inspect
 
     buffer = getattr(module, "Buffer", None)
@@ -47,7 +50,9 @@ def import_features() -> Optional[frozenset[str]]:
     return features_of(sys.modules["deep_ep"])
 
 
-def matching_sheet(features: frozenset[str], sheets: dict[str, "DeepEPSheet"]) -> Optional["DeepEPSheet"]:
+def matching_sheet(
+    features: frozenset[str], sheets: dict[str, "DeepEPSheet"]
+) -> Optional["DeepEPSheet"]:
     for sheet in sheets.values():
         if set(sheet.probe.requires) <= features and not set(sheet.probe.forbids) & features:
             return sheet

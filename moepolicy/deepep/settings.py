@@ -38,7 +38,9 @@ class DeepEPSettings:
     """One validated ``num_sms``, per-bucket dispatch/combine configs, buffer sizes."""
 
     num_sms: int
-    num_nvl_bytes: Optional[int]  # None: unknown here (no hidden size): the engine sizes DeepEP's buffer itself
+    num_nvl_bytes: Optional[
+        int
+    ]  # None: unknown here (no hidden size): the engine sizes DeepEP's buffer itself
     num_rdma_bytes: Optional[int]
     buckets: tuple[Bucket, ...]
     source: str
@@ -47,8 +49,12 @@ class DeepEPSettings:
     v2: Optional[V2Settings] = None  # only for a DeepEP v2 target
 
     def __post_init__(self) -> None:
-        bounds = tuple(b.max_tokens if b.max_tokens is not None else sys.maxsize for b in self.buckets)
-        object.__setattr__(self, "_bounds", bounds)  # computed once: bucket_for runs per forward pass
+        bounds = tuple(
+            b.max_tokens if b.max_tokens is not None else sys.maxsize for b in self.buckets
+        )
+        object.__setattr__(
+            self, "_bounds", bounds
+        )  # computed once: bucket_for runs per forward pass
 
     def bucket_for(self, num_tokens: int) -> Bucket:
         """The first bucket whose ``max_tokens`` holds ``num_tokens`` (the last one otherwise)."""
@@ -60,8 +66,10 @@ class DeepEPSettings:
         import deep_ep  # the serving process has it; loading a policy does not need it
 
         bucket = self.bucket_for(num_tokens)
-        return (deep_ep.Config(self.num_sms, *bucket.dispatch),
-                deep_ep.Config(self.num_sms, *bucket.combine))
+        return (
+            deep_ep.Config(self.num_sms, *bucket.dispatch),
+            deep_ep.Config(self.num_sms, *bucket.combine),
+        )
 
     def buffer_bytes(self, hidden: int, num_ranks: int) -> tuple[int, int]:
         """(num_nvl_bytes, num_rdma_bytes) for bf16 rows of ``hidden`` over every bucket's configs:
@@ -76,6 +84,16 @@ class DeepEPSettings:
                     if num_ranks > 8:
                         rdma = max(rdma, config.get_rdma_buffer_size_hint(hidden * 2, num_ranks))
                 else:
-                    nvl = max(nvl, buffers.nvl_bytes_hint(self.num_sms, chunk.nvl_recv, hidden * 2, num_ranks))
-                    rdma = max(rdma, buffers.rdma_bytes_hint(self.num_sms, chunk.rdma_recv, hidden * 2, num_ranks))
+                    nvl = max(
+                        nvl,
+                        buffers.nvl_bytes_hint(
+                            self.num_sms, chunk.nvl_recv, hidden * 2, num_ranks
+                        ),
+                    )
+                    rdma = max(
+                        rdma,
+                        buffers.rdma_bytes_hint(
+                            self.num_sms, chunk.rdma_recv, hidden * 2, num_ranks
+                        ),
+                    )
         return nvl, rdma

@@ -10,7 +10,10 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 SCHEMA_VERSION = "2.3"
-READABLE_MAJORS = (1, 2)  # 1.x documents load as they are: every 2.0 field has a default that 1.x meant
+READABLE_MAJORS = (
+    1,
+    2,
+)  # 1.x documents load as they are: every 2.0 field has a default that 1.x meant
 QUANTIZED_ORDERS = ("quant_then_dispatch", "in_kernel_quant")
 # what a quantized order may put on the wire; 2.1 adds NVFP4 (e2m1 packed two per byte, e4m3 1x16 scales)
 QUANTIZED_WIRES = ("fp8_e4m3", "nvfp4")
@@ -42,8 +45,12 @@ NAME_MAX_LENGTH = 128
 
 
 # a DeepEP Config's chunk fields, in its argument order; the RDMA ones may be omitted (intranode)
-CHUNK_FIELDS = ("num_max_nvl_chunked_send_tokens", "num_max_nvl_chunked_recv_tokens",
-                "num_max_rdma_chunked_send_tokens", "num_max_rdma_chunked_recv_tokens")
+CHUNK_FIELDS = (
+    "num_max_nvl_chunked_send_tokens",
+    "num_max_nvl_chunked_recv_tokens",
+    "num_max_rdma_chunked_send_tokens",
+    "num_max_rdma_chunked_recv_tokens",
+)
 CHUNK_DEFAULTS = {"num_max_rdma_chunked_send_tokens": 6, "num_max_rdma_chunked_recv_tokens": 256}
 
 
@@ -61,11 +68,15 @@ def layer_problem(kind: str, order: str, wire_dtype: str) -> Optional[str]:
 
 def chunk_problem(nvl_s: int, nvl_r: int, rd_s: int, rd_r: int) -> Optional[str]:
     if nvl_s >= nvl_r:
-        return (f"NVLink send chunk must be below the receive capacity (DeepEP config.hpp:40-49): "
-                f"send {nvl_s} >= recv {nvl_r}")
+        return (
+            f"NVLink send chunk must be below the receive capacity (DeepEP config.hpp:40-49): "
+            f"send {nvl_s} >= recv {nvl_r}"
+        )
     if rd_r % rd_s:
-        return (f"RDMA receive capacity {rd_r} is not a multiple of the send chunk {rd_s}; DeepEP "
-                f"rounds it up silently, so write the effective value {-(-rd_r // rd_s) * rd_s}")
+        return (
+            f"RDMA receive capacity {rd_r} is not a multiple of the send chunk {rd_s}; DeepEP "
+            f"rounds it up silently, so write the effective value {-(-rd_r // rd_s) * rd_s}"
+        )
     if rd_s > rd_r // 2:
         return f"RDMA send chunk {rd_s} must be at most half the receive capacity {rd_r}"
     return None
@@ -73,25 +84,37 @@ def chunk_problem(nvl_s: int, nvl_r: int, rd_s: int, rd_r: int) -> Optional[str]
 
 def v2_num_sms_problem(value: int) -> Optional[str]:
     """DeepEP v2's ``num_sms``: 0 asks for its analytical count; otherwise an even count."""
-    return None if value % 2 == 0 else (
-        f"deepep.v2.num_sms must be 0 (DeepEP's analytical count) or even, got {value}")
+    return (
+        None
+        if value % 2 == 0
+        else (f"deepep.v2.num_sms must be 0 (DeepEP's analytical count) or even, got {value}")
+    )
 
 
 def num_sms_problem(value: int) -> Optional[str]:
-    return None if value % 2 == 0 else f"num_sms must be even (DeepEP Buffer.set_num_sms), got {value}"
+    return (
+        None
+        if value % 2 == 0
+        else f"num_sms must be even (DeepEP Buffer.set_num_sms), got {value}"
+    )
 
 
 def buffer_problem(value: int) -> Optional[str]:
-    return None if value % 128 == 0 else (
-        f"buffer sizes must be a multiple of 128 bytes (deep_ep.cpp:152-155), got {value}")
+    return (
+        None
+        if value % 128 == 0
+        else (f"buffer sizes must be a multiple of 128 bytes (deep_ep.cpp:152-155), got {value}")
+    )
 
 
 def buckets_problem(bounds: Sequence[Optional[int]]) -> Optional[str]:
     if any(b is None for b in bounds[:-1]):
         return "only the last bucket may have no max_tokens (it takes every larger batch)"
     if bounds and bounds[-1] is not None:
-        return (f"the last bucket must have no max_tokens, so that every batch size has a config "
-                f"(it ends at max_tokens {bounds[-1]})")
+        return (
+            f"the last bucket must have no max_tokens, so that every batch size has a config "
+            f"(it ends at max_tokens {bounds[-1]})"
+        )
     finite = [b for b in bounds if b is not None]
     if finite != sorted(set(finite)):
         return f"bucket max_tokens must strictly increase, got {list(bounds)}"
@@ -130,7 +153,9 @@ def _v1_problem(doc: dict, version: str) -> Optional[str]:
             if layer.get(name) is not None:
                 return f"layers[{n}].{name} needs schema_version 2.0 (the document says {version})"
         if layer.get("order") == FUSED:
-            return f"layers[{n}].order {FUSED} needs schema_version 2.0 (the document says {version})"
+            return (
+                f"layers[{n}].order {FUSED} needs schema_version 2.0 (the document says {version})"
+            )
     return _v20_problem(doc)
 
 
@@ -154,11 +179,15 @@ def _v20_problem(doc: dict) -> Optional[str]:
                 continue
             scale = wire.get("scale") if isinstance(wire.get("scale"), dict) else {}
             if wire.get("dtype") in V21_WIRE_DTYPES:
-                return (f"layers[{n}].{where}.dtype {wire['dtype']} needs schema_version 2.1 "
-                        f"(the document says {doc['schema_version']})")
+                return (
+                    f"layers[{n}].{where}.dtype {wire['dtype']} needs schema_version 2.1 "
+                    f"(the document says {doc['schema_version']})"
+                )
             if scale.get("dtype") in V21_SCALE_DTYPES:
-                return (f"layers[{n}].{where}.scale.dtype {scale['dtype']} needs schema_version 2.1 "
-                        f"(the document says {doc['schema_version']})")
+                return (
+                    f"layers[{n}].{where}.scale.dtype {scale['dtype']} needs schema_version 2.1 "
+                    f"(the document says {doc['schema_version']})"
+                )
     return _v21_problem(doc)
 
 
@@ -167,20 +196,26 @@ def _v21_problem(doc: dict) -> Optional[str]:
     for b, bucket in enumerate(deepep.get("buckets") or ()):
         for name in V22_BUCKET_FIELDS:
             if isinstance(bucket, dict) and bucket.get(name) is not None:
-                return (f"deepep.buckets[{b}].{name} needs schema_version 2.2 "
-                        f"(the document says {doc['schema_version']})")
+                return (
+                    f"deepep.buckets[{b}].{name} needs schema_version 2.2 "
+                    f"(the document says {doc['schema_version']})"
+                )
     for t, timing in enumerate(deepep.get("measured_orders") or ()):
         for name in V22_ORDER_TIMING_FIELDS:
             if isinstance(timing, dict) and timing.get(name) is not None:
-                return (f"deepep.measured_orders[{t}].{name} needs schema_version 2.2 "
-                        f"(the document says {doc['schema_version']})")
+                return (
+                    f"deepep.measured_orders[{t}].{name} needs schema_version 2.2 "
+                    f"(the document says {doc['schema_version']})"
+                )
     return _v22_problem(doc)
 
 
 def _v22_problem(doc: dict) -> Optional[str]:
     """Seen only on the document as written: reading resolves the table (``facts_table``)."""
     if FACTS_TABLE in doc:
-        return f"{FACTS_TABLE} needs schema_version 2.3 (the document says {doc['schema_version']})"
+        return (
+            f"{FACTS_TABLE} needs schema_version 2.3 (the document says {doc['schema_version']})"
+        )
     return None
 
 
@@ -190,6 +225,8 @@ def layer_indices_problem(indices: Sequence[int]) -> Optional[tuple[int, str]]:
         if index != position:
             dup = sorted({i for i in indices if indices.count(i) > 1})
             what = f"repeats index {dup[0]}" if dup else f"skips index {position}"
-            return position, (f"layers must list every index once, in order: the list {what} "
-                              f"(layers[{position}] has index {index})")
+            return position, (
+                f"layers must list every index once, in order: the list {what} "
+                f"(layers[{position}] has index {index})"
+            )
     return None

@@ -17,16 +17,29 @@ def chunk_doc(config: ChunkConfig) -> dict[str, int]:
 
 
 def _bucket(bucket: Bucket, evidence: Mapping[str, Any]) -> dict[str, Any]:
-    return {"max_tokens": bucket.max_tokens, "dispatch": chunk_doc(bucket.dispatch),
-            "combine": chunk_doc(bucket.combine), **evidence}
+    return {
+        "max_tokens": bucket.max_tokens,
+        "dispatch": chunk_doc(bucket.dispatch),
+        "combine": chunk_doc(bucket.combine),
+        **evidence,
+    }
 
 
-def deepep_section(kept: KeptDeepEP, buffers: tuple[int, int], low_latency: Optional[Mapping[str, int]] = None,
-                   measured_orders: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+def deepep_section(
+    kept: KeptDeepEP,
+    buffers: tuple[int, int],
+    low_latency: Optional[Mapping[str, int]] = None,
+    measured_orders: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
     """``kept`` with its buffer sizes ``(num_nvl_bytes, num_rdma_bytes)``, a low-latency target's
     settings and the order timings the layers were decided with."""
-    section: dict[str, Any] = {"num_sms": kept.num_sms, "num_nvl_bytes": buffers[0], "num_rdma_bytes": buffers[1],
-                               "buckets": [_bucket(b, kept.evidence_for(i)) for i, b in enumerate(kept.buckets)], "provenance": dict(kept.provenance)}
+    section: dict[str, Any] = {
+        "num_sms": kept.num_sms,
+        "num_nvl_bytes": buffers[0],
+        "num_rdma_bytes": buffers[1],
+        "buckets": [_bucket(b, kept.evidence_for(i)) for i, b in enumerate(kept.buckets)],
+        "provenance": dict(kept.provenance),
+    }
     if kept.overlap is not None:
         section["overlap"] = dict(kept.overlap)
     section.update({"schedule": kept.schedule, "regime": kept.regime})

@@ -78,15 +78,19 @@ def _value(value: Any) -> str:
 
 def _table_problem(table: Any) -> Optional[str]:
     if not isinstance(table, dict):
-        return (f"{FACTS_TABLE}: must map each name to a set of layer facts (moe-1: {{layer.kind: "
-                f"moe, ...}}), got {_value(table)}")
+        return (
+            f"{FACTS_TABLE}: must map each name to a set of layer facts (moe-1: {{layer.kind: "
+            f"moe, ...}}), got {_value(table)}"
+        )
     for name, facts in table.items():
         if not isinstance(name, str):
             return f"{FACTS_TABLE}: a set's name must be a string (moe-1), got {_value(name)}"
         if not isinstance(facts, dict):
             shown = printable(name, one_line=True)[:60]
-            return (f"{FACTS_TABLE}.{shown}: a set of layer facts is a mapping (layer.kind: moe, "
-                    f"...), got {_value(facts)}")
+            return (
+                f"{FACTS_TABLE}.{shown}: a set of layer facts is a mapping (layer.kind: moe, "
+                f"...), got {_value(facts)}"
+            )
     return None
 
 
@@ -96,8 +100,10 @@ def _seen(text: str) -> str:
 
 def _reference_problem(n: int, ref: str, table: Optional[dict[str, Any]]) -> Optional[str]:
     if table is None:
-        return (f"layers[{n}].facts: {_seen(ref)} names a set in {FACTS_TABLE}, but the document "
-                f"has no {FACTS_TABLE} (write the layer's facts there, or add the table)")
+        return (
+            f"layers[{n}].facts: {_seen(ref)} names a set in {FACTS_TABLE}, but the document "
+            f"has no {FACTS_TABLE} (write the layer's facts there, or add the table)"
+        )
     if ref not in table:
         names = [printable(name, one_line=True)[:60] for name in list(table)[:SHOWN_NAMES]]
         more = f" and {len(table) - SHOWN_NAMES} more" if len(table) > SHOWN_NAMES else ""

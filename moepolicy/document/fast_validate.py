@@ -47,7 +47,11 @@ def _core(node: dict[str, Any]):
     node = _resolve(node)
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o.get("type") != "null" and not o.get(AS_WRITTEN)]
-        inner = _core(options[0]) if len(options) == 1 else cs.union_schema([_core(o) for o in options])
+        inner = (
+            _core(options[0])
+            if len(options) == 1
+            else cs.union_schema([_core(o) for o in options])
+        )
         nullable = any(o.get("type") == "null" for o in node["anyOf"])
         return cs.nullable_schema(inner) if nullable else inner
     if "enum" in node:
@@ -56,7 +60,9 @@ def _core(node: dict[str, Any]):
     if kind == "string":
         return cs.str_schema(pattern=node.get("pattern"), max_length=node.get("maxLength"))
     if kind == "integer":
-        return cs.int_schema(ge=node.get("minimum"), le=node.get("maximum"), gt=node.get("exclusiveMinimum"))
+        return cs.int_schema(
+            ge=node.get("minimum"), le=node.get("maximum"), gt=node.get("exclusiveMinimum")
+        )
     if kind == "number":
         return cs.float_schema(ge=node.get("minimum"), le=node.get("maximum"))
     if kind == "boolean":
@@ -76,8 +82,10 @@ def _core(node: dict[str, Any]):
         return cs.typed_dict_schema(fields, extra_behavior="allow")
     if kind == "object":
         values = node.get("additionalProperties")
-        return cs.dict_schema(keys_schema=cs.str_schema(),
-                              values_schema=_core(values) if isinstance(values, dict) else cs.any_schema())
+        return cs.dict_schema(
+            keys_schema=cs.str_schema(),
+            values_schema=_core(values) if isinstance(values, dict) else cs.any_schema(),
+        )
     return cs.any_schema()
 
 
@@ -133,7 +141,9 @@ def _layer_checks(n: int, layer: dict[str, Any]) -> Optional[str]:
     problem = rules.layer_problem(layer["kind"], layer["order"], layer["wire"]["dtype"])
     orders = layer.get("orders") or ()
     for entry in orders:
-        problem = problem or rules.layer_problem(layer["kind"], entry["order"], entry["wire"]["dtype"])
+        problem = problem or rules.layer_problem(
+            layer["kind"], entry["order"], entry["wire"]["dtype"]
+        )
     if orders:
         problem = problem or rules.buckets_problem([entry["max_tokens"] for entry in orders])
     alt = layer.get("unmeasured")
@@ -144,16 +154,23 @@ def _layer_checks(n: int, layer: dict[str, Any]) -> Optional[str]:
 
 def _cross_checks(doc: dict[str, Any]) -> Optional[str]:
     deepep = doc["deepep"]
-    for field, check in (("num_sms", rules.num_sms_problem), ("num_nvl_bytes", rules.buffer_problem),
-                         ("num_rdma_bytes", rules.buffer_problem)):
+    for field, check in (
+        ("num_sms", rules.num_sms_problem),
+        ("num_nvl_bytes", rules.buffer_problem),
+        ("num_rdma_bytes", rules.buffer_problem),
+    ):
         problem = check(deepep[field])
         if problem:
             return f"deepep.{field}: {problem}"
     for n, bucket in enumerate(deepep["buckets"]):
         for part in ("dispatch", "combine"):
             c = bucket[part]
-            problem = rules.chunk_problem(c["num_max_nvl_chunked_send_tokens"], c["num_max_nvl_chunked_recv_tokens"],
-                                          c["num_max_rdma_chunked_send_tokens"], c["num_max_rdma_chunked_recv_tokens"])
+            problem = rules.chunk_problem(
+                c["num_max_nvl_chunked_send_tokens"],
+                c["num_max_nvl_chunked_recv_tokens"],
+                c["num_max_rdma_chunked_send_tokens"],
+                c["num_max_rdma_chunked_recv_tokens"],
+            )
             if problem:
                 return f"deepep.buckets[{n}].{part}: {problem}"
     problem = rules.buckets_problem([b["max_tokens"] for b in deepep["buckets"]])
@@ -179,10 +196,13 @@ def error_message(err: dict[str, Any]) -> str:
     if kind == "missing":
         return "missing (a policy needs it)"
     if kind in ("string_pattern_mismatch", "string_too_long") and rules.NAME_PATTERN in str(
-            (err.get("ctx") or {}).get("pattern", rules.NAME_PATTERN)):
+        (err.get("ctx") or {}).get("pattern", rules.NAME_PATTERN)
+    ):
         seen = repr(err.get("input"))[:80]  # repr escapes control and bidirectional characters
-        return (f"must be a name, never a path (letters, digits, '_', '+', '-' and single dots, at most "
-                f"{rules.NAME_MAX_LENGTH} characters; no '/', no '..'), got {seen}")
+        return (
+            f"must be a name, never a path (letters, digits, '_', '+', '-' and single dots, at most "
+            f"{rules.NAME_MAX_LENGTH} characters; no '/', no '..'), got {seen}"
+        )
     return str(err.get("msg", "invalid")).removeprefix("Value error, ")
 
 
@@ -195,10 +215,14 @@ def validate(raw: dict[str, Any], source: str) -> dict[str, Any]:
     except ValidationError as exc:
         err = exc.errors()[0]
         more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise PolicyError(f"{source}: {yaml_path(tuple(err.get('loc', ())))}: {error_message(err)}{more}") from None
+        raise PolicyError(
+            f"{source}: {yaml_path(tuple(err.get('loc', ())))}: {error_message(err)}{more}"
+        ) from None
     except RecursionError:
         raise PolicyError(f"{source}: nested too deeply to be a policy") from None
-    problem = rules.version_problem(raw)  # before defaults: a 1.x document does not have 2.0's fields
+    problem = rules.version_problem(
+        raw
+    )  # before defaults: a 1.x document does not have 2.0's fields
     problem = f"(top): {problem}" if problem else _cross_checks(doc)
     if problem:
         raise PolicyError(f"{source}: {problem}")

@@ -22,8 +22,16 @@ def _as_written(schema: dict[str, Any]) -> dict[str, Any]:
     one_set = {key: value for key, value in facts.items() if key != "title"}
     schema["$defs"]["LayerDoc"]["properties"]["facts"] = {
         "title": facts.get("title", "Facts"),
-        "anyOf": [one_set, {"type": "string", AS_WRITTEN: True, "description": (
-            f"schema 2.3 on: the name of a set of facts in the document's {FACTS_TABLE}")}],
+        "anyOf": [
+            one_set,
+            {
+                "type": "string",
+                AS_WRITTEN: True,
+                "description": (
+                    f"schema 2.3 on: the name of a set of facts in the document's {FACTS_TABLE}"
+                ),
+            },
+        ],
     }
     properties = schema["properties"]
     properties[FACTS_TABLE] = {
@@ -31,8 +39,10 @@ def _as_written(schema: dict[str, Any]) -> dict[str, Any]:
         "type": "object",
         "additionalProperties": one_set,
         AS_WRITTEN: True,
-        "description": ("schema 2.3 on: each distinct set of layer facts once, by name (moe-1); "
-                        "each layer's facts names one"),
+        "description": (
+            "schema 2.3 on: each distinct set of layer facts once, by name (moe-1); "
+            "each layer's facts names one"
+        ),
     }
     return schema
 

@@ -27,7 +27,9 @@ def _digest(parts: dict[str, Any]) -> str:
 def decision_parts(doc: dict[str, Any]) -> dict[str, Any]:
     doc = resolved_facts(doc)
     target = doc["target"]
-    kernels = sorted({str(layer.get("facts", {}).get("kernel.name", "none")) for layer in doc["layers"]})
+    kernels = sorted(
+        {str(layer.get("facts", {}).get("kernel.name", "none")) for layer in doc["layers"]}
+    )
     return {
         "facts_sha256": doc["model"]["facts_sha256"],
         "packs": [[p["name"], p["version"], p["sha256"]] for p in doc["rules"]["packs"]],
@@ -43,7 +45,11 @@ def decision_parts(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-TUNING_FIELDS_V2 = ("schedule", "regime", "measured_orders")  # absent from 1.x documents: their keys stay
+TUNING_FIELDS_V2 = (
+    "schedule",
+    "regime",
+    "measured_orders",
+)  # absent from 1.x documents: their keys stay
 
 
 def tuning_parts(doc: dict[str, Any]) -> dict[str, Any]:
@@ -52,8 +58,11 @@ def tuning_parts(doc: dict[str, Any]) -> dict[str, Any]:
         "gpu": target["gpu"],
         "ep_size": target["ep_size"],
         "gpus_per_node": target["gpus_per_node"],
-        "deep_ep": [target["deep_ep"]["api"], target["deep_ep"].get("sheet", ""),
-                    target["deep_ep"]["version"]],
+        "deep_ep": [
+            target["deep_ep"]["api"],
+            target["deep_ep"].get("sheet", ""),
+            target["deep_ep"]["version"],
+        ],
     }
     deepep = doc.get("deepep") or {}
     if not str(doc.get("schema_version", "")).startswith("1."):
@@ -70,5 +79,8 @@ def compute_keys(doc: dict[str, Any]) -> dict[str, str]:
     Over the document tree: a written file's ``layer_facts`` names are resolved first, so the YAML as
     loaded and the tree give the same keys."""
     doc = resolved_facts(doc)
-    return {"decision": _digest(decision_parts(doc)), "tuning": _digest(tuning_parts(doc)),
-            "content": _digest({k: doc.get(k) for k in CONTENT_SECTIONS})}
+    return {
+        "decision": _digest(decision_parts(doc)),
+        "tuning": _digest(tuning_parts(doc)),
+        "content": _digest({k: doc.get(k) for k in CONTENT_SECTIONS}),
+    }

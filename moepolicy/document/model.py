@@ -21,7 +21,9 @@ from moepolicy.document import constraints as rules
 
 
 SCHEMA_VERSION = rules.SCHEMA_VERSION
-Order = Literal["quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none", "fused"]
+Order = Literal[
+    "quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none", "fused"
+]
 
 
 class _Doc(BaseModel):
@@ -89,7 +91,9 @@ class LayerDoc(_Doc):
         if self.orders:
             problem = problem or rules.buckets_problem([entry.max_tokens for entry in self.orders])
         if self.unmeasured is not None:
-            problem = problem or rules.layer_problem(self.kind, self.unmeasured.order, self.unmeasured.wire.dtype)
+            problem = problem or rules.layer_problem(
+                self.kind, self.unmeasured.order, self.unmeasured.wire.dtype
+            )
         if problem:
             raise ValueError(problem)
         return self
@@ -114,7 +118,9 @@ class DeepEPBuildDoc(_Doc):
     version: str
     evidence: str
     # the DeepEP capability sheet's name (``deepep-legacy-29d31c0``); empty before 2.0
-    sheet: str = Field(default="", pattern=f"^$|{rules.NAME_PATTERN}", max_length=rules.NAME_MAX_LENGTH)
+    sheet: str = Field(
+        default="", pattern=f"^$|{rules.NAME_PATTERN}", max_length=rules.NAME_MAX_LENGTH
+    )
 
 
 class TargetDoc(_Doc):
@@ -130,7 +136,9 @@ class TargetDoc(_Doc):
     deep_ep: DeepEPBuildDoc
     options: list[str] = Field(default_factory=list)
     static_scale: Literal["global-max", "per-expert"] = "global-max"
-    sheets_sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")  # 2.1: the sheets read
+    sheets_sha256: Optional[str] = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$"
+    )  # 2.1: the sheets read
 
 
 class PackRefDoc(_Doc):
@@ -153,9 +161,11 @@ class ChunkDoc(_Doc):
     num_max_nvl_chunked_send_tokens: int = Field(gt=0, le=65536)
     num_max_nvl_chunked_recv_tokens: int = Field(gt=0, le=65536)
     num_max_rdma_chunked_send_tokens: int = Field(
-        default=rules.CHUNK_DEFAULTS["num_max_rdma_chunked_send_tokens"], gt=0, le=65536)
+        default=rules.CHUNK_DEFAULTS["num_max_rdma_chunked_send_tokens"], gt=0, le=65536
+    )
     num_max_rdma_chunked_recv_tokens: int = Field(
-        default=rules.CHUNK_DEFAULTS["num_max_rdma_chunked_recv_tokens"], gt=0, le=65536)
+        default=rules.CHUNK_DEFAULTS["num_max_rdma_chunked_recv_tokens"], gt=0, le=65536
+    )
 
     @model_validator(mode="after")
     def _deepep_asserts(self) -> "ChunkDoc":
@@ -165,8 +175,12 @@ class ChunkDoc(_Doc):
         return self
 
     def as_tuple(self) -> tuple[int, int, int, int]:
-        return (self.num_max_nvl_chunked_send_tokens, self.num_max_nvl_chunked_recv_tokens,
-                self.num_max_rdma_chunked_send_tokens, self.num_max_rdma_chunked_recv_tokens)
+        return (
+            self.num_max_nvl_chunked_send_tokens,
+            self.num_max_nvl_chunked_recv_tokens,
+            self.num_max_rdma_chunked_send_tokens,
+            self.num_max_rdma_chunked_recv_tokens,
+        )
 
 
 class BucketDoc(_Doc):
@@ -174,8 +188,12 @@ class BucketDoc(_Doc):
     dispatch: ChunkDoc
     combine: ChunkDoc
     measured: Optional[dict[str, Any]] = None  # measurements of the config kept (live benches)
-    modelled: Optional[dict[str, Any]] = None  # 2.2: the model bench's answers for it (never ``measured``)
-    search: Optional[dict[str, Any]] = None  # 2.2: the search's selected minima (what proposed, not a claim)
+    modelled: Optional[dict[str, Any]] = (
+        None  # 2.2: the model bench's answers for it (never ``measured``)
+    )
+    search: Optional[dict[str, Any]] = (
+        None  # 2.2: the search's selected minima (what proposed, not a claim)
+    )
 
 
 class ProvenanceDoc(_Doc):

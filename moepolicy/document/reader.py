@@ -43,19 +43,24 @@ class LoadedPolicy:
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
-
 def check_version(raw: dict[str, Any], source: str) -> None:
     version = raw.get("schema_version")
-    if not isinstance(version, str) or version.count(".") != 1 or not all(
-            p.isdigit() for p in version.split(".")):
-        raise PolicyError(f"{source}: schema_version must be 'MAJOR.MINOR' (this reader: "
-                          f"{SCHEMA_VERSION}), got {version!r}")
+    if (
+        not isinstance(version, str)
+        or version.count(".") != 1
+        or not all(p.isdigit() for p in version.split("."))
+    ):
+        raise PolicyError(
+            f"{source}: schema_version must be 'MAJOR.MINOR' (this reader: "
+            f"{SCHEMA_VERSION}), got {version!r}"
+        )
     major = int(version.split(".")[0])
     if major not in READABLE_MAJORS:
         raise PolicyError(
             f"{source}: schema_version {version} needs a reader of major version {major}; this "
             f"moepolicy reads {' and '.join(f'{m}.x' for m in READABLE_MAJORS)} (upgrade moepolicy, or re-plan "
-            "with this one)")
+            "with this one)"
+        )
 
 
 def _parse_raw(text: str, source: str) -> dict[str, Any]:
@@ -77,28 +82,36 @@ def _parse_raw(text: str, source: str) -> dict[str, Any]:
     return raw
 
 
-def _finish(raw: dict[str, Any], doc: Any, extra: list[str], version: str, source: str,
-            strict: bool) -> LoadedPolicy:
+def _finish(
+    raw: dict[str, Any], doc: Any, extra: list[str], version: str, source: str, strict: bool
+) -> LoadedPolicy:
     warnings = []
     if extra:
         newer = tuple(int(x) for x in version.split(".")) > (READER_MAJOR, READER_MINOR)
         # a 1.x document's unknown keys are checked against 2.x's fields, the superset
-        why = (f"from schema {version}, newer than this reader's {SCHEMA_VERSION}"
-               if newer else "not in schema " + SCHEMA_VERSION)
+        why = (
+            f"from schema {version}, newer than this reader's {SCHEMA_VERSION}"
+            if newer
+            else "not in schema " + SCHEMA_VERSION
+        )
         message = f"{source}: unknown keys {why}: {', '.join(extra[:5])}" + (
-            f" (+{len(extra) - 5} more)" if len(extra) > 5 else "")
+            f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""
+        )
         if strict:
             raise PolicyError(message + " (refused in strict mode)")
         warnings.append(message + " (ignored)")
     try:
         expected = compute_keys(raw)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise PolicyError(f"{source}: key parts cannot be computed ({type(exc).__name__}: {exc})") from None
+        raise PolicyError(
+            f"{source}: key parts cannot be computed ({type(exc).__name__}: {exc})"
+        ) from None
     for part in ("decision", "tuning", "content"):
         if raw["key"][part] != expected[part]:
             raise PolicyError(
                 f"{source}: key.{part} does not match the document's contents (edited by hand or "
-                f"damaged); re-plan, or run 'moepolicy validate --rekey' after checking the edit")
+                f"damaged); re-plan, or run 'moepolicy validate --rekey' after checking the edit"
+            )
     problem = buffer_fit_problem(raw)
     if problem:
         raise PolicyError(f"{source}: {problem}")
@@ -120,14 +133,20 @@ def buffer_fit_problem(raw: dict[str, Any]) -> Optional[str]:
         need = low_latency_bytes_hint(tokens, hidden, model["num_experts"]) if tokens else 0
         have, what = deepep["num_rdma_bytes"], "num_rdma_bytes"
     else:
-        configs = [_chunk_tuple(b[part]) for b in deepep["buckets"] for part in ("dispatch", "combine")]
+        configs = [
+            _chunk_tuple(b[part]) for b in deepep["buckets"] for part in ("dispatch", "combine")
+        ]
         nvl, rdma = ht_buffer_bytes(deepep["num_sms"], configs, hidden, ranks)
         if deepep["num_nvl_bytes"] < nvl:
-            return (f"deepep.num_nvl_bytes {deepep['num_nvl_bytes']} is smaller than the {nvl} bytes DeepEP needs "
-                    f"for these chunk configs at {deepep['num_sms']} SMs, hidden {hidden}, EP{ranks}")
+            return (
+                f"deepep.num_nvl_bytes {deepep['num_nvl_bytes']} is smaller than the {nvl} bytes DeepEP needs "
+                f"for these chunk configs at {deepep['num_sms']} SMs, hidden {hidden}, EP{ranks}"
+            )
         need, have, what = rdma, deepep["num_rdma_bytes"], "num_rdma_bytes"
     if have < need:
-        return f"deepep.{what} {have} is smaller than the {need} bytes DeepEP needs for this target"
+        return (
+            f"deepep.{what} {have} is smaller than the {need} bytes DeepEP needs for this target"
+        )
     return None
 
 
@@ -154,7 +173,9 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
 
         err = exc.errors()[0]
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise PolicyError(f"{source}: {yaml_path(tuple(err.get('loc', ())))}: {error_message(err)}{more}") from None
+        raise PolicyError(
+            f"{source}: {yaml_path(tuple(err.get('loc', ())))}: {error_message(err)}{more}"
+        ) from None
     return _finish(raw, doc, unknown_keys(doc), doc.schema_version, source, strict)
 
 
@@ -171,8 +192,9 @@ def parse_policy_light(text: str, source: str, strict: bool = False) -> LoadedPo
 MAX_POLICY_BYTES = 64 * 1024 * 1024
 
 
-def read_policy(path: str | Path, strict: bool = False,
-                parse: Optional[Callable[..., LoadedPolicy]] = None) -> LoadedPolicy:
+def read_policy(
+    path: str | Path, strict: bool = False, parse: Optional[Callable[..., LoadedPolicy]] = None
+) -> LoadedPolicy:
     from moepolicy.files import read_bounded
 
     p = Path(path)
@@ -196,7 +218,9 @@ class PackFile:
     sha256: str
 
 
-def find_user_pack(name: str, file_name: Optional[str], places: Sequence[str | Path]) -> Optional[PackFile]:
+def find_user_pack(
+    name: str, file_name: Optional[str], places: Sequence[str | Path]
+) -> Optional[PackFile]:
     """The file of the user rule pack ``name`` (planned from a file called ``file_name``), looked up
     only in ``places`` (files, or folders searched for ``file_name``, ``name.yaml``, ``name.yml``);
     a file is that pack when its ``pack:`` says ``name``. Never a path from the policy, so what is
@@ -215,7 +239,9 @@ def find_user_pack(name: str, file_name: Optional[str], places: Sequence[str | P
     return None
 
 
-def _pack_candidates(name: str, file_name: Optional[str], places: Sequence[str | Path]) -> list[Path]:
+def _pack_candidates(
+    name: str, file_name: Optional[str], places: Sequence[str | Path]
+) -> list[Path]:
     from moepolicy.files import file_kind
 
     out: list[Path] = []
@@ -224,7 +250,11 @@ def _pack_candidates(name: str, file_name: Optional[str], places: Sequence[str |
         if file_kind(folder) == "a regular file":
             out.append(folder)
         elif file_kind(folder) == "a folder":
-            names = [n for n in (file_name, f"{name}.yaml", f"{name}.yml") if n and "/" not in n and n != ".."]
+            names = [
+                n
+                for n in (file_name, f"{name}.yaml", f"{name}.yml")
+                if n and "/" not in n and n != ".."
+            ]
             out += [folder / n for n in names if file_kind(folder / n) == "a regular file"]
     return out
 

@@ -75,8 +75,13 @@ def dumps(doc: dict[str, Any], fmt: str = "yaml") -> str:
     """The document as JSON (the whole tree) or as YAML for people (see the module's note)."""
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
-    return yaml.dump(_styled(with_facts_table(doc)), Dumper=_PolicyDumper, sort_keys=False, width=10_000,
-                     allow_unicode=True)
+    return yaml.dump(
+        _styled(with_facts_table(doc)),
+        Dumper=_PolicyDumper,
+        sort_keys=False,
+        width=10_000,
+        allow_unicode=True,
+    )
 
 
 def write_document(doc: dict[str, Any], path: str | os.PathLike, fmt: str | None = None) -> None:
@@ -118,7 +123,9 @@ def parse_text(text: str) -> Any:
     'billion laughs') and PolicyError for named facts that do not resolve (one line, no file)."""
     data = resolved_facts(yaml.load(text, Loader=_Loader))  # noqa: S506 (safe loader)
     if expanded_size(data) > MAX_EXPANDED_NODES:
-        raise ValueError(f"more than {MAX_EXPANDED_NODES} nodes once aliases and named facts are expanded")
+        raise ValueError(
+            f"more than {MAX_EXPANDED_NODES} nodes once aliases and named facts are expanded"
+        )
     return data
 
 

@@ -47,11 +47,13 @@ class Knob:
 # --moe-backend values (vllm 0.33.0 config/kernel.py:122-147 MoEBackend; oracle/fp8.py:271-289). DeepGEMM by
 # VLLM_USE_DEEP_GEMM=1, which only the fp8 oracle reads (oracle/fp8.py:484-496): --moe-backend deep_gemm is also
 # asked of unquantized MoE layers (an unquantized MTP draft), whose oracle refuses it (oracle/unquantized.py:180-194).
-KNOBS = {"flashinfer_cutlass": Knob(args=("--moe-backend", "flashinfer_cutlass")),
-         "deepgemm": Knob(env={"VLLM_USE_DEEP_GEMM": "1"}),
-         "triton": Knob(args=("--moe-backend", "triton")),
-         "flashinfer_trtllm": Knob(args=("--moe-backend", "flashinfer_trtllm")),
-         "marlin": Knob(args=("--moe-backend", "marlin"))}
+KNOBS = {
+    "flashinfer_cutlass": Knob(args=("--moe-backend", "flashinfer_cutlass")),
+    "deepgemm": Knob(env={"VLLM_USE_DEEP_GEMM": "1"}),
+    "triton": Knob(args=("--moe-backend", "triton")),
+    "flashinfer_trtllm": Knob(args=("--moe-backend", "flashinfer_trtllm")),
+    "marlin": Knob(args=("--moe-backend", "marlin")),
+}
 
 
 def vllm_orders(doc: PolicyDoc) -> dict[int, str]:
@@ -60,23 +62,35 @@ def vllm_orders(doc: PolicyDoc) -> dict[int, str]:
     from moepolicy.rules.packs import builtin_pack
     from moepolicy.target import target_from_doc
 
-    decided = replayed_decisions(doc.layers, target_from_doc(doc.target),
-                                 [builtin_pack("vllm"), builtin_pack("deepep")])
+    decided = replayed_decisions(
+        doc.layers, target_from_doc(doc.target), [builtin_pack("vllm"), builtin_pack("deepep")]
+    )
     return {index: d.order for index, d in decided.items()}
 
 
 def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
     """``env``, ``args`` for ``vllm serve``, the model to serve, what the plugin applies, and what it cannot."""
     target = doc.target
-    backend = {"deepep_ht": "deepep_high_throughput", "deepep_ll": "deepep_low_latency"}[target.backend]
+    backend = {"deepep_ht": "deepep_high_throughput", "deepep_ll": "deepep_low_latency"}[
+        target.backend
+    ]
     if target.deep_ep.api == "v2":
         backend = "deepep_v2"
     if target.backend == "deepep_ll" and doc.model.hidden_size not in VLLM_LL_HIDDEN_SIZES:
-        raise PolicyError(f"vLLM's low-latency path asserts hidden in {list(VLLM_LL_HIDDEN_SIZES)}; "
-                          f"this model's hidden is {doc.model.hidden_size}")
+        raise PolicyError(
+            f"vLLM's low-latency path asserts hidden in {list(VLLM_LL_HIDDEN_SIZES)}; "
+            f"this model's hidden is {doc.model.hidden_size}"
+        )
     env = {"MOEPOLICY_POLICY": str(Path(policy_path).resolve())}
-    args = ["--enable-expert-parallel", "--all2all-backend", backend, "--data-parallel-size", str(target.ep_size),
-            "--tensor-parallel-size", "1"]
+    args = [
+        "--enable-expert-parallel",
+        "--all2all-backend",
+        backend,
+        "--data-parallel-size",
+        str(target.ep_size),
+        "--tensor-parallel-size",
+        "1",
+    ]
     applied: list[str] = []
     cannot: list[str] = []
     notes: list[str] = []
@@ -84,23 +98,43 @@ def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
     notes.append(model_note)
     _experts_knob(doc, env, args, notes)
     if target.backend == "deepep_ht" and target.deep_ep.api == "legacy":
-        env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = str(_buffer_mb(doc))  # vLLM's own buffer where the plugin does not apply
+        env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = str(
+            _buffer_mb(doc)
+        )  # vLLM's own buffer where the plugin does not apply
         _high_throughput(doc, env, args, applied, cannot)
     elif target.deep_ep.api == "v2":
         _v2(doc, env, applied, cannot)
     else:
-        cannot.append("low-latency: the plugin applies nothing there (vLLM's own path: in-kernel fp8 and its buffer "
-                      "sizing); the policy's decisions are information for it")
-    low = sorted(layer.index for layer in doc.layers if layer.kind == "moe" and layer.combine.dtype != "bf16")
+        cannot.append(
+            "low-latency: the plugin applies nothing there (vLLM's own path: in-kernel fp8 and its buffer "
+            "sizing); the policy's decisions are information for it"
+        )
+    low = sorted(
+        layer.index
+        for layer in doc.layers
+        if layer.kind == "moe" and layer.combine.dtype != "bf16"
+    )
     if low:
-        cannot.append(f"layers {index_ranges(low)}: a {doc.layers[low[0]].combine.dtype} combine: vLLM 0.33 has no setting "
-                      "for it, so combine stays bf16")
+        cannot.append(
+            f"layers {index_ranges(low)}: a {doc.layers[low[0]].combine.dtype} combine: vLLM 0.33 has no setting "
+            "for it, so combine stays bf16"
+        )
     nodes = _nodes(target.ep_size, target.gpus_per_node)
     if nodes:
-        notes.append(f"EP {target.ep_size} spans {nodes['nodes']} nodes: the policy file at this path and moepolicy "
-                     "installed on every node (all ranks agree at start-up, or all keep vLLM's behaviour)")
-    return {"package": PLUGIN_PACKAGE, "model": model, "env": env, "args": args, "notes": notes,
-            "applied": applied, "cannot_express": cannot, "nodes": nodes}
+        notes.append(
+            f"EP {target.ep_size} spans {nodes['nodes']} nodes: the policy file at this path and moepolicy "
+            "installed on every node (all ranks agree at start-up, or all keep vLLM's behaviour)"
+        )
+    return {
+        "package": PLUGIN_PACKAGE,
+        "model": model,
+        "env": env,
+        "args": args,
+        "notes": notes,
+        "applied": applied,
+        "cannot_express": cannot,
+        "nodes": nodes,
+    }
 
 
 DP_RPC_PORT = "13345"  # vLLM's data-parallel RPC port on the head node (any free port; the same on every node)
@@ -112,19 +146,35 @@ def _nodes(ep: int, gpus_per_node: int) -> dict[str, Any]:
     NODE_RANK) are left for the shell on each node. None on one node."""
     if ep <= gpus_per_node:
         return {}
-    common = ["--data-parallel-size-local", str(gpus_per_node), "--data-parallel-address", "$HEAD_ADDR",
-              "--data-parallel-rpc-port", DP_RPC_PORT]
-    return {"nodes": -(-ep // gpus_per_node), "head": common,
-            "other": [*common, "--data-parallel-start-rank", f"$((NODE_RANK * {gpus_per_node}))", "--headless"]}
+    common = [
+        "--data-parallel-size-local",
+        str(gpus_per_node),
+        "--data-parallel-address",
+        "$HEAD_ADDR",
+        "--data-parallel-rpc-port",
+        DP_RPC_PORT,
+    ]
+    return {
+        "nodes": -(-ep // gpus_per_node),
+        "head": common,
+        "other": [
+            *common,
+            "--data-parallel-start-rank",
+            f"$((NODE_RANK * {gpus_per_node}))",
+            "--headless",
+        ],
+    }
 
 
 def _buffer_mb(doc: PolicyDoc) -> int:
     need = max(doc.deepep.num_nvl_bytes, doc.deepep.num_rdma_bytes)
     buffer_mb = max(-(-need // _MIB), 1)
     if doc.deepep.num_rdma_bytes > 0 and buffer_mb * _MIB > INT_MAX:
-        raise PolicyError(f"the policy needs {buffer_mb} MiB of DeepEP buffer; vLLM uses "
-                          f"VLLM_DEEPEP_BUFFER_SIZE_MB for the NVLink buffer too, which DeepEP caps at "
-                          f"INT_MAX bytes when an RDMA buffer exists (deep_ep.cpp:156)")
+        raise PolicyError(
+            f"the policy needs {buffer_mb} MiB of DeepEP buffer; vLLM uses "
+            f"VLLM_DEEPEP_BUFFER_SIZE_MB for the NVLink buffer too, which DeepEP caps at "
+            f"INT_MAX bytes when an RDMA buffer exists (deep_ep.cpp:156)"
+        )
     return buffer_mb
 
 
@@ -145,8 +195,10 @@ def served_model(doc: PolicyDoc) -> tuple[str, str]:
         return folder, f"the checkpoint folder the policy was planned from; {matches}"
     if "/" in name and not name.startswith(("/", ".", "~")) and name.count("/") == 1:
         return name, f"served by Hugging Face id; {matches}"
-    return (f"<the folder of checkpoint {name}>",
-            f"planned from a local checkpoint ({name}): serve its folder, any copy with the same config; {matches}")
+    return (
+        f"<the folder of checkpoint {name}>",
+        f"planned from a local checkpoint ({name}): serve its folder, any copy with the same config; {matches}",
+    )
 
 
 def _planned_folder(doc: PolicyDoc) -> Optional[str]:
@@ -176,8 +228,11 @@ def _planned_folder(doc: PolicyDoc) -> Optional[str]:
 
 
 def _moe_kernels(doc: PolicyDoc) -> set[str]:
-    return {str((layer.facts or {}).get("kernel.name") or doc.target.expert_kernel)
-            for layer in doc.layers if layer.kind == "moe" and (layer.facts or {}).get("ckpt.weight_dtype") == "fp8_e4m3"}
+    return {
+        str((layer.facts or {}).get("kernel.name") or doc.target.expert_kernel)
+        for layer in doc.layers
+        if layer.kind == "moe" and (layer.facts or {}).get("ckpt.weight_dtype") == "fp8_e4m3"
+    }
 
 
 def _experts_knob(doc: PolicyDoc, env: dict, args: list, notes: list) -> None:
@@ -187,8 +242,10 @@ def _experts_knob(doc: PolicyDoc, env: dict, args: list, notes: list) -> None:
     kernels = _moe_kernels(doc)
     if len(kernels) != 1:
         if kernels:
-            notes.append(f"the fp8 MoE layers were decided for several expert kernels ({', '.join(sorted(kernels))}): "
-                          "one launch cannot pin them; vLLM picks its own per layer")
+            notes.append(
+                f"the fp8 MoE layers were decided for several expert kernels ({', '.join(sorted(kernels))}): "
+                "one launch cannot pin them; vLLM picks its own per layer"
+            )
         return
     kernel = next(iter(kernels))
     knob = KNOBS.get(kernel)
@@ -196,14 +253,18 @@ def _experts_knob(doc: PolicyDoc, env: dict, args: list, notes: list) -> None:
         return
     env.update(knob.env)
     args.extend(knob.args)
-    notes.append(f"{knob.text()}: builds {actions.experts_for(kernel, 'fp8_e4m3')}, the experts the policy was made "
-                  f"for; without it: {_without_knob(doc, kernel)}")
+    notes.append(
+        f"{knob.text()}: builds {actions.experts_for(kernel, 'fp8_e4m3')}, the experts the policy was made "
+        f"for; without it: {_without_knob(doc, kernel)}"
+    )
 
 
 # what vLLM's pick needs installed, and what it falls to without it (oracle/fp8.py:88-104 priority order)
-_NEEDS = {"flashinfer_cutlass": ("FlashInfer", "TritonOrDeepGemmExperts"),
-          "flashinfer_trtllm": ("FlashInfer", "TritonOrDeepGemmExperts"),
-          "deepgemm": ("DeepGEMM", "TritonExperts")}
+_NEEDS = {
+    "flashinfer_cutlass": ("FlashInfer", "TritonOrDeepGemmExperts"),
+    "flashinfer_trtllm": ("FlashInfer", "TritonOrDeepGemmExperts"),
+    "deepgemm": ("DeepGEMM", "TritonExperts"),
+}
 
 
 def _without_knob(doc: PolicyDoc, kernel: str) -> str:
@@ -212,19 +273,27 @@ def _without_knob(doc: PolicyDoc, kernel: str) -> str:
 
     target = doc.target
     where = Deployment(target.engine, target.backend, target.deep_ep.api)
-    moe = [layer for layer in doc.layers if layer.kind == "moe" and (layer.facts or {}).get("ckpt.weight_dtype") == "fp8_e4m3"]
+    moe = [
+        layer
+        for layer in doc.layers
+        if layer.kind == "moe" and (layer.facts or {}).get("ckpt.weight_dtype") == "fp8_e4m3"
+    ]
     picks = {default_kernel(_facts_view(layer.facts), target.arch, where) for layer in moe}
     experts = actions.experts_for(kernel, "fp8_e4m3")
     if picks == {kernel}:
         if kernel not in _NEEDS:
             return f"vLLM picks the same experts here ({experts})"
         package, fallback = _NEEDS[kernel]
-        return (f"vLLM picks the same experts here ({experts}) where {package} is installed; without {package} it "
-                f"runs {fallback}, and the plugin leaves these layers to vLLM")
+        return (
+            f"vLLM picks the same experts here ({experts}) where {package} is installed; without {package} it "
+            f"runs {fallback}, and the plugin leaves these layers to vLLM"
+        )
     other = sorted(picks)[0]
     theirs = actions.experts_for(other, "fp8_e4m3")
-    return (f"vLLM runs {theirs} ({other}), and the plugin leaves these layers to vLLM "
-            f"({actions.kernel_mismatch(kernel, theirs)})")
+    return (
+        f"vLLM runs {theirs} ({other}), and the plugin leaves these layers to vLLM "
+        f"({actions.kernel_mismatch(kernel, theirs)})"
+    )
 
 
 def _facts_view(facts: Optional[dict]):
@@ -232,11 +301,22 @@ def _facts_view(facts: Optional[dict]):
     from moepolicy.schema.facts import LayerFacts, TensorQuant
 
     f = facts or {}
-    weights = TensorQuant(dtype=f.get("ckpt.weight_dtype") or "none", granularity=f.get("ckpt.weight_granularity") or "none")
-    acts = TensorQuant(dtype=f.get("ckpt.act_dtype") or "none", granularity=f.get("ckpt.act_granularity") or "none",
-                       dynamic=f.get("ckpt.act_dynamic") or "none")
-    return LayerFacts(index=0, kind="moe", hidden_size=int(f.get("layer.hidden_size") or 1), weights=weights,
-                      activations=acts)
+    weights = TensorQuant(
+        dtype=f.get("ckpt.weight_dtype") or "none",
+        granularity=f.get("ckpt.weight_granularity") or "none",
+    )
+    acts = TensorQuant(
+        dtype=f.get("ckpt.act_dtype") or "none",
+        granularity=f.get("ckpt.act_granularity") or "none",
+        dynamic=f.get("ckpt.act_dynamic") or "none",
+    )
+    return LayerFacts(
+        index=0,
+        kind="moe",
+        hidden_size=int(f.get("layer.hidden_size") or 1),
+        weights=weights,
+        activations=acts,
+    )
 
 
 def _v2(doc: PolicyDoc, env: dict, applied: list, cannot: list) -> None:
@@ -245,17 +325,27 @@ def _v2(doc: PolicyDoc, env: dict, applied: list, cannot: list) -> None:
     v2 = doc.deepep.v2
     if v2 is not None:
         env["VLLM_DEEPEP_V2_PREFER_OVERLAP"] = "1" if v2.prefer_overlap_with_compute else "0"
-        env["VLLM_DEEPEP_V2_ALLOW_MULTIPLE_REDUCTION"] = "1" if v2.allow_multiple_reduction else "0"
-        applied.append(f"DeepEP v2 num_sms {v2.num_sms} on every dispatch (vLLM alone passes none: DeepEP's analytical "
-                       "count)" if v2.num_sms else "DeepEP v2's own analytical SM count, as in vLLM")
-        applied.append(f"DeepEP v2 prefer_overlap_with_compute={v2.prefer_overlap_with_compute}, "
-                       f"allow_multiple_reduction={v2.allow_multiple_reduction} (also set by the plugin on the buffer)")
+        env["VLLM_DEEPEP_V2_ALLOW_MULTIPLE_REDUCTION"] = (
+            "1" if v2.allow_multiple_reduction else "0"
+        )
+        applied.append(
+            f"DeepEP v2 num_sms {v2.num_sms} on every dispatch (vLLM alone passes none: DeepEP's analytical "
+            "count)"
+            if v2.num_sms
+            else "DeepEP v2's own analytical SM count, as in vLLM"
+        )
+        applied.append(
+            f"DeepEP v2 prefer_overlap_with_compute={v2.prefer_overlap_with_compute}, "
+            f"allow_multiple_reduction={v2.allow_multiple_reduction} (also set by the plugin on the buffer)"
+        )
     applied_lines, left_lines = actions.layer_lines(policy_actions(doc, deepep_v2=True))
     applied.extend(applied_lines)
     cannot.extend(left_lines)
 
 
-def policy_actions(doc: PolicyDoc, deepep_v2: bool = False) -> dict[int, list[actions.BucketAction]]:
+def policy_actions(
+    doc: PolicyDoc, deepep_v2: bool = False
+) -> dict[int, list[actions.BucketAction]]:
     """Each MoE layer's action(s), per token bucket, with the experts vLLM runs for its kernel."""
     out: dict[int, list[actions.BucketAction]] = {}
     for layer in doc.layers:
@@ -264,33 +354,48 @@ def policy_actions(doc: PolicyDoc, deepep_v2: bool = False) -> dict[int, list[ac
         quant = actions.layer_quant_from_facts(layer.facts or {})
         if deepep_v2:
             quant = actions.LayerQuant(**{**quant.__dict__, "deepep_v2": True})
-        decisions = [(o.max_tokens, o.order, o.wire) for o in (layer.orders or ())] or [(None, layer.order, layer.wire)]
+        decisions = [(o.max_tokens, o.order, o.wire) for o in (layer.orders or ())] or [
+            (None, layer.order, layer.wire)
+        ]
         out[layer.index] = [
-            actions.BucketAction(bound, actions.action_for(order, wire.dtype, wire.scale.granularity if wire.scale
-                                                           else None, quant))
-            for bound, order, wire in decisions]
+            actions.BucketAction(
+                bound,
+                actions.action_for(
+                    order, wire.dtype, wire.scale.granularity if wire.scale else None, quant
+                ),
+            )
+            for bound, order, wire in decisions
+        ]
     return out
 
 
 def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, cannot: list) -> None:
     deepep = doc.deepep
-    applied.append(f"DeepEP num_sms {deepep.num_sms}" + (f" (vLLM alone fixes {VLLM_HT_NUM_SMS})"
-                                                          if deepep.num_sms != VLLM_HT_NUM_SMS else ""))
+    applied.append(
+        f"DeepEP num_sms {deepep.num_sms}"
+        + (f" (vLLM alone fixes {VLLM_HT_NUM_SMS})" if deepep.num_sms != VLLM_HT_NUM_SMS else "")
+    )
     kept = [(b.measured or b.modelled or {}).get("kept") for b in deepep.buckets]
     applied.append(actions.configs_line(deepep.provenance.source, len(deepep.buckets), kept))
-    applied.append(f"DeepEP buffers: NVLink {deepep.num_nvl_bytes} bytes, RDMA {deepep.num_rdma_bytes} bytes")
+    applied.append(
+        f"DeepEP buffers: NVLink {deepep.num_nvl_bytes} bytes, RDMA {deepep.num_rdma_bytes} bytes"
+    )
     overlap = deepep.overlap
     if overlap:
         comm = int(overlap.get("comm_sms", deepep.num_sms))
         env["VLLM_DBO_COMM_SMS"] = str(comm)
         args.append("--enable-dbo")
-        applied.append(f"dual-batch overlap with {comm} communication SMs (VLLM_DBO_COMM_SMS; above vLLM's "
-                       f"{VLLM_HT_NUM_SMS} only with the plugin applied, which raises the manager's cap)")
+        applied.append(
+            f"dual-batch overlap with {comm} communication SMs (VLLM_DBO_COMM_SMS; above vLLM's "
+            f"{VLLM_HT_NUM_SMS} only with the plugin applied, which raises the manager's cap)"
+        )
     applied_lines, left_lines = actions.layer_lines(policy_actions(doc))
     applied.extend(applied_lines)
     cannot.extend(left_lines)
-    cannot.append("the plugin's changed paths (per-token and static per-tensor fp8 first, bf16 for block layers) are "
-                  "checked against vLLM's real classes on CPU, not yet on GPUs")
+    cannot.append(
+        "the plugin's changed paths (per-token and static per-tensor fp8 first, bf16 for block layers) are "
+        "checked against vLLM's real classes on CPU, not yet on GPUs"
+    )
 
 
 def render_shell(result: dict[str, Any], model: str) -> str:
@@ -300,13 +405,17 @@ def render_shell(result: dict[str, Any], model: str) -> str:
     served = result.get("model") or model
     lines = []
     if result.get("package"):
-        lines.append(f"# install {result['package']} into the Python environment vLLM runs in, from its checkout (it is "
-                     f"not on a package index): <vllm's python> -m pip install /path/to/{result['package']} (it "
-                     f"neither installs nor replaces vLLM or torch; the plugin checks vLLM {CHECKED_VLLM}), the same "
-                     "on every node")
+        lines.append(
+            f"# install {result['package']} into the Python environment vLLM runs in, from its checkout (it is "
+            f"not on a package index): <vllm's python> -m pip install /path/to/{result['package']} (it "
+            f"neither installs nor replaces vLLM or torch; the plugin checks vLLM {CHECKED_VLLM}), the same "
+            "on every node"
+        )
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in result["env"].items()]
     lines += [f"# {_comment(note)}" for note in result.get("notes", ())]
-    serve = " ".join(["vllm", "serve", shlex.quote(served), *(shlex.quote(a) for a in result["args"])])
+    serve = " ".join(
+        ["vllm", "serve", shlex.quote(served), *(shlex.quote(a) for a in result["args"])]
+    )
     nodes = result.get("nodes")
     if nodes:  # their flags hold shell variables, not quoted
         lines.append("# on the head node (HEAD_ADDR: its address, as the other nodes reach it):")

@@ -33,13 +33,19 @@ def join_group(rank: int, world: int, rendezvous: str, placement: Optional[RankP
     device = torch.device("cuda", placement.device_index(rank))
     torch.cuda.set_device(device)
     extra = {} if placement.shared else {"device_id": device}
-    dist.init_process_group(placement.backend, rank=rank, world_size=world, init_method=f"file://{rendezvous}",
-                            **extra)
+    dist.init_process_group(
+        placement.backend, rank=rank, world_size=world, init_method=f"file://{rendezvous}", **extra
+    )
     return device
 
 
-def join_rank(rank: int, world: int, rendezvous: str, nvl_bytes: int,
-              placement: Optional[RankPlacement] = None):
+def join_rank(
+    rank: int,
+    world: int,
+    rendezvous: str,
+    nvl_bytes: int,
+    placement: Optional[RankPlacement] = None,
+):
     """This process's GPU in its group and an intranode DeepEP buffer of ``nvl_bytes`` (rounded
     down to 128): what every legacy DeepEP worker process starts with."""
     import deep_ep
@@ -57,8 +63,16 @@ class Workload:
     num_experts: int
 
 
-def make_workload(tokens: int, hidden: int, num_experts: int, top_k: int, rank: int, device,
-                  routing: str = "uniform", skew: float = 1.2) -> Workload:
+def make_workload(
+    tokens: int,
+    hidden: int,
+    num_experts: int,
+    top_k: int,
+    rank: int,
+    device,
+    routing: str = "uniform",
+    skew: float = 1.2,
+) -> Workload:
     g = torch.Generator(device="cpu").manual_seed(7919 * (rank + 1) + tokens)
     x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).to(device)
     scores = torch.rand(tokens, num_experts, generator=g)
@@ -98,9 +112,16 @@ class DeepEPOps:
             return handle, recv, None
         per_rank, per_rdma, per_expert, in_rank, _ = layout or self.layout
         recv, _, _, per_local_expert, handle, _ = self.buffer.dispatch(
-            payload, topk_idx=w.topk_idx, topk_weights=w.topk_weights, num_tokens_per_rank=per_rank,
-            num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-            num_worst_tokens=worst, config=self.dcfg)
+            payload,
+            topk_idx=w.topk_idx,
+            topk_weights=w.topk_weights,
+            num_tokens_per_rank=per_rank,
+            num_tokens_per_rdma_rank=per_rdma,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            num_worst_tokens=worst,
+            config=self.dcfg,
+        )
         return handle, recv, per_local_expert
 
     def _full(self, payload, region: str = "full"):
@@ -108,7 +129,9 @@ class DeepEPOps:
         if region not in REGIONS:
             raise ValueError(f"timed region must be one of {REGIONS}, got {region!r}")
         layout = self.buffer.get_dispatch_layout(self.work.topk_idx, self.work.num_experts)
-        return self._dispatch(payload, None, layout, self.worst_tokens if region == "no-wait" else 0)[1]
+        return self._dispatch(
+            payload, None, layout, self.worst_tokens if region == "no-wait" else 0
+        )[1]
 
     # --- the timed operations ---------------------------------------------------------------
     def quant_then_dispatch(self, region: str):
@@ -120,17 +143,27 @@ class DeepEPOps:
     def dispatch_then_quant(self, region: str):
         # ``no-wait``: the receiver quantizes every row of the worst-case buffer, as a host that does
         # not know the receive count must
-        recv = self._dispatch(self.work.x, self.handle_bf16)[1] if region == "cached" else self._full(self.work.x, region)
+        recv = (
+            self._dispatch(self.work.x, self.handle_bf16)[1]
+            if region == "cached"
+            else self._full(self.work.x, region)
+        )
         return triton_kernels.per_token_group(recv, self.group)
 
     def dispatch_only(self, payload_kind: str, region: str):
         payload = self.work.x if payload_kind == "bf16" else self._fp8
         handle = self.handle_bf16 if payload_kind == "bf16" else self.handle_fp8
-        return self._dispatch(payload, handle)[1] if region == "cached" else self._full(payload, region)
+        return (
+            self._dispatch(payload, handle)[1]
+            if region == "cached"
+            else self._full(payload, region)
+        )
 
     def quant_only(self, which: str):
         """The quantization alone: of the T tokens this rank sends, or of the rows it received."""
-        return triton_kernels.per_token_group(self.work.x if which == "sent" else self.recv_bf16, self.group)
+        return triton_kernels.per_token_group(
+            self.work.x if which == "sent" else self.recv_bf16, self.group
+        )
 
     def combine(self):
         out, _, _ = self.buffer.combine(self.recv_bf16, self.handle_bf16, config=self.ccfg)

@@ -41,19 +41,37 @@ GROUP_ROW_ALIGN = 16
 # fastest is picked per GEMM SM count (measured on H200, 2026-11-30: 64x256, 8 warps, 4-5 stages, TMA loads won
 # everywhere, 17-24 % faster than through pointers; the best at 132 SMs is not always the best at 100).
 # Candidates that do not compile here (an older Triton, no TMA) are skipped and recorded.
-PERSISTENT_LAUNCHES = ((64, 256, 8, 4, "pointer"), (128, 128, 8, 5, "pointer"), (64, 128, 4, 4, "pointer"),
-                       (64, 256, 8, 4, "tma"), (64, 256, 8, 5, "tma"), (64, 256, 8, 3, "tma-flat"),
-                       (64, 256, 8, 4, "tma-ws"))
+PERSISTENT_LAUNCHES = (
+    (64, 256, 8, 4, "pointer"),
+    (128, 128, 8, 5, "pointer"),
+    (64, 128, 4, 4, "pointer"),
+    (64, 256, 8, 4, "tma"),
+    (64, 256, 8, 5, "tma"),
+    (64, 256, 8, 3, "tma-flat"),
+    (64, 256, 8, 4, "tma-ws"),
+)
 # In 2-CTA clusters Triton splits each tile between the two CTAs, so the clustered candidates use
 # twice the tile (or twice the stages) of the plain ones: each CTA then needs more than half an SM's
 # shared memory, and no two fit on one SM, as with DeepGEMM (measured: with 99 KiB per CTA, two
 # clusters shared SMs beside DeepEP and the GEMM slowed down up to 1.5x)
-CLUSTERED_LAUNCHES = ((128, 256, 8, 4, "tma"), (128, 256, 8, 3, "tma"), (64, 256, 8, 8, "tma"),
-                      (128, 256, 8, 4, "pointer"))
-PERSISTENT_CONFIGS = tuple((*cfg, order) for cfg in PERSISTENT_LAUNCHES for order in ("expert", "rows"))
-CLUSTERED_CONFIGS = tuple((*cfg, order) for cfg in CLUSTERED_LAUNCHES for order in ("expert", "rows"))
-PICK_LAUNCHES = 3  # launches per timing of a candidate, each after an L2 flush (their median counts)
-PICK_ROUNDS = 5  # interleaved timings per candidate; the median decides (timing.interleaved_rounds)
+CLUSTERED_LAUNCHES = (
+    (128, 256, 8, 4, "tma"),
+    (128, 256, 8, 3, "tma"),
+    (64, 256, 8, 8, "tma"),
+    (128, 256, 8, 4, "pointer"),
+)
+PERSISTENT_CONFIGS = tuple(
+    (*cfg, order) for cfg in PERSISTENT_LAUNCHES for order in ("expert", "rows")
+)
+CLUSTERED_CONFIGS = tuple(
+    (*cfg, order) for cfg in CLUSTERED_LAUNCHES for order in ("expert", "rows")
+)
+PICK_LAUNCHES = (
+    3  # launches per timing of a candidate, each after an L2 flush (their median counts)
+)
+PICK_ROUNDS = (
+    5  # interleaved timings per candidate; the median decides (timing.interleaved_rounds)
+)
 
 
 def _green_context(sms: int, device_index: int):
@@ -78,8 +96,13 @@ class ExpertGemm:
     """The experts' GEMM for one bucket: operands and the kernel call, on no particular SMs.
     ``weights`` may be shared between instances of the same (experts, N, K) to save memory."""
 
-    def __init__(self, shape: GemmShape, device: torch.device, group_rows: Optional[list[int]] = None,
-                 weights: Optional[dict] = None):
+    def __init__(
+        self,
+        shape: GemmShape,
+        device: torch.device,
+        group_rows: Optional[list[int]] = None,
+        weights: Optional[dict] = None,
+    ):
         self.shape, self.device = shape, device
         self.kind, self.fallback_reason, self.launch_config = "", None, {}
         self._launches: dict[tuple, object] = {}  # the persistent kernel's launch configs that ran
@@ -90,7 +113,9 @@ class ExpertGemm:
             group_rows = None
         if group_rows and shape.kind.startswith("persistent"):
             try:
-                self._persistent(group_rows, cluster=2 if shape.kind == "persistent-clustered" else 1)
+                self._persistent(
+                    group_rows, cluster=2 if shape.kind == "persistent-clustered" else 1
+                )
                 return
             except Exception as exc:  # noqa: BLE001 (no Triton, no fp8 dot, a compile error: fall back, say why)
                 self.fallback_reason = f"persistent block-fp8 GEMM did not run: {type(exc).__name__}: {str(exc)[:160]}"
@@ -101,22 +126,44 @@ class ExpertGemm:
                 torch.cuda.synchronize(device)
                 return
             except (RuntimeError, TypeError) as exc:
-                self.fallback_reason = "; ".join(filter(None, [
-                    self.fallback_reason, f"grouped fp8 GEMM did not run: {type(exc).__name__}: {str(exc)[:160]}"]))
+                self.fallback_reason = "; ".join(
+                    filter(
+                        None,
+                        [
+                            self.fallback_reason,
+                            f"grouped fp8 GEMM did not run: {type(exc).__name__}: {str(exc)[:160]}",
+                        ],
+                    )
+                )
         elif group_rows:
-            self.fallback_reason = "; ".join(filter(None, [
-                self.fallback_reason, "no fp8 grouped GEMM on this GPU/torch (needs SM90 and torch._scaled_grouped_mm)"]))
+            self.fallback_reason = "; ".join(
+                filter(
+                    None,
+                    [
+                        self.fallback_reason,
+                        "no fp8 grouped GEMM on this GPU/torch (needs SM90 and torch._scaled_grouped_mm)",
+                    ],
+                )
+            )
         self._dense()
 
     def _random(self, *size, dtype) -> torch.Tensor:
-        return torch.randn(*size, device=self.device, generator=self._gen, dtype=torch.bfloat16).to(dtype)
+        return torch.randn(
+            *size, device=self.device, generator=self._gen, dtype=torch.bfloat16
+        ).to(dtype)
 
     def _expert_weights(self, experts: int) -> torch.Tensor:
         """fp8 ``[experts, N, K]``, shared by every GEMM of the same shape (one expert at a time: no
         float temporary of the whole stack, which is GBs at DeepSeek-V3's size)."""
         key = ("fp8", experts, self.shape.out, self.shape.hidden)
         if key not in self._weights:
-            w = torch.empty(experts, self.shape.out, self.shape.hidden, dtype=torch.float8_e4m3fn, device=self.device)
+            w = torch.empty(
+                experts,
+                self.shape.out,
+                self.shape.hidden,
+                dtype=torch.float8_e4m3fn,
+                device=self.device,
+            )
             for i in range(experts):
                 w[i] = self._random(self.shape.out, self.shape.hidden, dtype=torch.float8_e4m3fn)
             self._weights[key] = w
@@ -126,15 +173,20 @@ class ExpertGemm:
         ends = padded_offsets(group_rows)
         fp8, out, hidden = torch.float8_e4m3fn, self.shape.out, self.shape.hidden
         self.a = self._random(ends[-1], hidden, dtype=fp8)
-        self.b = self._expert_weights(len(ends)).transpose(-2, -1)  # [G, K, N], column-major per expert
+        self.b = self._expert_weights(len(ends)).transpose(
+            -2, -1
+        )  # [G, K, N], column-major per expert
         self.scale_a = torch.ones(ends[-1], device=self.device)
         self.scale_b = torch.ones(len(ends), out, device=self.device)
         self.offs = torch.tensor(ends, dtype=torch.int32, device=self.device)
         self.rows = ends[-1]
-        self.kind = (f"fp8 grouped GEMM (torch._scaled_grouped_mm, row-wise scales), {len(ends)} local experts, "
-                     f"{self.rows} rows (groups padded to {GROUP_ROW_ALIGN})")
-        self._fn = lambda: torch._scaled_grouped_mm(self.a, self.b, self.scale_a, self.scale_b, offs=self.offs,
-                                                    out_dtype=torch.bfloat16)
+        self.kind = (
+            f"fp8 grouped GEMM (torch._scaled_grouped_mm, row-wise scales), {len(ends)} local experts, "
+            f"{self.rows} rows (groups padded to {GROUP_ROW_ALIGN})"
+        )
+        self._fn = lambda: torch._scaled_grouped_mm(
+            self.a, self.b, self.scale_a, self.scale_b, offs=self.offs, out_dtype=torch.bfloat16
+        )
 
     def _persistent(self, group_rows: list[int], cluster: int = 1) -> None:
         from moepolicy.measure import persistent_gemm as pg
@@ -142,19 +194,42 @@ class ExpertGemm:
         rows, (out, hidden) = sum(group_rows), (self.shape.out, self.shape.hidden)
         fp8, block = torch.float8_e4m3fn, pg.SCALE_BLOCK
         self.b = self._expert_weights(len(group_rows))
-        self.b_scale = torch.rand(len(group_rows), -(-out // block), -(-hidden // block), device=self.device,
-                                  generator=self._gen) + 0.5
+        self.b_scale = (
+            torch.rand(
+                len(group_rows),
+                -(-out // block),
+                -(-hidden // block),
+                device=self.device,
+                generator=self._gen,
+            )
+            + 0.5
+        )
         self.a = self._random(rows, hidden, dtype=fp8)
-        self.a_scale = torch.rand(rows, -(-hidden // block), device=self.device, generator=self._gen) + 0.5
+        self.a_scale = (
+            torch.rand(rows, -(-hidden // block), device=self.device, generator=self._gen) + 0.5
+        )
         self.c = torch.empty(rows, out, dtype=torch.bfloat16, device=self.device)
         self.rows, self.group_rows, self.cluster = rows, list(group_rows), cluster
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self._launches, self.skipped_launches, self.launch_config, self.pick_timings = {}, {}, {}, {}
+        self._launches, self.skipped_launches, self.launch_config, self.pick_timings = (
+            {},
+            {},
+            {},
+            {},
+        )
         self._pick_timer = None  # a Timer (with its L2-flush buffer), made at the first pick
-        for cfg in CLUSTERED_CONFIGS if cluster > 1 else PERSISTENT_CONFIGS:  # compile and check each, once per bucket
+        for cfg in (
+            CLUSTERED_CONFIGS if cluster > 1 else PERSISTENT_CONFIGS
+        ):  # compile and check each, once per bucket
             try:
-                tables = pg.tile_tables(self.group_rows, cfg[0], cfg[1], out, self.device, order=cfg[5])
-                descriptors = pg.tma_descriptors(self.a, self.b, cfg[0], cfg[1]) if cfg[4] != "pointer" else None
+                tables = pg.tile_tables(
+                    self.group_rows, cfg[0], cfg[1], out, self.device, order=cfg[5]
+                )
+                descriptors = (
+                    pg.tma_descriptors(self.a, self.b, cfg[0], cfg[1])
+                    if cfg[4] != "pointer"
+                    else None
+                )
                 launch = self._launcher(cfg, tables, descriptors)
                 launch(sm_count)
                 torch.cuda.synchronize(self.device)
@@ -163,11 +238,15 @@ class ExpertGemm:
                 continue
             self._launches[cfg] = launch
         if not self._launches:
-            raise RuntimeError(f"no launch config ran: {next(iter(self.skipped_launches.values()))}")
+            raise RuntimeError(
+                f"no launch config ran: {next(iter(self.skipped_launches.values()))}"
+            )
         self._best: dict[int, tuple] = {}
         clustered = f", in {cluster}-CTA clusters" if cluster > 1 else ""
-        self.kind = (f"fp8 block-128 persistent grouped GEMM (Triton; grid = the GEMM's SMs{clustered}; launch "
-                     f"config picked per SM count), {len(group_rows)} local experts, {rows} rows")
+        self.kind = (
+            f"fp8 block-128 persistent grouped GEMM (Triton; grid = the GEMM's SMs{clustered}; launch "
+            f"config picked per SM count), {len(group_rows)} local experts, {rows} rows"
+        )
         self._sms_fn = lambda sms, trace=None: self._launches[self.pick(sms)](sms, trace)
         self._fn = lambda: self._sms_fn(sm_count)
 
@@ -175,9 +254,22 @@ class ExpertGemm:
         from moepolicy.measure import persistent_gemm as pg
 
         def launch(sms: int, trace=None):
-            return pg.grouped_block_fp8(self.a, self.a_scale, self.b, self.b_scale, self.group_rows, sms, *cfg[:4],
-                                        tables=tables, out=self.c, trace=trace, loads=cfg[4], descriptors=descriptors,
-                                        cluster=self.cluster)
+            return pg.grouped_block_fp8(
+                self.a,
+                self.a_scale,
+                self.b,
+                self.b_scale,
+                self.group_rows,
+                sms,
+                *cfg[:4],
+                tables=tables,
+                out=self.c,
+                trace=trace,
+                loads=cfg[4],
+                descriptors=descriptors,
+                cluster=self.cluster,
+            )
+
         return launch
 
     def pick(self, sms: int) -> tuple:
@@ -196,15 +288,24 @@ class ExpertGemm:
             if self._pick_timer is None:
                 self._pick_timer = Timer(self.device, collective=False)
             fns = {cfg: functools.partial(launch, sms) for cfg, launch in self._launches.items()}
-            rounds = interleaved_rounds(self._pick_timer, fns, PICK_ROUNDS, PICK_LAUNCHES, mode="queued", warmup=0)
+            rounds = interleaved_rounds(
+                self._pick_timer, fns, PICK_ROUNDS, PICK_LAUNCHES, mode="queued", warmup=0
+            )
             timings = {cfg: statistics.median(xs) for cfg, xs in rounds.items()}
             best = min(timings, key=timings.__getitem__)
             self._best[sms], self.pick_timings[sms] = best, timings
             shared, _ = pg.launch_resources(*best[:5], cluster=self.cluster)
-            self.launch_config[sms] = {"tile": f"{best[0]}x{best[1]}", "warps": best[2], "stages": best[3],
-                                       "loads": best[4], "order": best[5], "us_alone": round(timings[best], 1),
-                                       "candidates": len(timings), "pick_rounds": PICK_ROUNDS,
-                                       "shared_kib_per_cta": shared // 1024}
+            self.launch_config[sms] = {
+                "tile": f"{best[0]}x{best[1]}",
+                "warps": best[2],
+                "stages": best[3],
+                "loads": best[4],
+                "order": best[5],
+                "us_alone": round(timings[best], 1),
+                "candidates": len(timings),
+                "pick_rounds": PICK_ROUNDS,
+                "shared_kib_per_cta": shared // 1024,
+            }
         return self._best[sms]
 
     def prepare(self, sms: int) -> None:
@@ -218,9 +319,11 @@ class ExpertGemm:
         cfg = self.launch_config.get(sms) if sms is not None else None
         if not cfg:
             return self.kind
-        return (f"{self.kind}, on {sms} SMs: tile {cfg['tile']}, {cfg['warps']} warps, {cfg['stages']} stages, "
-                f"{cfg['loads']} loads, {cfg['order']}-major tile order, {cfg['shared_kib_per_cta']} KiB shared "
-                f"memory per CTA")
+        return (
+            f"{self.kind}, on {sms} SMs: tile {cfg['tile']}, {cfg['warps']} warps, {cfg['stages']} stages, "
+            f"{cfg['loads']} loads, {cfg['order']}-major tile order, {cfg['shared_kib_per_cta']} KiB shared "
+            f"memory per CTA"
+        )
 
     def _dense(self) -> None:
         self.rows = self.shape.rows
@@ -230,7 +333,9 @@ class ExpertGemm:
             self.b = self._random(self.shape.out, self.shape.hidden, dtype=fp8).t()
             one = torch.ones((), device=self.device)
             self.kind = f"fp8 dense GEMM (torch._scaled_mm), {self.rows} rows"
-            self._fn = lambda: torch._scaled_mm(self.a, self.b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+            self._fn = lambda: torch._scaled_mm(
+                self.a, self.b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16
+            )
         else:
             self.a = self._random(self.rows, self.shape.hidden, dtype=torch.bfloat16)
             self.b = self._random(self.shape.out, self.shape.hidden, dtype=torch.bfloat16).t()
@@ -264,7 +369,9 @@ class ConfinedGemm:
         self.gemm, self.sms, self.confine = gemm, sms, confine
         self.ctx = _green_context(sms, gemm.device.index) if confine == "green" else None
         self.stream = self.ctx.Stream() if self.ctx is not None else torch.cuda.Stream(gemm.device)
-        with torch.cuda.stream(self.stream):  # on an idle GPU, on the stream (and context) it will run on
+        with torch.cuda.stream(
+            self.stream
+        ):  # on an idle GPU, on the stream (and context) it will run on
             gemm.prepare(sms)
         how = "green context" if confine == "green" else "grid only, no green context"
         self.kind = f"{gemm.describe(sms)}; confined by {how}"
@@ -279,7 +386,12 @@ class ConfinedGemm:
 
 
 def spread(xs: list[float]) -> dict:
-    return {"median_us": statistics.median(xs), "min_us": min(xs), "max_us": max(xs), "reps": len(xs)}
+    return {
+        "median_us": statistics.median(xs),
+        "min_us": min(xs),
+        "max_us": max(xs),
+        "reps": len(xs),
+    }
 
 
 # DeepEP's comm "waited for the GEMM" when, inside the GEMM-first pair, it ended more than this
@@ -291,11 +403,15 @@ WAITED_STRETCH = 1.5
 
 def deepep_waited(comm_alone_us: float, comm_end_us: float, gemm_end_us: float) -> bool:
     """Whether DeepEP, enqueued after the GEMM, ran after it instead of beside it."""
-    return (comm_end_us - gemm_end_us > WAITED_FRACTION * comm_alone_us
-            and comm_end_us > WAITED_STRETCH * comm_alone_us)
+    return (
+        comm_end_us - gemm_end_us > WAITED_FRACTION * comm_alone_us
+        and comm_end_us > WAITED_STRETCH * comm_alone_us
+    )
 
 
-def measure_overlap(comm, gemm: ConfinedGemm, reps: int, timer, queued: bool = True, comm_no_wait=None) -> dict:
+def measure_overlap(
+    comm, gemm: ConfinedGemm, reps: int, timer, queued: bool = True, comm_no_wait=None
+) -> dict:
     """``comm()`` runs dispatch + combine (DeepEP picks its own stream); the GEMM runs on its own
     stream. Returns comm alone, GEMM alone (confined), their serial sum, and the two started
     together in each launch order, each with when each side ended. ``timer``
@@ -317,7 +433,9 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, timer, queued: bool = T
       vLLM's DBO and SGLang's TBO order it, without the host wait; ``comm_no_wait`` alone is timed too."""
     clock = _PairClock(gemm, timer, queued)
     # the communications timed alone, and the pairs (prefix, communication, DeepEP enqueued first)
-    comms = {"comm": comm} if comm_no_wait is None else {"comm": comm, "comm_no_wait": comm_no_wait}
+    comms = (
+        {"comm": comm} if comm_no_wait is None else {"comm": comm, "comm_no_wait": comm_no_wait}
+    )
     pairs = [("overlapped", comm, False), ("comm_first", comm, True)]
     if comm_no_wait is not None:
         pairs.append(("comm_first_no_wait", comm_no_wait, True))
@@ -337,7 +455,9 @@ def measure_overlap(comm, gemm: ConfinedGemm, reps: int, timer, queued: bool = T
             end_comm, end_gemm = clock.pair(comm_fn, comm_first)
             xs[f"{prefix}_comm_end"].append(end_comm)
             xs[f"{prefix}_gemm_end"].append(end_gemm)
-    return _summary(timer.slowest_rank_per_rep(xs), [prefix for prefix, _, _ in pairs], gemm, queued)
+    return _summary(
+        timer.slowest_rank_per_rep(xs), [prefix for prefix, _, _ in pairs], gemm, queued
+    )
 
 
 class _PairClock:
@@ -388,17 +508,26 @@ class _PairClock:
         return start.elapsed_time(end_comm) * 1000, start.elapsed_time(end_gemm) * 1000
 
 
-def _summary(xs: dict[str, list[float]], prefixes: list[str], gemm: ConfinedGemm, queued: bool) -> dict:
+def _summary(
+    xs: dict[str, list[float]], prefixes: list[str], gemm: ConfinedGemm, queued: bool
+) -> dict:
     """Each series' spread, the serial sum, each pair until its later side ends, and the labels."""
     out = {k: spread(v) for k, v in xs.items()}
     out["serial"] = spread([a + b for a, b in zip(xs["comm"], xs["gemm"])])
     for prefix in prefixes:  # a pair takes until its later side ends
         name = prefix if prefix == "overlapped" else f"overlapped_{prefix}"
-        out[name] = spread([max(a, b) for a, b in zip(xs[f"{prefix}_comm_end"], xs[f"{prefix}_gemm_end"])])
-    out["deepep_waited_for_gemm"] = deepep_waited(out["comm"]["median_us"], out["overlapped_comm_end"]["median_us"],
-                                                  out["overlapped_gemm_end"]["median_us"])
+        out[name] = spread(
+            [max(a, b) for a, b in zip(xs[f"{prefix}_comm_end"], xs[f"{prefix}_gemm_end"])]
+        )
+    out["deepep_waited_for_gemm"] = deepep_waited(
+        out["comm"]["median_us"],
+        out["overlapped_comm_end"]["median_us"],
+        out["overlapped_gemm_end"]["median_us"],
+    )
     out["gemm_kind"] = gemm.kind
-    out["timing"] = ("queued (GPU time)" if queued else "synced (host launch counts)") + ", slowest rank per repetition"
+    out["timing"] = (
+        "queued (GPU time)" if queued else "synced (host launch counts)"
+    ) + ", slowest rank per repetition"
     if gemm.fallback_reason:
         out["gemm_fallback"] = gemm.fallback_reason
     out["floor_us"] = max(out["comm"]["median_us"], out["gemm"]["median_us"])

@@ -46,7 +46,9 @@ class RankPlacement:
         if not self.shared:
             return f"{self.ranks} ranks, one GPU each"
         per_gpu = -(-self.ranks // self.gpus)
-        return f"{self.ranks} ranks on {self.gpus} GPU(s), up to {per_gpu} per GPU ({SHARED_LABEL})"
+        return (
+            f"{self.ranks} ranks on {self.gpus} GPU(s), up to {per_gpu} per GPU ({SHARED_LABEL})"
+        )
 
 
 def visible_placement(ranks: int) -> RankPlacement:

@@ -32,8 +32,12 @@ from dataclasses import dataclass, replace
 from typing import Callable, Hashable, Optional, Sequence
 
 
-def rotated_rounds(names: Sequence[Hashable], time_once: Callable[[Hashable], float],
-                   rounds: int, warm_up: bool = False) -> dict[Hashable, list[float]]:
+def rotated_rounds(
+    names: Sequence[Hashable],
+    time_once: Callable[[Hashable], float],
+    rounds: int,
+    warm_up: bool = False,
+) -> dict[Hashable, list[float]]:
     """``rounds`` rounds, each timing every name once, in turn; each round starts one name further
     along, so none is timed first after a pause in more than one round in ``len(names)`` (with one
     fixed order the first in line pays any warm-up every round). With ``warm_up``, one pass first
@@ -50,7 +54,9 @@ def rotated_rounds(names: Sequence[Hashable], time_once: Callable[[Hashable], fl
     return out
 
 
-ALPHA = 0.05  # two-sided: a claim of "faster" or of "slower" is false at most 2.5 % of the time each
+ALPHA = (
+    0.05  # two-sided: a claim of "faster" or of "slower" is false at most 2.5 % of the time each
+)
 ALPHA_SIDE = ALPHA / 2
 CONFIDENCE = 1 - ALPHA
 MIN_ROUNDS = 7  # the least a tune runs: Holm over 3 buckets at 2.5 % needs 2**-n <= 0.0083
@@ -58,7 +64,10 @@ DEFAULT_ROUNDS = 15  # power: see docs/BENCHMARKS.md ("The protocol's claims")
 EXACT_ROUNDS = 16  # up to this many rounds every sign pattern is counted
 MC_FLIPS = 2**16
 FASTER, SLOWER, SAME = "faster", "slower", "within noise"
-NO_LOSS, NO_GAIN = "no loss beyond noise", "no gain beyond noise"  # one-sided families: what was not claimed
+NO_LOSS, NO_GAIN = (
+    "no loss beyond noise",
+    "no gain beyond noise",
+)  # one-sided families: what was not claimed
 _TIE = 1e-12  # per-round log-ratios summing to this little are a tie (a contender equal to its baseline)
 
 
@@ -74,7 +83,9 @@ def speedup_words(x: float) -> str:
     return f"x{x:.3f} faster" if x >= 1.0 else f"x{1.0 / x:.3f} slower"
 
 
-def interval_words(low: Optional[float], high: Optional[float], confidence: float = CONFIDENCE) -> str:
+def interval_words(
+    low: Optional[float], high: Optional[float], confidence: float = CONFIDENCE
+) -> str:
     """An interval of speed-ups in the same words: ``95% CI x1.01-x1.06 faster``, ``... slower``, or
     ``95% CI x1.02 slower to x1.03 faster`` where it spans no difference."""
     level = f"{confidence:.0%} CI"
@@ -120,12 +131,18 @@ class Speedup:
         return self.faster
 
     def to_doc(self) -> dict:
-        out = {"contender": self.contender, "baseline": self.baseline, "rounds": self.rounds,
-               "speedup": round(self.speedup, 4),
-               "ci95": None if self.low is None else [round(self.low, 4), round(self.high, 4)],
-               "per_round": [round(self.per_round_min, 4), round(self.per_round_max, 4)],
-               "p_faster": round(self.p_faster, 5), "p_slower": round(self.p_slower, 5),
-               "verdict": self.verdict, "test": self.test}
+        out = {
+            "contender": self.contender,
+            "baseline": self.baseline,
+            "rounds": self.rounds,
+            "speedup": round(self.speedup, 4),
+            "ci95": None if self.low is None else [round(self.low, 4), round(self.high, 4)],
+            "per_round": [round(self.per_round_min, 4), round(self.per_round_max, 4)],
+            "p_faster": round(self.p_faster, 5),
+            "p_slower": round(self.p_slower, 5),
+            "verdict": self.verdict,
+            "test": self.test,
+        }
         if self.correction:
             out["correction"] = self.correction
         return out
@@ -141,28 +158,48 @@ class Speedup:
         return f"{what}, {self.verdict} ({spread}{family})"
 
 
-def paired_speedup(baseline: Sequence[float], contender: Sequence[float], seed: int = 0,
-                   names: tuple[str, str] = ("contender", "baseline")) -> Speedup:
+def paired_speedup(
+    baseline: Sequence[float],
+    contender: Sequence[float],
+    seed: int = 0,
+    names: tuple[str, str] = ("contender", "baseline"),
+) -> Speedup:
     """The speed-up of ``contender`` over ``baseline`` from per-round times of the same rounds,
     with its unadjusted verdict (one comparison at 2.5 % per side)."""
     if len(baseline) != len(contender) or not baseline:
-        raise ValueError(f"paired rounds need equal, non-zero counts (got {len(baseline)} and {len(contender)})")
+        raise ValueError(
+            f"paired rounds need equal, non-zero counts (got {len(baseline)} and {len(contender)})"
+        )
     logs = [math.log(b / c) for b, c in zip(baseline, contender)]
     p_faster, p_slower, low, high, exact = sign_flip(logs, seed)
     verdict = FASTER if p_faster <= ALPHA_SIDE else SLOWER if p_slower <= ALPHA_SIDE else SAME
     mean = math.fsum(logs) / len(logs)
-    return Speedup(names[0], names[1], len(logs), math.exp(mean),
-                   None if low is None else math.exp(low), None if high is None else math.exp(high),
-                   p_faster, p_slower, math.exp(min(logs)), math.exp(max(logs)), verdict,
-                   test="exact sign-flip" if exact else f"sign-flip, {MC_FLIPS} random patterns")
+    return Speedup(
+        names[0],
+        names[1],
+        len(logs),
+        math.exp(mean),
+        None if low is None else math.exp(low),
+        None if high is None else math.exp(high),
+        p_faster,
+        p_slower,
+        math.exp(min(logs)),
+        math.exp(max(logs)),
+        verdict,
+        test="exact sign-flip" if exact else f"sign-flip, {MC_FLIPS} random patterns",
+    )
 
 
 def geomean_speedup(baseline: Sequence[float], contender: Sequence[float]) -> float:
     """The geometric mean of the per-round speed-ups, untested (a selection's point estimate)."""
-    return math.exp(math.fsum(math.log(b / c) for b, c in zip(baseline, contender)) / len(baseline))
+    return math.exp(
+        math.fsum(math.log(b / c) for b, c in zip(baseline, contender)) / len(baseline)
+    )
 
 
-def holm(tests: Sequence[Speedup], side: str = "both", family: str = "comparisons") -> list[Speedup]:
+def holm(
+    tests: Sequence[Speedup], side: str = "both", family: str = "comparisons"
+) -> list[Speedup]:
     """The verdicts of a family of comparisons under Holm's step-down correction, so that the chance
     of any false claim among them is at most 2.5 % per side. ``side``: ``faster`` (only gains can be
     claimed), ``slower`` (only losses) or ``both``. The order of ``tests`` is kept."""
@@ -178,20 +215,30 @@ def holm(tests: Sequence[Speedup], side: str = "both", family: str = "comparison
         if p_of(tests[i]) > ALPHA_SIDE / (m - step):
             break  # Holm stops at the first comparison it cannot reject
         t = tests[i]
-        verdicts[i] = FASTER if (side == "faster" or (side == "both" and t.p_faster <= t.p_slower)) else SLOWER
+        verdicts[i] = (
+            FASTER
+            if (side == "faster" or (side == "both" and t.p_faster <= t.p_slower))
+            else SLOWER
+        )
     label = f"Holm over {m} {family}" if m > 1 else ""
     return [replace(t, verdict=v, correction=label) for t, v in zip(tests, verdicts)]
 
 
-def weighted_rounds(per_bucket: Sequence[Sequence[float]], weights: Sequence[float]) -> list[float]:
+def weighted_rounds(
+    per_bucket: Sequence[Sequence[float]], weights: Sequence[float]
+) -> list[float]:
     """The weighted objective round by round: ``sum(weight * time)`` over the buckets of each round."""
     rounds = {len(xs) for xs in per_bucket}
     if len(rounds) != 1:
         raise ValueError(f"every bucket needs the same rounds, got {sorted(rounds)}")
-    return [math.fsum(w * xs[r] for w, xs in zip(weights, per_bucket)) for r in range(rounds.pop())]
+    return [
+        math.fsum(w * xs[r] for w, xs in zip(weights, per_bucket)) for r in range(rounds.pop())
+    ]
 
 
-def sign_flip(logs: Sequence[float], seed: int = 0) -> tuple[float, float, Optional[float], Optional[float], bool]:
+def sign_flip(
+    logs: Sequence[float], seed: int = 0
+) -> tuple[float, float, Optional[float], Optional[float], bool]:
     """Fisher's sign-flip test of ``mean(logs)``: (p of a mean above 0, p of a mean below 0, the
     interval's low and high ends in log space or None, whether every pattern was counted)."""
     n = len(logs)
@@ -203,7 +250,9 @@ def sign_flip(logs: Sequence[float], seed: int = 0) -> tuple[float, float, Optio
     return _sign_flip_numpy(list(logs), exact, seed)
 
 
-def _bounds(means_sorted_k: Callable[[int], float], count: int, patterns: int) -> tuple[Optional[float], Optional[float]]:
+def _bounds(
+    means_sorted_k: Callable[[int], float], count: int, patterns: int
+) -> tuple[Optional[float], Optional[float]]:
     """The interval's ends: the k-th smallest and k-th largest of ``count`` subset means."""
     k = math.floor(ALPHA_SIDE * patterns + 1e-9)
     if k < 1 or k > count:

@@ -81,7 +81,9 @@ class Timer:
         before the GPU reaches it (``queued`` mode)."""
         torch.cuda._sleep(self._spin_cycles(HEAD_START_US))
 
-    def samples(self, fn: Callable[[], object], reps: int = 30, warmup: int = 5, mode: str = "synced") -> list[float]:
+    def samples(
+        self, fn: Callable[[], object], reps: int = 30, warmup: int = 5, mode: str = "synced"
+    ) -> list[float]:
         """Microseconds of ``fn`` per repetition, each after a barrier and an L2 flush."""
         if mode not in LAUNCH_MODES:
             raise ValueError(f"launch mode must be one of {LAUNCH_MODES}, got {mode!r}")
@@ -101,8 +103,9 @@ class Timer:
             out.append(start.elapsed_time(end) * 1000.0)
         return out
 
-    def median_max_over_ranks(self, fn: Callable[[], object], reps: int = 30, warmup: int = 5,
-                              mode: str = "synced") -> dict:
+    def median_max_over_ranks(
+        self, fn: Callable[[], object], reps: int = 30, warmup: int = 5, mode: str = "synced"
+    ) -> dict:
         """Median per rank, then the slowest rank's median (a collective waits for the slowest)."""
         import torch.distributed as dist
 
@@ -113,8 +116,13 @@ class Timer:
             slowest = max(self._all_gather(stats), key=lambda t: float(t[0]))
         else:
             slowest = stats
-        return {"median_us": float(slowest[0]), "min_us": float(slowest[1]), "max_us": float(slowest[2]),
-                "reps": reps, "mode": mode}
+        return {
+            "median_us": float(slowest[0]),
+            "min_us": float(slowest[1]),
+            "max_us": float(slowest[2]),
+            "reps": reps,
+            "mode": mode,
+        }
 
     def slowest_rank_per_rep(self, samples: dict[str, list[float]]) -> dict[str, list[float]]:
         """``samples`` (this rank's timings of the same repetitions as every other rank's) reduced to
@@ -136,13 +144,26 @@ def slowest_per_rep(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, lis
     for xs in per_rank:
         if sorted(xs) != keys or any(len(xs[k]) != len(per_rank[0][k]) for k in keys):
             raise ValueError("every rank must time the same repetitions of the same things")
-    return {k: [max(xs[k][i] for xs in per_rank) for i in range(len(per_rank[0][k]))] for k in keys}
+    return {
+        k: [max(xs[k][i] for xs in per_rank) for i in range(len(per_rank[0][k]))] for k in keys
+    }
 
 
-def interleaved_rounds(timer: Timer, fns: dict[Hashable, Callable[[], object]], rounds: int, reps: int,
-                       mode: str = "synced", warmup: int = 2) -> dict[Hashable, list[float]]:
+def interleaved_rounds(
+    timer: Timer,
+    fns: dict[Hashable, Callable[[], object]],
+    rounds: int,
+    reps: int,
+    mode: str = "synced",
+    warmup: int = 2,
+) -> dict[Hashable, list[float]]:
     """Each round times every callable once (median of ``reps``, slowest rank), in turn
     (``rotated_rounds``), so slow drifts of the machine fall on all of them alike. Returns the
     per-round medians per name."""
-    return rotated_rounds(list(fns), lambda name: timer.median_max_over_ranks(
-        fns[name], reps, warmup=warmup, mode=mode)["median_us"], rounds)
+    return rotated_rounds(
+        list(fns),
+        lambda name: timer.median_max_over_ranks(fns[name], reps, warmup=warmup, mode=mode)[
+            "median_us"
+        ],
+        rounds,
+    )

@@ -25,7 +25,9 @@ class LayerKind:
 
     order: str
     wire: tuple[tuple[str, Any], ...]  # the wire as sorted (key, value) pairs, scale flattened
-    consumes: tuple[tuple[str, Any], ...]  # the experts' input format (a quantized wire of either arm)
+    consumes: tuple[
+        tuple[str, Any], ...
+    ]  # the experts' input format (a quantized wire of either arm)
     layers: tuple[int, ...]
 
     @property
@@ -52,11 +54,16 @@ def _flat(wire: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(out.items()))
 
 
-def _kinds(decisions: dict[int, tuple[str, dict]], consumes: dict[int, dict]) -> tuple[LayerKind, ...]:
+def _kinds(
+    decisions: dict[int, tuple[str, dict]], consumes: dict[int, dict]
+) -> tuple[LayerKind, ...]:
     groups: dict[tuple, list[int]] = {}
     for index, (order, wire) in sorted(decisions.items()):
         groups.setdefault((order, _flat(wire), _flat(consumes[index])), []).append(index)
-    return tuple(LayerKind(order, wire, eats, tuple(layers)) for (order, wire, eats), layers in groups.items())
+    return tuple(
+        LayerKind(order, wire, eats, tuple(layers))
+        for (order, wire, eats), layers in groups.items()
+    )
 
 
 def _vllm_decisions(doc) -> dict[int, tuple[str, dict]]:
@@ -65,7 +72,9 @@ def _vllm_decisions(doc) -> dict[int, tuple[str, dict]]:
     from moepolicy.rules.packs import builtin_pack
     from moepolicy.target import target_from_doc
 
-    decided = replayed_decisions(doc.layers, target_from_doc(doc.target), [builtin_pack("vllm"), builtin_pack("deepep")])
+    decided = replayed_decisions(
+        doc.layers, target_from_doc(doc.target), [builtin_pack("vllm"), builtin_pack("deepep")]
+    )
     return {index: (d.order, d.wire.as_dict()) for index, d in decided.items()}
 
 
@@ -76,24 +85,46 @@ def build_arms(doc) -> tuple[Arm, ...]:
     target = target_from_doc(doc.target)
     # a fused layer's communication is the expert kernel's own (DeepGEMM Mega MoE): nothing here times it
     moe = [layer for layer in doc.layers if layer.kind == "moe" and layer.order != "fused"]
-    policy = {layer.index: (layer.order, layer.wire.model_dump(exclude_none=True)) for layer in moe}
+    policy = {
+        layer.index: (layer.order, layer.wire.model_dump(exclude_none=True)) for layer in moe
+    }
     vllm = {i: d for i, d in _vllm_decisions(doc).items() if i in policy}
     # the experts consume one format per layer: whichever arm quantizes says which
-    consumes = {i: (policy[i][1] if policy[i][1].get("dtype") != "bf16" else vllm[i][1]) for i in policy}
+    consumes = {
+        i: (policy[i][1] if policy[i][1].get("dtype") != "bf16" else vllm[i][1]) for i in policy
+    }
     d, c = default_configs(target.deepep, target.ep_size)
 
     def settings(num_sms: int, buckets: tuple[Bucket, ...], source: str) -> DeepEPSettings:
-        return DeepEPSettings(num_sms, doc.deepep.num_nvl_bytes, doc.deepep.num_rdma_bytes, buckets, source)
+        return DeepEPSettings(
+            num_sms, doc.deepep.num_nvl_bytes, doc.deepep.num_rdma_bytes, buckets, source
+        )
 
     table = (Bucket(None, d, c),)
-    written = tuple(Bucket(b.max_tokens, ChunkConfig(*b.dispatch.as_tuple()), ChunkConfig(*b.combine.as_tuple()))
-                    for b in doc.deepep.buckets)
+    written = tuple(
+        Bucket(
+            b.max_tokens, ChunkConfig(*b.dispatch.as_tuple()), ChunkConfig(*b.combine.as_tuple())
+        )
+        for b in doc.deepep.buckets
+    )
     sms = default_num_sms(target.deepep)
     return (
-        Arm("policy", f"the policy ({doc.deepep.num_sms} SMs, its configs)", _kinds(policy, consumes),
-            settings(doc.deepep.num_sms, written, doc.deepep.provenance.source)),
-        Arm("vllm", f"vLLM's choices ({VLLM_HT_NUM_SMS} SMs, DeepEP's table, the vllm pack's orders)",
-            _kinds(vllm, consumes), settings(VLLM_HT_NUM_SMS, table, "default")),
-        Arm("deepep-default", f"the policy's orders with DeepEP's defaults ({sms} SMs, its table)",
-            _kinds(policy, consumes), settings(sms, table, "default")),
+        Arm(
+            "policy",
+            f"the policy ({doc.deepep.num_sms} SMs, its configs)",
+            _kinds(policy, consumes),
+            settings(doc.deepep.num_sms, written, doc.deepep.provenance.source),
+        ),
+        Arm(
+            "vllm",
+            f"vLLM's choices ({VLLM_HT_NUM_SMS} SMs, DeepEP's table, the vllm pack's orders)",
+            _kinds(vllm, consumes),
+            settings(VLLM_HT_NUM_SMS, table, "default"),
+        ),
+        Arm(
+            "deepep-default",
+            f"the policy's orders with DeepEP's defaults ({sms} SMs, its table)",
+            _kinds(policy, consumes),
+            settings(sms, table, "default"),
+        ),
     )

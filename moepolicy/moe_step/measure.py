@@ -56,10 +56,14 @@ def routing(tokens: int, num_experts: int, top_k: int, kind: str, seed: int, s: 
         weights = torch.ones(num_experts)
     elif kind == "zipf":
         weights = 1.0 / torch.arange(1, num_experts + 1, dtype=torch.float64) ** s
-        weights = weights[torch.randperm(num_experts, generator=g)]  # popular experts spread over ranks
+        weights = weights[
+            torch.randperm(num_experts, generator=g)
+        ]  # popular experts spread over ranks
     else:
         raise ValueError(f"routing must be uniform or zipf, got {kind!r}")
-    idx = torch.multinomial(weights.float().expand(tokens, -1), top_k, replacement=False, generator=g)
+    idx = torch.multinomial(
+        weights.float().expand(tokens, -1), top_k, replacement=False, generator=g
+    )
     return idx.to(torch.int64), torch.rand(tokens, top_k, generator=g)
 
 
@@ -69,8 +73,16 @@ def _wire(flat: tuple) -> "object":
 
     fields = dict(flat)
     scale = {k.split(".", 1)[1]: v for k, v in fields.items() if k.startswith("scale.")}
-    return SimpleNamespace(dtype=fields["dtype"], scale=SimpleNamespace(
-        granularity=scale.get("granularity"), group=scale.get("group"), dtype=scale.get("dtype")) if scale else None)
+    return SimpleNamespace(
+        dtype=fields["dtype"],
+        scale=SimpleNamespace(
+            granularity=scale.get("granularity"),
+            group=scale.get("group"),
+            dtype=scale.get("dtype"),
+        )
+        if scale
+        else None,
+    )
 
 
 class StandInExperts:
@@ -78,12 +90,21 @@ class StandInExperts:
 
     def __init__(self, local: int, hidden: int, intermediate: int, device, dtype):
         g = torch.Generator().manual_seed(7)
-        self.w1 = (torch.randn(local, hidden, intermediate, generator=g) / hidden ** 0.5).to(device, dtype)
-        self.w2 = (torch.randn(local, intermediate, hidden, generator=g) / intermediate ** 0.5).to(device, dtype)
+        self.w1 = (torch.randn(local, hidden, intermediate, generator=g) / hidden**0.5).to(
+            device, dtype
+        )
+        self.w2 = (torch.randn(local, intermediate, hidden, generator=g) / intermediate**0.5).to(
+            device, dtype
+        )
         self.dtype = dtype
 
-    def __call__(self, x: torch.Tensor, scales: Optional[torch.Tensor], topk_idx: torch.Tensor,
-                 topk_weights: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        scales: Optional[torch.Tensor],
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+    ) -> torch.Tensor:
         rows = _dequant(x, scales).to(self.dtype)
         out = torch.zeros(rows.shape[0], rows.shape[1], dtype=torch.float32, device=rows.device)
         for e in range(self.w1.shape[0]):
@@ -122,7 +143,9 @@ class _Clock:
 
         if self.timer is not None:
             mode = "synced" if self.regime == "host" else "queued"
-            xs = self.timer.slowest_rank_per_rep({"t": self.timer.samples(fn, reps, warmup=2, mode=mode)})["t"]
+            xs = self.timer.slowest_rank_per_rep(
+                {"t": self.timer.samples(fn, reps, warmup=2, mode=mode)}
+            )["t"]
             return statistics.median(xs)
         fn()  # warm-up
         xs = []
@@ -146,14 +169,22 @@ def _transport(arm: Arm, tokens: int, spec: StepSpec, buffer):
     from moepolicy.reference.transport import DeepEPTransport
 
     bucket = arm.deepep.bucket_for(tokens)
-    return DeepEPTransport(buffer, spec.num_experts, deep_ep.Config(arm.num_sms, *bucket.dispatch),
-                           deep_ep.Config(arm.num_sms, *bucket.combine))
+    return DeepEPTransport(
+        buffer,
+        spec.num_experts,
+        deep_ep.Config(arm.num_sms, *bucket.dispatch),
+        deep_ep.Config(arm.num_sms, *bucket.combine),
+    )
 
 
 def _kind_step(kind: LayerKind, transport, experts: StandInExperts, inputs, backend: str):
     from moepolicy.reference.prepare_finalize import PrepareFinalize, QuantSpec
 
-    order = kind.order if kind.order in (Order.QUANT_THEN_DISPATCH, Order.DISPATCH_THEN_QUANT) else Order.NO_QUANT.value
+    order = (
+        kind.order
+        if kind.order in (Order.QUANT_THEN_DISPATCH, Order.DISPATCH_THEN_QUANT)
+        else Order.NO_QUANT.value
+    )
     # a static per-tensor scale is the checkpoint's; the stand-in times the work with a fixed one
     spec = QuantSpec.from_wire(_wire(kind.consumes), static_scale=STAND_IN_STATIC_SCALE)
     pf = PrepareFinalize(order, spec, transport, backend=backend)
@@ -178,32 +209,56 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
 
         device = join_group(rank, world, f"{outdir}/rendezvous")
     else:
-        dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"file://{outdir}/rendezvous")
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=world, init_method=f"file://{outdir}/rendezvous"
+        )
         device = torch.device("cpu")
     buffer = _buffer(arms, spec, world) if gpu else None
-    experts = StandInExperts(spec.num_experts // world, spec.hidden, spec.intermediate, device,
-                             torch.bfloat16 if gpu else torch.float32)
+    experts = StandInExperts(
+        spec.num_experts // world,
+        spec.hidden,
+        spec.intermediate,
+        device,
+        torch.bfloat16 if gpu else torch.float32,
+    )
     clock = _Clock(device, spec.regime)
     results: dict = {}
     done = 0
     for r_kind in spec.routings:
         for tokens in spec.tokens:
-            idx, w = routing(tokens, spec.num_experts, spec.top_k, r_kind, spec.seed + 31 * rank, spec.zipf_s)
-            x = torch.randn(tokens, spec.hidden, generator=torch.Generator().manual_seed(rank)).to(torch.bfloat16)
+            idx, w = routing(
+                tokens, spec.num_experts, spec.top_k, r_kind, spec.seed + 31 * rank, spec.zipf_s
+            )
+            x = torch.randn(tokens, spec.hidden, generator=torch.Generator().manual_seed(rank)).to(
+                torch.bfloat16
+            )
             inputs = (x.to(device), idx.to(device), w.to(device))
-            steps = {arm.name: [(k.count, _kind_step(k, _transport(arm, tokens, spec, buffer), experts, inputs,
-                                                     "auto")) for k in arm.kinds] for arm in arms}
+            steps = {
+                arm.name: [
+                    (
+                        k.count,
+                        _kind_step(
+                            k, _transport(arm, tokens, spec, buffer), experts, inputs, "auto"
+                        ),
+                    )
+                    for k in arm.kinds
+                ]
+                for arm in arms
+            }
 
             def time_once(name: str, steps=steps) -> float:
                 return sum(count * clock.median_us(fn, spec.reps) for count, fn in steps[name])
 
             started = time.perf_counter()
-            results.setdefault(r_kind, {})[str(tokens)] = rotated_rounds([a.name for a in arms], time_once,
-                                                                          spec.rounds, warm_up=True)
+            results.setdefault(r_kind, {})[str(tokens)] = rotated_rounds(
+                [a.name for a in arms], time_once, spec.rounds, warm_up=True
+            )
             if rank == 0:
                 done += 1
-                _progress(f"bench: {done}/{len(spec.routings) * len(spec.tokens)} {r_kind} routing, {tokens} tokens: "
-                          f"{spec.rounds} rounds in {time.perf_counter() - started:.1f} s")
+                _progress(
+                    f"bench: {done}/{len(spec.routings) * len(spec.tokens)} {r_kind} routing, {tokens} tokens: "
+                    f"{spec.rounds} rounds in {time.perf_counter() - started:.1f} s"
+                )
     if rank == 0:
         (Path(outdir) / "times.json").write_text(json.dumps(results))
     dist.barrier()
@@ -223,13 +278,26 @@ def _buffer(arms: tuple[Arm, ...], spec: StepSpec, world: int):
 
     from moepolicy.deepep.buffers import ht_buffer_bytes
 
-    nvl = max(ht_buffer_bytes(arm.num_sms, [c for b in arm.deepep.buckets for c in (b.dispatch, b.combine)],
-                              spec.hidden, world)[0] for arm in arms)
+    nvl = max(
+        ht_buffer_bytes(
+            arm.num_sms,
+            [c for b in arm.deepep.buckets for c in (b.dispatch, b.combine)],
+            spec.hidden,
+            world,
+        )[0]
+        for arm in arms
+    )
     return deep_ep.Buffer(dist.group.WORLD, nvl, 0)
 
 
 def _entry(rank: int, world: int, arms, spec, outdir) -> None:
-    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+    os.environ.update(
+        {
+            "NCCL_NVLS_ENABLE": "0",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1",
+        }
+    )
     worker(rank, world, arms, spec, outdir)
 
 
@@ -239,10 +307,17 @@ def run(arms: tuple[Arm, ...], spec: StepSpec, world: int, outdir: str) -> dict:
 
     os.makedirs(outdir, exist_ok=True)
     try:
-        mp.start_processes(_entry, args=(world, arms, spec, outdir), nprocs=world, start_method="spawn", join=True)
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:  # a rank raised or died: its last line says why
+        mp.start_processes(
+            _entry, args=(world, arms, spec, outdir), nprocs=world, start_method="spawn", join=True
+        )
+    except (
+        mp.ProcessRaisedException,
+        mp.ProcessExitedException,
+    ) as exc:  # a rank raised or died: its last line says why
         lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-        raise MeasurementError(f"a benchmark rank failed: {lines[-1] if lines else type(exc).__name__}") from None
+        raise MeasurementError(
+            f"a benchmark rank failed: {lines[-1] if lines else type(exc).__name__}"
+        ) from None
     return json.loads((Path(outdir) / "times.json").read_text())
 
 

@@ -12,7 +12,20 @@ went to. Every step has a deadline: a hung collective ends all ranks with a line
 This checks function, not speed: where ranks share a GPU nothing here is a measurement.
 """
 
-from moepolicy.preflight.plan import PreflightPlan, PreflightReport, describe_failure, plan_preflight, render
+from moepolicy.preflight.plan import (
+    PreflightPlan,
+    PreflightReport,
+    describe_failure,
+    plan_preflight,
+    render,
+)
 from moepolicy.preflight.run import run_preflight
 
-__all__ = ["PreflightPlan", "PreflightReport", "describe_failure", "plan_preflight", "render", "run_preflight"]
+__all__ = [
+    "PreflightPlan",
+    "PreflightReport",
+    "describe_failure",
+    "plan_preflight",
+    "render",
+    "run_preflight",
+]

@@ -21,7 +21,9 @@ from moepolicy.errors import PolicyError, UsageError
 from moepolicy.measure.placement import SHARED_LABEL, RankPlacement
 from moepolicy.reference.payloads import BF16, PayloadFormat, format_of
 
-MAX_TOKENS = 1024  # tokens a rank sends per case: DeepEP's buffer is a ring of chunks, not sized by T
+MAX_TOKENS = (
+    1024  # tokens a rank sends per case: DeepEP's buffer is a ring of chunks, not sized by T
+)
 
 
 @dataclass(frozen=True)
@@ -83,19 +85,38 @@ def plan_preflight(path: str) -> PreflightPlan:
     doc, policy = View(data), policy_as_written(data, path)
     target, deepep = doc.target, policy.deepep
     if target.backend != "deepep_ht" or target.deep_ep.api != "legacy":
-        raise UsageError(f"{path}: validate --live runs DeepEP's high-throughput Buffer (legacy API); this policy "
-                         f"is for {target.backend} on DeepEP {target.deep_ep.api}: nothing of it could be checked "
-                         "here (low-latency needs NVSHMEM with a GPU per rank; v2 needs NCCL with GIN)")
+        raise UsageError(
+            f"{path}: validate --live runs DeepEP's high-throughput Buffer (legacy API); this policy "
+            f"is for {target.backend} on DeepEP {target.deep_ep.api}: nothing of it could be checked "
+            "here (low-latency needs NVSHMEM with a GPU per rank; v2 needs NCCL with GIN)"
+        )
     if target.ep_size > target.gpus_per_node:
-        raise UsageError(f"{path}: EP {target.ep_size} with {target.gpus_per_node} GPUs per node is internode; "
-                         "validate --live runs the intranode path only (internode needs RDMA between nodes)")
+        raise UsageError(
+            f"{path}: EP {target.ep_size} with {target.gpus_per_node} GPUs per node is internode; "
+            "validate --live runs the intranode path only (internode needs RDMA between nodes)"
+        )
     if not deepep.num_nvl_bytes:
-        raise PolicyError(f"{path}: the policy records no NVLink buffer size (deepep.num_nvl_bytes); re-plan it")
+        raise PolicyError(
+            f"{path}: the policy records no NVLink buffer size (deepep.num_nvl_bytes); re-plan it"
+        )
     formats = _formats(policy)
-    skipped = tuple(f"layer {d.index}: {d.order} (nothing DeepEP's normal dispatch carries)"
-                    for d in _moe_layers(policy) if format_of(d.wire) is None)
-    return PreflightPlan(path, target.ep_size, deepep.num_sms, deepep.num_nvl_bytes, doc.model.hidden_size,
-                         doc.model.num_experts, doc.model.top_k, _cases(deepep.buckets), formats, skipped)
+    skipped = tuple(
+        f"layer {d.index}: {d.order} (nothing DeepEP's normal dispatch carries)"
+        for d in _moe_layers(policy)
+        if format_of(d.wire) is None
+    )
+    return PreflightPlan(
+        path,
+        target.ep_size,
+        deepep.num_sms,
+        deepep.num_nvl_bytes,
+        doc.model.hidden_size,
+        doc.model.num_experts,
+        doc.model.top_k,
+        _cases(deepep.buckets),
+        formats,
+        skipped,
+    )
 
 
 def _moe_layers(policy):
@@ -118,8 +139,16 @@ def _cases(buckets) -> tuple[Case, ...]:
     cases, previous = [], 0
     for b in buckets:
         bound = b.max_tokens if b.max_tokens is not None else max(2 * previous, 4096)
-        label = f"<= {b.max_tokens}" if b.max_tokens is not None else f"> {previous}" if previous else "all"
-        cases.append(Case(label, max(1, min(bound, MAX_TOKENS)), tuple(b.dispatch), tuple(b.combine)))
+        label = (
+            f"<= {b.max_tokens}"
+            if b.max_tokens is not None
+            else f"> {previous}"
+            if previous
+            else "all"
+        )
+        cases.append(
+            Case(label, max(1, min(bound, MAX_TOKENS)), tuple(b.dispatch), tuple(b.combine))
+        )
         previous = bound
     return tuple(cases)
 
@@ -129,13 +158,17 @@ def render(report: PreflightReport) -> list[str]:
     from moepolicy.text import printable
 
     plan = report.plan
-    head = (f"{printable(plan.source)}: DeepEP num_sms {plan.num_sms}, NVLink buffer {plan.num_nvl_bytes} bytes, "
-            f"EP {plan.ep_size}: {report.placement.describe()}")
+    head = (
+        f"{printable(plan.source)}: DeepEP num_sms {plan.num_sms}, NVLink buffer {plan.num_nvl_bytes} bytes, "
+        f"EP {plan.ep_size}: {report.placement.describe()}"
+    )
     lines = [head]
     width = max([len(r.wire) for r in report.rows] + [4])
     for r in report.rows:
-        lines.append(f"  bucket {r.bucket:>8}  T={r.tokens:<5} {r.wire:<{width}}  {r.status}"
-                     + (f": {r.detail}" if r.detail else ""))
+        lines.append(
+            f"  bucket {r.bucket:>8}  T={r.tokens:<5} {r.wire:<{width}}  {r.status}"
+            + (f": {r.detail}" if r.detail else "")
+        )
     for item in plan.not_checked:
         lines.append(f"  not checked: {item}")
     if report.error:
@@ -155,5 +188,7 @@ def describe_failure(report: PreflightReport) -> Optional[str]:
     if not bad:
         return f"{report.plan.source}: validate --live ran no case"
     first = bad[0]
-    return (f"{report.plan.source}: validate --live: {len(bad)} case(s) failed; first: bucket {first.bucket}, "
-            f"{first.wire}: {first.detail}")
+    return (
+        f"{report.plan.source}: validate --live: {len(bad)} case(s) failed; first: bucket {first.bucket}, "
+        f"{first.wire}: {first.detail}"
+    )

@@ -18,7 +18,11 @@ from moepolicy.preflight.plan import Case, PreflightPlan, Row
 from moepolicy.reference.payloads import PayloadFormat, patterned_payload
 from moepolicy.reference.transport import DeepEPTransport, Sent, destination_mask, receive
 
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
 class DeepEPLink:
@@ -41,8 +45,12 @@ class DeepEPLink:
     def transport(self, plan: PreflightPlan, case: Case):
         import deep_ep
 
-        return DeepEPTransport(self.buffer, plan.num_experts, deep_ep.Config(plan.num_sms, *case.dispatch),
-                               deep_ep.Config(plan.num_sms, *case.combine))
+        return DeepEPTransport(
+            self.buffer,
+            plan.num_experts,
+            deep_ep.Config(plan.num_sms, *case.dispatch),
+            deep_ep.Config(plan.num_sms, *case.combine),
+        )
 
 
 class EmulatedLink:
@@ -51,7 +59,9 @@ class EmulatedLink:
     def join(self, rank: int, world: int, placement, rendezvous: str):
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"file://{rendezvous}")
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=world, init_method=f"file://{rendezvous}"
+        )
         return torch.device("cpu")
 
     def open(self, plan: PreflightPlan) -> None:
@@ -63,7 +73,9 @@ class EmulatedLink:
         return GatherTransport(None, plan.num_experts)
 
 
-def rank_main(rank: int, plans: tuple[PreflightPlan, ...], placement, rendezvous: str, events, link=None) -> None:
+def rank_main(
+    rank: int, plans: tuple[PreflightPlan, ...], placement, rendezvous: str, events, link=None
+) -> None:
     """A spawned rank's entry: join, run every policy's cases, report; never raises."""
     os.environ.update(SAFE_ENV)
     try:
@@ -73,13 +85,21 @@ def rank_main(rank: int, plans: tuple[PreflightPlan, ...], placement, rendezvous
         events.put(("error", rank, f"{type(exc).__name__}: {exc}"[:400] + f" [{last[:200]}]"))
 
 
-def _run(rank: int, plans: tuple[PreflightPlan, ...], placement, rendezvous: str, events, link) -> None:
+def _run(
+    rank: int, plans: tuple[PreflightPlan, ...], placement, rendezvous: str, events, link
+) -> None:
     import torch.distributed as dist
 
     events.put(("step", rank, f"joining the group ({placement.backend})"))
     device = link.join(rank, placement.ranks, placement, rendezvous)
     for index, plan in enumerate(plans):
-        events.put(("step", rank, f"policy {index + 1}: deep_ep.Buffer(num_nvl_bytes={plan.num_nvl_bytes})"))
+        events.put(
+            (
+                "step",
+                rank,
+                f"policy {index + 1}: deep_ep.Buffer(num_nvl_bytes={plan.num_nvl_bytes})",
+            )
+        )
         link.open(plan)
         for case in plan.cases:
             _run_case(rank, index, plan, case, link, device, events)
@@ -91,24 +111,40 @@ def _run(rank: int, plans: tuple[PreflightPlan, ...], placement, rendezvous: str
     dist.destroy_process_group()
 
 
-def _run_case(rank: int, index: int, plan: PreflightPlan, case: Case, link, device, events) -> None:
+def _run_case(
+    rank: int, index: int, plan: PreflightPlan, case: Case, link, device, events
+) -> None:
     where = f"policy {index + 1}, bucket {case.bucket}"
-    events.put(("step", rank, f"{where}: deep_ep.Config({plan.num_sms}, {case.dispatch}) and "
-                              f"({plan.num_sms}, {case.combine})"))
+    events.put(
+        (
+            "step",
+            rank,
+            f"{where}: deep_ep.Config({plan.num_sms}, {case.dispatch}) and "
+            f"({plan.num_sms}, {case.combine})",
+        )
+    )
     transport = link.transport(plan, case)
     for fmt in plan.formats:
         events.put(("step", rank, f"{where}: dispatch {fmt.name}"))
         found = _check_dispatch(transport, plan, case, fmt, rank, device)
         _report(events, rank, index, _gathered_row(case, fmt.name, found))
     events.put(("step", rank, f"{where}: combine"))
-    _report(events, rank, index, _gathered_row(case, "combine (bf16)", _check_combine(transport, plan, case, rank,
-                                                                                      device)))
+    _report(
+        events,
+        rank,
+        index,
+        _gathered_row(case, "combine (bf16)", _check_combine(transport, plan, case, rank, device)),
+    )
 
 
 def _routing(source: int, plan: PreflightPlan, tokens: int):
     """Rank ``source``'s top-k experts and weights (drawn from its rank number)."""
     g = torch.Generator().manual_seed(7919 * (source + 1) + tokens)
-    idx = torch.rand(tokens, plan.num_experts, generator=g).topk(plan.top_k, dim=1).indices.to(torch.int64)
+    idx = (
+        torch.rand(tokens, plan.num_experts, generator=g)
+        .topk(plan.top_k, dim=1)
+        .indices.to(torch.int64)
+    )
     return idx, torch.rand(tokens, plan.top_k, generator=g)
 
 
@@ -117,12 +153,20 @@ def _sent(source: int, plan: PreflightPlan, case: Case, fmt: PayloadFormat) -> S
     return Sent(x, scales, *_routing(source, plan, case.tokens))
 
 
-def _check_dispatch(transport, plan: PreflightPlan, case: Case, fmt: PayloadFormat, rank: int, device) -> str:
+def _check_dispatch(
+    transport, plan: PreflightPlan, case: Case, fmt: PayloadFormat, rank: int, device
+) -> str:
     """Dispatch ``fmt`` through the transport; "" when what arrived equals the reference, else what differs."""
     mine = _sent(rank, plan, case, fmt)
-    got = transport.dispatch(mine.x.all().to(device), None if mine.scales is None else mine.scales.all().to(device),
-                             mine.topk_idx.to(device), mine.topk_weights.to(device))
-    expected = receive([_sent(s, plan, case, fmt) for s in range(plan.ep_size)], rank, plan.num_experts)
+    got = transport.dispatch(
+        mine.x.all().to(device),
+        None if mine.scales is None else mine.scales.all().to(device),
+        mine.topk_idx.to(device),
+        mine.topk_weights.to(device),
+    )
+    expected = receive(
+        [_sent(s, plan, case, fmt) for s in range(plan.ep_size)], rank, plan.num_experts
+    )
     return _difference(got, expected)
 
 
@@ -134,9 +178,12 @@ def _difference(got, expected) -> str:
         return f"received {len(pairs)} rows, the reference {len(want)} (different tokens)"
     at = {pair: i for i, pair in enumerate(want)}
     order = torch.tensor([at[p] for p in pairs], dtype=torch.int64)
-    checks = {"rows": (got.x, expected.x), "scales": (got.scales, expected.scales),
-              "top-k experts": (got.topk_idx, expected.topk_idx),
-              "top-k weights": (got.topk_weights, expected.topk_weights)}
+    checks = {
+        "rows": (got.x, expected.x),
+        "scales": (got.scales, expected.scales),
+        "top-k experts": (got.topk_idx, expected.topk_idx),
+        "top-k weights": (got.topk_weights, expected.topk_weights),
+    }
     for name, (a, b) in checks.items():
         if (a is None) != (b is None):
             return f"{name}: {'missing' if a is None else 'unexpected'}"
@@ -153,7 +200,9 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 def _check_combine(transport, plan: PreflightPlan, case: Case, rank: int, device) -> str:
     """bf16 rows dispatched and sent straight back: each token comes back times the ranks it went to."""
-    x = torch.randn(case.tokens, plan.hidden, generator=torch.Generator().manual_seed(31 * rank + 7))
+    x = torch.randn(
+        case.tokens, plan.hidden, generator=torch.Generator().manual_seed(31 * rank + 7)
+    )
     x = x.to(torch.bfloat16)
     idx, weights = _routing(rank, plan, case.tokens)
     got = transport.dispatch(x.to(device), None, idx.to(device), weights.to(device))
@@ -181,5 +230,10 @@ def _gathered_row(case: Case, wire: str, detail: str) -> Row:
     if not failed:
         return Row(case.bucket, case.tokens, wire, "ok")
     r, d = failed[0]
-    return Row(case.bucket, case.tokens, wire, "failed", f"rank {r}: {d}" + (
-        f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""))
+    return Row(
+        case.bucket,
+        case.tokens,
+        wire,
+        "failed",
+        f"rank {r}: {d}" + (f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""),
+    )

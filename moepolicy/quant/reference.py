@@ -34,14 +34,18 @@ def _scales(amax: torch.Tensor, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor
     if ue8m0:
         scale = round_scale_ue8m0(amax * torch.full_like(amax, FP8_MAX_INV))
         return scale, _ieee_div(torch.ones_like(scale), scale)
-    return amax * torch.full_like(amax, FP8_MAX_INV), _ieee_div(torch.full_like(amax, FP8_MAX), amax)
+    return amax * torch.full_like(amax, FP8_MAX_INV), _ieee_div(
+        torch.full_like(amax, FP8_MAX), amax
+    )
 
 
 def _quant(x32: torch.Tensor, multiplier: torch.Tensor) -> torch.Tensor:
     return torch.clamp(x32 * multiplier, -FP8_MAX, FP8_MAX).to(FP8)
 
 
-def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_group(
+    x: torch.Tensor, group: int = 128, ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic 1×``group`` quantization: (fp8 [T, H], float32 scales [T, ceil(H/group)])."""
     tokens, hidden = x.shape
     groups = -(-hidden // group)

@@ -36,8 +36,18 @@ def _launch(fn, grid: tuple, args: tuple, constexprs: dict, num_warps: int, key:
         values = (*args, *constexprs.values())
         stream = torch._C._cuda_getCurrentRawStream(first.device.index)
         metadata = kernel.launch_metadata(grid3, stream, *values)
-        kernel.run(grid3[0], grid3[1], grid3[2], stream, kernel.function, kernel.packed_metadata, metadata,
-                   _HOOKS.runtime.launch_enter_hook, _HOOKS.runtime.launch_exit_hook, *values)
+        kernel.run(
+            grid3[0],
+            grid3[1],
+            grid3[2],
+            stream,
+            kernel.function,
+            kernel.packed_metadata,
+            metadata,
+            _HOOKS.runtime.launch_enter_hook,
+            _HOOKS.runtime.launch_exit_hook,
+            *values,
+        )
     except Exception:  # noqa: BLE001 (another Triton version: use its own launcher from now on)
         FAST_LAUNCH["enabled"] = False
         fn[grid](*args, **constexprs, num_warps=num_warps)
@@ -77,10 +87,23 @@ def _to_fp8(v, dtype, ROUND_ODD: tl.constexpr):
 
 
 @triton.jit
-def _group_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, num_groups, x_stride, q_stride, s_stride,
-                        GROUP: tl.constexpr, GROUPS_PER_PROG: tl.constexpr, UE8M0: tl.constexpr,
-                        FMAX: tl.constexpr, FMAX_INV: tl.constexpr, EPSILON: tl.constexpr,
-                        ROUND_ODD: tl.constexpr):
+def _group_quant_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    hidden,
+    num_groups,
+    x_stride,
+    q_stride,
+    s_stride,
+    GROUP: tl.constexpr,
+    GROUPS_PER_PROG: tl.constexpr,
+    UE8M0: tl.constexpr,
+    FMAX: tl.constexpr,
+    FMAX_INV: tl.constexpr,
+    EPSILON: tl.constexpr,
+    ROUND_ODD: tl.constexpr,
+):
     row = tl.program_id(0)
     g0 = tl.program_id(1) * GROUPS_PER_PROG
     groups = g0 + tl.arange(0, GROUPS_PER_PROG)
@@ -96,12 +119,16 @@ def _group_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, num_groups, x_stride, q_str
     else:
         multiplier = tl.math.div_rn(amax * 0.0 + FMAX, amax)
     q = tl.minimum(tl.maximum(x * multiplier[:, None], -FMAX), FMAX)
-    tl.store(q_ptr + row * q_stride + offs, _to_fp8(q, q_ptr.dtype.element_ty, ROUND_ODD), mask=mask)
+    tl.store(
+        q_ptr + row * q_stride + offs, _to_fp8(q, q_ptr.dtype.element_ty, ROUND_ODD), mask=mask
+    )
     tl.store(s_ptr + row * s_stride + groups, scale, mask=groups < num_groups)
 
 
 # How fp32 becomes fp8: 'direct' (one rtne conversion) or 'round_odd' (through fp16, round-to-odd).
-CONVERSION = {"mode": "direct"}  # both were bit-identical to torch on H200 (benchmarks/diag_fp8_conversion.py)
+CONVERSION = {
+    "mode": "direct"
+}  # both were bit-identical to torch on H200 (benchmarks/diag_fp8_conversion.py)
 
 
 def _round_odd() -> bool:
@@ -122,19 +149,41 @@ def _group_plan(hidden: int, group: int, ue8m0: bool, groups_per_prog, num_warps
     num_groups = -(-hidden // group)
     per_prog = min(groups_per_prog or LAUNCH["groups_per_prog"], _next_pow2(num_groups))
     grid_cols = -(-num_groups // per_prog)
-    constexprs = {"GROUP": group, "GROUPS_PER_PROG": per_prog, "UE8M0": ue8m0, "FMAX": FP8_MAX,
-                  "FMAX_INV": FP8_MAX_INV, "EPSILON": EPS, "ROUND_ODD": _round_odd()}
+    constexprs = {
+        "GROUP": group,
+        "GROUPS_PER_PROG": per_prog,
+        "UE8M0": ue8m0,
+        "FMAX": FP8_MAX,
+        "FMAX_INV": FP8_MAX_INV,
+        "EPSILON": EPS,
+        "ROUND_ODD": _round_odd(),
+    }
     return num_groups, grid_cols, constexprs, num_warps or LAUNCH["num_warps"]
 
 
-def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False,
-                    groups_per_prog: int | None = None, num_warps: int | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_group(
+    x: torch.Tensor,
+    group: int = 128,
+    ue8m0: bool = False,
+    groups_per_prog: int | None = None,
+    num_warps: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused dynamic 1×``group`` quantization; row-major float32 scales [T, ceil(H/group)]."""
     assert x.is_cuda and x.dim() == 2 and x.stride(1) == 1
     tokens, hidden = x.shape
-    key = (hidden, x.stride(0), x.dtype, x.device.index, group, ue8m0, groups_per_prog, num_warps,
-           LAUNCH["groups_per_prog"], LAUNCH["num_warps"], CONVERSION["mode"])
+    key = (
+        hidden,
+        x.stride(0),
+        x.dtype,
+        x.device.index,
+        group,
+        ue8m0,
+        groups_per_prog,
+        num_warps,
+        LAUNCH["groups_per_prog"],
+        LAUNCH["num_warps"],
+        CONVERSION["mode"],
+    )
     plan = _GROUP_PLANS.get(key)
     if plan is None:
         plan = _GROUP_PLANS[key] = _group_plan(hidden, group, ue8m0, groups_per_prog, num_warps)
@@ -143,15 +192,31 @@ def per_token_group(x: torch.Tensor, group: int = 128, ue8m0: bool = False,
     s = torch.empty((tokens, num_groups), dtype=torch.float32, device=x.device)
     if tokens == 0:
         return q, s
-    _launch(_group_quant_kernel, (tokens, grid_cols), (x, q, s, hidden, num_groups, x.stride(0), q.stride(0), s.stride(0)),
-            constexprs, warps, ("group",) + key)
+    _launch(
+        _group_quant_kernel,
+        (tokens, grid_cols),
+        (x, q, s, hidden, num_groups, x.stride(0), q.stride(0), s.stride(0)),
+        constexprs,
+        warps,
+        ("group",) + key,
+    )
     return q, s
 
 
 @triton.jit
-def _token_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, x_stride, q_stride,
-                        BLOCK: tl.constexpr, FMAX: tl.constexpr, FMAX_INV: tl.constexpr,
-                        EPSILON: tl.constexpr, ROUND_ODD: tl.constexpr):
+def _token_quant_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    hidden,
+    x_stride,
+    q_stride,
+    BLOCK: tl.constexpr,
+    FMAX: tl.constexpr,
+    FMAX_INV: tl.constexpr,
+    EPSILON: tl.constexpr,
+    ROUND_ODD: tl.constexpr,
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -160,7 +225,9 @@ def _token_quant_kernel(x_ptr, q_ptr, s_ptr, hidden, x_stride, q_stride,
     scale = amax * FMAX_INV
     multiplier = tl.math.div_rn(amax * 0.0 + FMAX, amax)
     q = tl.minimum(tl.maximum(x * multiplier, -FMAX), FMAX)
-    tl.store(q_ptr + row * q_stride + cols, _to_fp8(q, q_ptr.dtype.element_ty, ROUND_ODD), mask=mask)
+    tl.store(
+        q_ptr + row * q_stride + cols, _to_fp8(q, q_ptr.dtype.element_ty, ROUND_ODD), mask=mask
+    )
     tl.store(s_ptr + row, scale)
 
 
@@ -171,16 +238,27 @@ def per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = torch.empty((tokens, 1), dtype=torch.float32, device=x.device)
     if tokens:
         block = _next_pow2(hidden)
-        _launch(_token_quant_kernel, (tokens,), (x, q, s, hidden, x.stride(0), q.stride(0)),
-                {"BLOCK": block, "FMAX": FP8_MAX, "FMAX_INV": FP8_MAX_INV, "EPSILON": EPS,
-                 "ROUND_ODD": _round_odd()}, 8 if block >= 4096 else 4,
-                ("token", hidden, x.stride(0), x.dtype, x.device.index, CONVERSION["mode"]))
+        _launch(
+            _token_quant_kernel,
+            (tokens,),
+            (x, q, s, hidden, x.stride(0), q.stride(0)),
+            {
+                "BLOCK": block,
+                "FMAX": FP8_MAX,
+                "FMAX_INV": FP8_MAX_INV,
+                "EPSILON": EPS,
+                "ROUND_ODD": _round_odd(),
+            },
+            8 if block >= 4096 else 4,
+            ("token", hidden, x.stride(0), x.dtype, x.device.index, CONVERSION["mode"]),
+        )
     return q, s
 
 
 @triton.jit
-def _static_quant_kernel(x_ptr, q_ptr, scale_ptr, n, BLOCK: tl.constexpr, FMAX: tl.constexpr,
-                         ROUND_ODD: tl.constexpr):
+def _static_quant_kernel(
+    x_ptr, q_ptr, scale_ptr, n, BLOCK: tl.constexpr, FMAX: tl.constexpr, ROUND_ODD: tl.constexpr
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     scale = tl.load(scale_ptr)
@@ -196,7 +274,14 @@ def per_tensor_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     q = torch.empty(x.shape, dtype=FP8, device=x.device)
     n = x.numel()
     if n:
-        _static_quant_kernel[(triton.cdiv(n, 4096),)](x, q, scale.to(torch.float32).reshape(1), n,
-                                                      BLOCK=4096, FMAX=FP8_MAX, ROUND_ODD=_round_odd(),
-                                                      num_warps=8)
+        _static_quant_kernel[(triton.cdiv(n, 4096),)](
+            x,
+            q,
+            scale.to(torch.float32).reshape(1),
+            n,
+            BLOCK=4096,
+            FMAX=FP8_MAX,
+            ROUND_ODD=_round_odd(),
+            num_warps=8,
+        )
     return q

@@ -42,9 +42,14 @@ class PayloadFormat:
     def scale_columns(self, hidden: int) -> tuple[int, Optional[str]]:
         """(scale columns per row, their torch dtype's name), ``(0, None)`` without scales."""
         groups = -(-hidden // self.group)
-        return {"none": (0, None), "block_f32": (groups, "float32"), "block_ue8m0": (-(-groups // 4), "int32"),
-                "token": (1, "float32"), "tensor": (1, "float32"),
-                "nvfp4": (hidden // 16 // 4, "float32")}[self.scales]
+        return {
+            "none": (0, None),
+            "block_f32": (groups, "float32"),
+            "block_ue8m0": (-(-groups // 4), "int32"),
+            "token": (1, "float32"),
+            "tensor": (1, "float32"),
+            "nvfp4": (hidden // 16 // 4, "float32"),
+        }[self.scales]
 
 
 BF16 = PayloadFormat("bf16", "bf16", "none")
@@ -92,7 +97,11 @@ class PatternedRows:
         token_ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1).cpu()
         if self.part == "rows":
             raw = _pattern(self.source, token_ids, self.fmt.row_bytes(self.hidden), salt=1)
-            return raw.view(torch.bfloat16) if self.fmt.kind == "bf16" else raw.view(torch.float8_e4m3fn)
+            return (
+                raw.view(torch.bfloat16)
+                if self.fmt.kind == "bf16"
+                else raw.view(torch.float8_e4m3fn)
+            )
         columns, dtype = self.fmt.scale_columns(self.hidden)
         if self.fmt.scales == "tensor":  # one scale per sender
             token_ids = torch.zeros_like(token_ids)
@@ -111,8 +120,10 @@ class PatternedRows:
 def patterned_payload(fmt: PayloadFormat, tokens: int, hidden: int, source: int):
     """(rows, scales or None) that ``source`` sends, as lazily made :class:`PatternedRows`."""
     has_scales = fmt.scale_columns(hidden)[1] is not None
-    return (PatternedRows(fmt, hidden, source, tokens),
-            PatternedRows(fmt, hidden, source, tokens, "scales") if has_scales else None)
+    return (
+        PatternedRows(fmt, hidden, source, tokens),
+        PatternedRows(fmt, hidden, source, tokens, "scales") if has_scales else None,
+    )
 
 
 def _pattern(source: int, token_ids, width: int, salt: int):
@@ -130,4 +141,6 @@ def _pattern(source: int, token_ids, width: int, salt: int):
 def _columns(width: int, salt: int):
     import torch
 
-    return ((((torch.arange(width, dtype=torch.int64) * 7_919 + salt) * 2_654_435_761) >> 13) & 0xFF).to(torch.uint8)
+    return (
+        (((torch.arange(width, dtype=torch.int64) * 7_919 + salt) * 2_654_435_761) >> 13) & 0xFF
+    ).to(torch.uint8)

@@ -52,7 +52,9 @@ class Prepared:
     dispatched: Dispatched
 
 
-def quantize(x: torch.Tensor, spec: QuantSpec, backend: str = "auto") -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def quantize(
+    x: torch.Tensor, spec: QuantSpec, backend: str = "auto"
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Quantize rows as ``spec`` says; scales are row-major (UE8M0 scales packed into int32)."""
     impl = _impl(x, backend)
     if spec.kind == "block":
@@ -97,7 +99,9 @@ class PrepareFinalize:
             raise ValueError(f"order {order!r} is not a normal-dispatch order")
         self.order, self.spec, self.transport, self.backend = order, spec, transport, backend
 
-    def prepare(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Prepared:
+    def prepare(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
+    ) -> Prepared:
         if self.order == "quant_then_dispatch":
             q, s = quantize(x, self.spec, self.backend)
             got = self.transport.dispatch(q, s, topk_idx, topk_weights)
@@ -108,13 +112,20 @@ class PrepareFinalize:
         q, s = quantize(got.x, self.spec, self.backend)
         return self._prepared(got, q, s)
 
-    def _prepared(self, got: Dispatched, x: torch.Tensor, scales: Optional[torch.Tensor]) -> Prepared:
+    def _prepared(
+        self, got: Dispatched, x: torch.Tensor, scales: Optional[torch.Tensor]
+    ) -> Prepared:
         if self.spec.kind == "tensor_static":  # bare fp8: every rank knows the global scale
-            scales = torch.full((x.shape[0], 1), float(self.spec.static_scale),
-                                dtype=torch.float32, device=x.device)
-        return Prepared(x, scales, got.topk_idx, got.topk_weights, got.tokens_per_expert, got.handle, got)
+            scales = torch.full(
+                (x.shape[0], 1),
+                float(self.spec.static_scale),
+                dtype=torch.float32,
+                device=x.device,
+            )
+        return Prepared(
+            x, scales, got.topk_idx, got.topk_weights, got.tokens_per_expert, got.handle, got
+        )
 
     def finalize(self, expert_out: torch.Tensor, handle: Any) -> torch.Tensor:
         """Combine bf16 rows (one per received token, already reduced over local experts)."""
         return self.transport.combine(expert_out.to(torch.bfloat16), handle)
-

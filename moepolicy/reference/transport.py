@@ -34,8 +34,13 @@ class Transport(Protocol):
     world: int
     num_experts: int
 
-    def dispatch(self, x: torch.Tensor, scales: Optional[torch.Tensor], topk_idx: torch.Tensor,
-                 topk_weights: torch.Tensor) -> Dispatched: ...
+    def dispatch(
+        self,
+        x: torch.Tensor,
+        scales: Optional[torch.Tensor],
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+    ) -> Dispatched: ...
 
     def combine(self, y: torch.Tensor, handle: Any) -> torch.Tensor: ...
 
@@ -73,20 +78,32 @@ def receive(sent: list[Sent], rank: int, num_experts: int) -> Dispatched:
     world = len(sent)
     rows, srows, ridx, rwts, src_rank, src_tok = [], [], [], [], [], []
     for s, part in enumerate(sent):
-        tokens = torch.nonzero(destination_mask(part.topk_idx, num_experts, world)[:, rank]).flatten()
+        tokens = torch.nonzero(
+            destination_mask(part.topk_idx, num_experts, world)[:, rank]
+        ).flatten()
         rows.append(part.x[tokens])
         if part.scales is not None:
             srows.append(part.scales[tokens])
         local = local_topk(part.topk_idx[tokens], rank, num_experts, world)
         ridx.append(local)
-        weights = part.topk_weights[tokens]  # 0 where the expert lives elsewhere, as DeepEP sends them
+        weights = part.topk_weights[
+            tokens
+        ]  # 0 where the expert lives elsewhere, as DeepEP sends them
         rwts.append(torch.where(local >= 0, weights, torch.zeros_like(weights)))
         src_rank.append(torch.full((tokens.numel(),), s, dtype=torch.int64))
         src_tok.append(tokens.to(torch.int64).cpu())
     recv_idx = torch.cat(ridx)
     per_expert = [int((recv_idx == e).sum().item()) for e in range(num_experts // world)]
-    return Dispatched(torch.cat(rows), torch.cat(srows) if srows else None, recv_idx, torch.cat(rwts),
-                      per_expert, torch.cat(src_rank), torch.cat(src_tok), None)
+    return Dispatched(
+        torch.cat(rows),
+        torch.cat(srows) if srows else None,
+        recv_idx,
+        torch.cat(rwts),
+        per_expert,
+        torch.cat(src_rank),
+        torch.cat(src_tok),
+        None,
+    )
 
 
 class GatherTransport:
@@ -103,7 +120,9 @@ class GatherTransport:
         as_bytes = t.dtype == torch.float8_e4m3fn
         payload = t.view(torch.uint8) if as_bytes else t
         width = max(counts)
-        padded = torch.zeros((width, *payload.shape[1:]), dtype=payload.dtype, device=payload.device)
+        padded = torch.zeros(
+            (width, *payload.shape[1:]), dtype=payload.dtype, device=payload.device
+        )
         padded[: payload.shape[0]] = payload
         out = [torch.empty_like(padded) for _ in range(self.world)]
         self.dist.all_gather(out, padded.contiguous(), group=self.group)
@@ -115,9 +134,17 @@ class GatherTransport:
         counts_t = [torch.empty_like(count) for _ in range(self.world)]
         self.dist.all_gather(counts_t, count, group=self.group)
         counts = [int(c.item()) for c in counts_t]
-        sent = [Sent(*parts) for parts in zip(
-            self._gather(x, counts), self._gather(scales.contiguous(), counts) if scales is not None
-            else [None] * self.world, self._gather(topk_idx, counts), self._gather(topk_weights, counts))]
+        sent = [
+            Sent(*parts)
+            for parts in zip(
+                self._gather(x, counts),
+                self._gather(scales.contiguous(), counts)
+                if scales is not None
+                else [None] * self.world,
+                self._gather(topk_idx, counts),
+                self._gather(topk_weights, counts),
+            )
+        ]
         got = receive(sent, self.rank, self.num_experts)
         got.handle = (got.src_rank, got.src_token, counts)
         return got
@@ -152,12 +179,20 @@ class DeepEPTransport:
         per_rank, per_rdma, per_expert, in_rank, _ = layout
         payload = (x, scales) if scales is not None else x
         recv_x, recv_idx, recv_w, counts, handle, _ = self.buffer.dispatch(
-            payload, topk_idx=topk_idx, topk_weights=topk_weights, num_tokens_per_rank=per_rank,
-            num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
-            num_tokens_per_expert=per_expert, config=self.dispatch_config)
+            payload,
+            topk_idx=topk_idx,
+            topk_weights=topk_weights,
+            num_tokens_per_rank=per_rank,
+            num_tokens_per_rdma_rank=per_rdma,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            config=self.dispatch_config,
+        )
         recv, recv_scales = recv_x if isinstance(recv_x, tuple) else (recv_x, None)
         src_rank, src_token = self.sources(handle, recv.shape[0])
-        return Dispatched(recv, recv_scales, recv_idx, recv_w, list(counts), src_rank, src_token, handle)
+        return Dispatched(
+            recv, recv_scales, recv_idx, recv_w, list(counts), src_rank, src_token, handle
+        )
 
     def sources(self, handle, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Source rank and token of each received row, from the intranode handle

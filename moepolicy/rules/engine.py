@@ -56,7 +56,9 @@ class Evidence:
     source: str = ""
 
     def render(self) -> str:
-        return f"{self.role} {self.what}: {self.level}" + (f" ({self.source})" if self.source else "")
+        return f"{self.role} {self.what}: {self.level}" + (
+            f" ({self.source})" if self.source else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,10 @@ def _leaf_holds(leaf: Leaf, seen: Any) -> bool:
     if op == "in_ranges":
         return any(lo <= seen <= hi for lo, hi in value)
     comparisons: dict[str, Callable[[Any, Any], bool]] = {
-        "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
-        "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
+        "lt": lambda a, b: a < b,
+        "le": lambda a, b: a <= b,
+        "gt": lambda a, b: a > b,
+        "ge": lambda a, b: a >= b,
     }
     return comparisons[op](seen, value)
 
@@ -145,31 +149,44 @@ def evaluate(cond: Cond, facts: dict[str, Any]) -> Optional[Failure]:
 def ordered_rules(packs: Sequence[RulePack]) -> list[Rule]:
     """Pack by pack (user packs first, the built-in pack last); within a pack, highest priority
     first, then file order."""
-    indexed = [(p, -rule.priority, r, rule) for p, pack in enumerate(packs)
-               for r, rule in enumerate(pack.rules)]
+    indexed = [
+        (p, -rule.priority, r, rule)
+        for p, pack in enumerate(packs)
+        for r, rule in enumerate(pack.rules)
+    ]
     return [item[-1] for item in sorted(indexed, key=lambda t: t[:3])]
 
 
-def capability_block(rule: Rule, sheet: DeepEPSheet, layout: str, allowed: Sequence[str]) -> Optional[str]:
+def capability_block(
+    rule: Rule, sheet: DeepEPSheet, layout: str, allowed: Sequence[str]
+) -> Optional[str]:
     for cap_id in rule.requires:
         entry = sheet.capability(cap_id, layout)
         if entry is None or not entry.supported:
             return f"needs {cap_id} ({layout}), which {sheet.name} does not support"
         if entry.evidence not in allowed:
-            return (f"needs {cap_id} ({layout}), known only as {entry.evidence} "
-                    f"({entry.source}); opt in with the option inferred-capabilities")
+            return (
+                f"needs {cap_id} ({layout}), known only as {entry.evidence} "
+                f"({entry.source}); opt in with the option inferred-capabilities"
+            )
     return None
 
 
 _QUANTIZED_ON_WIRE = (*QUANTIZED_ORDERS, Order.FUSED)
 
 
-def _evidence(rule: Rule, sheet: DeepEPSheet, layout: str, facts: dict[str, Any]) -> tuple[Evidence, ...]:
+def _evidence(
+    rule: Rule, sheet: DeepEPSheet, layout: str, facts: dict[str, Any]
+) -> tuple[Evidence, ...]:
     out = []
     for cap_id in rule.requires:
         entry = sheet.capability(cap_id, layout)
         if entry is not None:
-            out.append(Evidence("transport", f"{cap_id} ({layout}, {sheet.name})", entry.evidence, entry.source))
+            out.append(
+                Evidence(
+                    "transport", f"{cap_id} ({layout}, {sheet.name})", entry.evidence, entry.source
+                )
+            )
     if rule.then.order in _QUANTIZED_ON_WIRE and facts.get("kernel.evidence"):
         what = f"{facts.get('kernel.name')} on {facts.get('target.arch')} reads {facts.get('kernel.act_dtype')}"
         out.append(Evidence("consumer", what, facts["kernel.evidence"]))
@@ -183,20 +200,29 @@ def order_misfit(kind: Optional[str], order: str) -> Optional[str]:
     """A dense layer dispatches nothing (order ``none``) and a MoE layer needs a real order: a rule
     whose condition does not say ``layer.kind`` may otherwise decide a layer it cannot apply to."""
     if (kind == "dense") != (order == "none"):
-        return (f"order {order} does not apply to a {kind} layer (add {{fact: layer.kind, op: eq, value: "
-                f"{'moe' if order != 'none' else 'dense'}}} to the rule's condition)")
+        return (
+            f"order {order} does not apply to a {kind} layer (add {{fact: layer.kind, op: eq, value: "
+            f"{'moe' if order != 'none' else 'dense'}}} to the rule's condition)"
+        )
     return None
 
 
-def decide(facts: dict[str, Any], packs: Sequence[RulePack], sheet: DeepEPSheet,
-           wire_check: WireCheck, allow_inferred: bool = False) -> Decision:
+def decide(
+    facts: dict[str, Any],
+    packs: Sequence[RulePack],
+    sheet: DeepEPSheet,
+    wire_check: WireCheck,
+    allow_inferred: bool = False,
+) -> Decision:
     allowed = DEFAULT_EVIDENCE + (("inferred",) if allow_inferred else ())
     layout = facts.get("target.layout", "intranode")
     steps: list[Step] = []
     for rule in ordered_rules(packs):
         failure = evaluate(rule.when, facts)
         if failure is not None:
-            steps.append(Step(rule.id, rule.pack, rule.priority, "condition-false", failure.render()))
+            steps.append(
+                Step(rule.id, rule.pack, rule.priority, "condition-false", failure.render())
+            )
             continue
         misfit = order_misfit(facts.get("layer.kind"), rule.then.order)
         if misfit:
@@ -211,10 +237,17 @@ def decide(facts: dict[str, Any], packs: Sequence[RulePack], sheet: DeepEPSheet,
             steps.append(Step(rule.id, rule.pack, rule.priority, "infeasible", infeasible))
             continue
         steps.append(Step(rule.id, rule.pack, rule.priority, "fired", rule.why))
-        return Decision(order=rule.then.order, wire=rule.then.wire,
-                        numerics=rule.then.numerics, rule=rule.id, reason=rule.why,
-                        source=rule.source, trace=tuple(steps),
-                        evidence=_evidence(rule, sheet, layout, facts), combine=rule.then.combine)
+        return Decision(
+            order=rule.then.order,
+            wire=rule.then.wire,
+            numerics=rule.then.numerics,
+            rule=rule.id,
+            reason=rule.why,
+            source=rule.source,
+            trace=tuple(steps),
+            evidence=_evidence(rule, sheet, layout, facts),
+            combine=rule.then.combine,
+        )
     raise RulePackError(
         f"no rule decided layer {facts.get('layer.index')}: every pack's rules failed "
         f"({len(steps)} considered); a pack needs a catch-all rule (when: {{all: []}})"

@@ -72,7 +72,9 @@ class Then:
     order: str
     wire: Wire
     numerics: str
-    combine: str = "bf16"  # what combine sends back: bf16, or logfmt (DeepEP low-latency's 10-bit LogFMT)
+    combine: str = (
+        "bf16"  # what combine sends back: bf16, or logfmt (DeepEP low-latency's 10-bit LogFMT)
+    )
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,9 @@ def _bad_value(fact: str, ftype: FactType, value: Any) -> str:
 
 def parse_cond(ctx: _Ctx, raw: Any, path: str) -> Cond:
     if not isinstance(raw, dict):
-        raise ctx.fail(path, f"a condition is a mapping (all/any/not or fact/op/value), got {raw!r:.60}")
+        raise ctx.fail(
+            path, f"a condition is a mapping (all/any/not or fact/op/value), got {raw!r:.60}"
+        )
     keys = set(raw)
     if keys == {"all"} or keys == {"any"}:
         key = next(iter(keys))
@@ -197,22 +201,36 @@ def parse_cond(ctx: _Ctx, raw: Any, path: str) -> Cond:
             raise ctx.fail(f"{path}.fact", f"unknown fact {fact!r}{_near(fact, VOCABULARY)}")
         allowed = OPS_BY_KIND[ftype.kind]
         if op not in allowed:
-            raise ctx.fail(f"{path}.op", f"operator {op!r} does not apply to {fact} ({ftype.kind})"
-                           f"{_near(op, allowed)}; allowed: {', '.join(allowed)}")
+            raise ctx.fail(
+                f"{path}.op",
+                f"operator {op!r} does not apply to {fact} ({ftype.kind})"
+                f"{_near(op, allowed)}; allowed: {', '.join(allowed)}",
+            )
         value = _check_value(ctx, path, fact, ftype, op, raw["value"])
         return Leaf(fact, op, value, path)
     extra = keys - {"all", "any", "not", "fact", "op", "value"}
     if extra:
         word = sorted(extra)[0]
-        raise ctx.fail(path, f"unknown key {word!r}{_near(word, ['all', 'any', 'not', 'fact', 'op', 'value'])}")
+        raise ctx.fail(
+            path,
+            f"unknown key {word!r}{_near(word, ['all', 'any', 'not', 'fact', 'op', 'value'])}",
+        )
     raise ctx.fail(path, "a leaf needs exactly fact, op and value; or use one of all/any/not")
 
 
-def _choice(ctx: _Ctx, raw: dict, key: str, options: tuple[str, ...], path: str,
-            default: Optional[str] = None) -> str:
+def _choice(
+    ctx: _Ctx,
+    raw: dict,
+    key: str,
+    options: tuple[str, ...],
+    path: str,
+    default: Optional[str] = None,
+) -> str:
     value = raw.get(key, default)
     if value not in options:
-        raise ctx.fail(f"{path}.{key}", f"{value!r} is not one of {', '.join(options)}{_near(value, options)}")
+        raise ctx.fail(
+            f"{path}.{key}", f"{value!r} is not one of {', '.join(options)}{_near(value, options)}"
+        )
     return value
 
 
@@ -234,18 +252,26 @@ def parse_wire(ctx: _Ctx, raw: Any, order: str, path: str) -> Wire:
     group = scale_raw.get("group")
     if group is not None and (not isinstance(group, int) or isinstance(group, bool) or group <= 0):
         raise ctx.fail(f"{path}.scale.group", f"expected a positive integer, got {group!r}")
-    return Wire(dtype, Scale(
-        granularity=_choice(ctx, scale_raw, "granularity", SCALE_GRANULARITIES, f"{path}.scale"),
-        dtype=_choice(ctx, scale_raw, "dtype", SCALE_DTYPES, f"{path}.scale", "float32"),
-        layout=_choice(ctx, scale_raw, "layout", SCALE_LAYOUTS, f"{path}.scale", "row"),
-        group=group,
-    ))
+    return Wire(
+        dtype,
+        Scale(
+            granularity=_choice(
+                ctx, scale_raw, "granularity", SCALE_GRANULARITIES, f"{path}.scale"
+            ),
+            dtype=_choice(ctx, scale_raw, "dtype", SCALE_DTYPES, f"{path}.scale", "float32"),
+            layout=_choice(ctx, scale_raw, "layout", SCALE_LAYOUTS, f"{path}.scale", "row"),
+            group=group,
+        ),
+    )
 
 
 def _no_extra(ctx: _Ctx, raw: dict, allowed: tuple[str, ...], path: str) -> None:
     for key in raw:
         if key not in allowed:
-            raise ctx.fail(f"{path}.{key}", f"unknown key {key!r}{_near(key, allowed)}; allowed: {', '.join(allowed)}")
+            raise ctx.fail(
+                f"{path}.{key}",
+                f"unknown key {key!r}{_near(key, allowed)}; allowed: {', '.join(allowed)}",
+            )
 
 
 _RULE_KEYS = ("id", "priority", "when", "then", "why", "source", "requires", "layers")
@@ -280,20 +306,31 @@ def parse_rule(ctx: _Ctx, raw: Any, path: str, pack: str) -> Rule:
     numerics = _choice(ctx, then_raw, "numerics", NUMERICS, f"{path}.then", "exact")
     combine = _choice(ctx, then_raw, "combine", COMBINE_DTYPES, f"{path}.then", "bf16")
     if combine != "bf16" and numerics == "exact":
-        raise ctx.fail(f"{path}.then.numerics", f"a {combine} combine rounds each expert's output: numerics is "
-                                                 "approximate")
+        raise ctx.fail(
+            f"{path}.then.numerics",
+            f"a {combine} combine rounds each expert's output: numerics is approximate",
+        )
     requires = raw.get("requires", [])
     if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
         raise ctx.fail(f"{path}.requires", "expected a list of capability ids")
     for i, cap in enumerate(requires):
         if ctx.known_caps and cap not in ctx.known_caps:
-            raise ctx.fail(f"{path}.requires[{i}]", f"unknown capability {cap!r}{_near(cap, ctx.known_caps)}")
+            raise ctx.fail(
+                f"{path}.requires[{i}]", f"unknown capability {cap!r}{_near(cap, ctx.known_caps)}"
+            )
     for key in ("why", "source"):
         if not isinstance(raw[key], str) or not raw[key].strip():
             raise ctx.fail(f"{path}.{key}", "expected a non-empty sentence")
-    return Rule(id=raw["id"], priority=priority, when=when, then=Then(order, wire, numerics, combine),
-                why=" ".join(raw["why"].split()), source=raw["source"], requires=tuple(requires),
-                pack=pack)
+    return Rule(
+        id=raw["id"],
+        priority=priority,
+        when=when,
+        then=Then(order, wire, numerics, combine),
+        why=" ".join(raw["why"].split()),
+        source=raw["source"],
+        requires=tuple(requires),
+        pack=pack,
+    )
 
 
 def _is_name(text: str) -> bool:
@@ -304,28 +341,34 @@ def _is_name(text: str) -> bool:
     return len(text) <= NAME_MAX_LENGTH and re.fullmatch(NAME_PATTERN, text) is not None
 
 
-def parse_pack(raw: Any, file: str, text_sha: str, known_caps: frozenset[str],
-               builtin: bool = False) -> RulePack:
+def parse_pack(
+    raw: Any, file: str, text_sha: str, known_caps: frozenset[str], builtin: bool = False
+) -> RulePack:
     try:
         return _parse_pack(raw, file, text_sha, known_caps, builtin)
     except RecursionError:
         raise RulePackError(f"{file}: conditions nested too deeply") from None
 
 
-def _parse_pack(raw: Any, file: str, text_sha: str, known_caps: frozenset[str],
-                builtin: bool = False) -> RulePack:
+def _parse_pack(
+    raw: Any, file: str, text_sha: str, known_caps: frozenset[str], builtin: bool = False
+) -> RulePack:
     ctx = _Ctx(file=file, known_caps=known_caps)
     if not isinstance(raw, dict):
         raise RulePackError(f"{file}: a rule pack is a mapping with pack, version and rules")
     for key in raw:
         if key not in ("pack", "version", "description", "rules"):
-            raise RulePackError(f"{file}: unknown top-level key {key!r}{_near(key, ['pack', 'version', 'description', 'rules'])}")
+            raise RulePackError(
+                f"{file}: unknown top-level key {key!r}{_near(key, ['pack', 'version', 'description', 'rules'])}"
+            )
     name, version = raw.get("pack"), raw.get("version")
     if not isinstance(name, str) or not name:
         raise RulePackError(f"{file}: 'pack' (the pack's name) must be a non-empty string")
     if not _is_name(name):
-        raise RulePackError(f"{file}: 'pack' must be a name (letters, digits, '_', '+', '-' and single dots, no "
-                            f"'/'; a policy names its packs), got {name!r}")
+        raise RulePackError(
+            f"{file}: 'pack' must be a name (letters, digits, '_', '+', '-' and single dots, no "
+            f"'/'; a policy names its packs), got {name!r}"
+        )
     if not isinstance(raw.get("rules"), list):
         raise RulePackError(f"{file}: 'rules' must be a list")
     rules = tuple(parse_rule(ctx, r, f"rules[{i}]", name) for i, r in enumerate(raw["rules"]))
@@ -334,8 +377,15 @@ def _parse_pack(raw: Any, file: str, text_sha: str, known_caps: frozenset[str],
         if rule.id in seen:
             raise RulePackError(f"{file}: rule id '{rule.id}' appears twice; ids must be unique")
         seen.add(rule.id)
-    return RulePack(name=name, version=str(version), description=str(raw.get("description", "")),
-                    rules=rules, sha256=text_sha, path=file, builtin=builtin)
+    return RulePack(
+        name=name,
+        version=str(version),
+        description=str(raw.get("description", "")),
+        rules=rules,
+        sha256=text_sha,
+        path=file,
+        builtin=builtin,
+    )
 
 
 def load_pack(path: Path, known_caps: frozenset[str], builtin: bool = False) -> RulePack:
@@ -344,5 +394,10 @@ def load_pack(path: Path, known_caps: frozenset[str], builtin: bool = False) -> 
 
     raw = read_yaml(path)
     sha = hashlib.sha256(read_bounded(path, MAX_DATA_FILE_BYTES, RulePackError)).hexdigest()
-    return parse_pack(raw, str(path) if not builtin else f"moepolicy/data/rules/{path.name}", sha,
-                      known_caps, builtin=builtin)
+    return parse_pack(
+        raw,
+        str(path) if not builtin else f"moepolicy/data/rules/{path.name}",
+        sha,
+        known_caps,
+        builtin=builtin,
+    )

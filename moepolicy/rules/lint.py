@@ -54,14 +54,16 @@ def _witnesses(fact: str, leaves: list[Leaf]) -> Optional[list[Any]]:
     """Values of ``fact`` enough to decide how the leaves on it combine; ``None`` if too many."""
     kind = VOCABULARY[fact].kind if fact in VOCABULARY else "str"
     if kind == "enum":
-        return list(VOCABULARY[fact].values) + ["unknown"] * ("unknown" not in VOCABULARY[fact].values)
+        return list(VOCABULARY[fact].values) + ["unknown"] * (
+            "unknown" not in VOCABULARY[fact].values
+        )
     if kind == "bool":
         return [True, False]
     if kind == "int":
         bounds: set[int] = {0}
         for leaf in leaves:
             for v in _named(leaf):
-                for b in (v if isinstance(v, (list, tuple)) else [v]):  # in_ranges: [[lo, hi], ...]
+                for b in v if isinstance(v, (list, tuple)) else [v]:  # in_ranges: [[lo, hi], ...]
                     if isinstance(b, (int, float)) and not isinstance(b, bool):
                         bounds.update({int(b) - 1, int(b), int(b) + 1})
         return sorted(bounds)
@@ -104,7 +106,10 @@ def applies_when(rule: Rule) -> Cond:
     """The rule's condition plus the layer kind its order can decide (the engine skips a rule whose
     order does not fit the layer: ``order_misfit``)."""
     kind = "dense" if rule.then.order == "none" else "moe"
-    return All((rule.when, Leaf("layer.kind", "eq", kind, f"{rule.id}.(layer kind of its order)")), rule.when.path)
+    return All(
+        (rule.when, Leaf("layer.kind", "eq", kind, f"{rule.id}.(layer kind of its order)")),
+        rule.when.path,
+    )
 
 
 def lint_packs(packs: Sequence[RulePack]) -> list[Finding]:
@@ -118,13 +123,21 @@ def lint_packs(packs: Sequence[RulePack]) -> list[Finding]:
             if rel is None or not rel[1]:
                 continue
             same = earlier.then == later.then
-            findings.append(Finding(
-                "shadowed", later.id, earlier.id,
-                f"rule '{later.id}' ({later.pack}) is shadowed by '{earlier.id}' ({earlier.pack}), which holds "
-                f"wherever it holds and comes first: " + (
-                    "both decide the same, so it never changes a decision; remove it or narrow "
-                    f"'{earlier.id}'" if same else
-                    f"it fires only where '{earlier.id}' is capability-blocked or its wire is infeasible")))
+            findings.append(
+                Finding(
+                    "shadowed",
+                    later.id,
+                    earlier.id,
+                    f"rule '{later.id}' ({later.pack}) is shadowed by '{earlier.id}' ({earlier.pack}), which holds "
+                    f"wherever it holds and comes first: "
+                    + (
+                        "both decide the same, so it never changes a decision; remove it or narrow "
+                        f"'{earlier.id}'"
+                        if same
+                        else f"it fires only where '{earlier.id}' is capability-blocked or its wire is infeasible"
+                    ),
+                )
+            )
             break
     for pack in packs:
         by_priority: dict[int, list[Rule]] = {}
@@ -132,20 +145,30 @@ def lint_packs(packs: Sequence[RulePack]) -> list[Finding]:
             by_priority.setdefault(rule.priority, []).append(rule)
         for priority, rules in by_priority.items():
             for i, first in enumerate(rules):
-                for second in rules[i + 1:]:
+                for second in rules[i + 1 :]:
                     rel = _relation(applies_when(first), applies_when(second))
                     if rel is None or not rel[0] or rel[1] or first.then == second.then:
                         continue  # unknown, disjoint, already reported as shadowed, or same decision
-                    findings.append(Finding(
-                        "same-priority-overlap", second.id, first.id,
-                        f"rules '{first.id}' and '{second.id}' of pack '{pack.name}' share priority {priority} and "
-                        f"can both hold with different decisions: file order picks '{first.id}'; give one a "
-                        f"higher priority or make their conditions exclusive"))
+                    findings.append(
+                        Finding(
+                            "same-priority-overlap",
+                            second.id,
+                            first.id,
+                            f"rules '{first.id}' and '{second.id}' of pack '{pack.name}' share priority {priority} and "
+                            f"can both hold with different decisions: file order picks '{first.id}'; give one a "
+                            f"higher priority or make their conditions exclusive",
+                        )
+                    )
     return findings
 
 
 # ------------------------------------------------------------------------------- the cache
-_LINT_CODE = ("lint.py", "engine.py", "grammar.py", "vocabulary.py")  # what decides the findings, besides the packs
+_LINT_CODE = (
+    "lint.py",
+    "engine.py",
+    "grammar.py",
+    "vocabulary.py",
+)  # what decides the findings, besides the packs
 
 
 def lint_key(packs: Sequence[RulePack]) -> str:
@@ -154,7 +177,9 @@ def lint_key(packs: Sequence[RulePack]) -> str:
     from pathlib import Path
 
     here = Path(__file__).parent
-    code = hashlib.sha256(b"".join(hashlib.sha256((here / name).read_bytes()).digest() for name in _LINT_CODE))
+    code = hashlib.sha256(
+        b"".join(hashlib.sha256((here / name).read_bytes()).digest() for name in _LINT_CODE)
+    )
     blob = "\n".join([code.hexdigest(), *(pack.sha256 for pack in packs)]).encode()
     return hashlib.sha256(blob).hexdigest()
 
@@ -198,7 +223,9 @@ def _write_cached(path, key: str, findings: list[Finding]) -> None:
     import os
     import tempfile
 
-    text = json.dumps({"key": key, "findings": [[f.kind, f.rule, f.other, f.message] for f in findings]})
+    text = json.dumps(
+        {"key": key, "findings": [[f.kind, f.rule, f.other, f.message] for f in findings]}
+    )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".lint-", suffix=".tmp")

@@ -28,7 +28,9 @@ def known_capabilities() -> frozenset[str]:
 def builtin_pack(name: str) -> RulePack:
     path = data_dir("rules") / f"{name}.yaml"
     if not path.is_file():
-        raise RulePackError(f"no built-in rule pack '{name}'; built-in: {', '.join(builtin_names())}")
+        raise RulePackError(
+            f"no built-in rule pack '{name}'; built-in: {', '.join(builtin_names())}"
+        )
     return load_pack(path, known_capabilities(), builtin=True)
 
 
@@ -37,13 +39,17 @@ def load_user_pack(spec: str) -> RulePack:
     if path.is_file():
         pack = load_pack(path, known_capabilities())
         if pack.name in builtin_names():
-            raise RulePackError(f"rules {spec!r}: the pack is named '{pack.name}', as a built-in pack is; a user "
-                                f"pack cannot replace a built-in one: give it another name", field="rules")
+            raise RulePackError(
+                f"rules {spec!r}: the pack is named '{pack.name}', as a built-in pack is; a user "
+                f"pack cannot replace a built-in one: give it another name",
+                field="rules",
+            )
         return pack
     if spec in builtin_names():
         return builtin_pack(spec)
     raise RulePackError(
-        f"rules {spec!r}: no such file, and not a built-in pack ({', '.join(builtin_names())})", field="rules"
+        f"rules {spec!r}: no such file, and not a built-in pack ({', '.join(builtin_names())})",
+        field="rules",
     )
 
 

@@ -32,41 +32,78 @@ VOCABULARY: dict[str, FactType] = {
     "layer.num_experts": FactType("int", doc="routed experts"),
     "layer.top_k": FactType("int", doc="experts per token"),
     "layer.experts_ignored": FactType("bool", doc="the ignore list excludes this layer's experts"),
-    "ckpt.quant_method": FactType("str", doc="checkpoint format (fp8, compressed-tensors, modelopt, ...)"),
+    "ckpt.quant_method": FactType(
+        "str", doc="checkpoint format (fp8, compressed-tensors, modelopt, ...)"
+    ),
     "ckpt.weight_dtype": FactType("enum", DTYPES, "expert weight dtype in the checkpoint"),
     "ckpt.weight_granularity": FactType("enum", GRANULARITIES, "expert weight scale granularity"),
     "ckpt.act_dtype": FactType("enum", DTYPES, "expert input activation dtype in the checkpoint"),
     "ckpt.act_granularity": FactType("enum", GRANULARITIES, "activation scale granularity"),
     "ckpt.act_group": FactType("int", doc="activation group length (0 when not grouped)"),
-    "ckpt.act_dynamic": FactType("enum", ("dynamic", "static", "none", "unknown"), "scale computed at run time or calibrated"),
-    "ckpt.act_scale_format": FactType("enum", ("float32", "ue8m0", "e4m3", "e8m0", "none", "unknown"), "activation scale format"),
+    "ckpt.act_dynamic": FactType(
+        "enum",
+        ("dynamic", "static", "none", "unknown"),
+        "scale computed at run time or calibrated",
+    ),
+    "ckpt.act_scale_format": FactType(
+        "enum", ("float32", "ue8m0", "e4m3", "e8m0", "none", "unknown"), "activation scale format"
+    ),
     "ckpt.act_known": FactType("bool", doc="every activation fact is known (none is 'unknown')"),
     "target.gpu": FactType("str", doc="hardware profile name"),
     "target.arch": FactType("enum", ("sm80", "sm90", "sm100"), "GPU architecture"),
     "target.backend": FactType("enum", ("deepep_ht", "deepep_ll"), "DeepEP kernels"),
-    "target.layout": FactType("enum", ("intranode", "internode"), "EP within one NVLink domain or across nodes"),
+    "target.layout": FactType(
+        "enum", ("intranode", "internode"), "EP within one NVLink domain or across nodes"
+    ),
     "target.ep_size": FactType("int", doc="expert-parallel ranks"),
     "target.engine": FactType("enum", ("vllm", "sglang"), "serving engine conventions"),
     "target.deepep_api": FactType("enum", ("legacy", "v2"), "DeepEP API generation"),
-    "target.static_scale": FactType("enum", ("global-max", "per-expert"), "static input scale convention: one global max for all experts, or each expert's own"),
+    "target.static_scale": FactType(
+        "enum",
+        ("global-max", "per-expert"),
+        "static input scale convention: one global max for all experts, or each expert's own",
+    ),
     "target.options": FactType("set", doc="the opt-ins the target was given"),
     "kernel.name": FactType("str", doc="expert kernel consuming the dispatched tokens"),
     "kernel.supported": FactType("bool", doc="the kernel runs this layer's scheme on this GPU"),
-    "kernel.act_dtype": FactType("enum", ("fp8_e4m3", "int8", "nvfp4", "mxfp8", "bf16", "unknown"), "activation dtype the kernel consumes"),
-    "kernel.act_granularities": FactType("set", doc="activation scale granularities the kernel accepts"),
-    "kernel.act_group": FactType("int", doc="activation group length the kernel wants (0 if none)"),
-    "kernel.scale_dtype": FactType("enum", ("float32", "ue8m0", "e4m3", "e8m0", "none", "unknown"), "scale dtype the kernel wants"),
-    "kernel.scale_layout": FactType("enum", ("row", "col_tma", "swizzled", "none", "unknown"), "scale layout the kernel wants"),
-    "kernel.evidence": FactType("enum", ("measured", "code", "inferred", "none"), "how the kernel's mode is known"),
-    "kernel.fuses_communication": FactType("bool", doc="the kernel does dispatch, GEMMs and combine in one (no DeepEP order)"),
-    "measured.faster_order": FactType("enum", ("quant_then_dispatch", "dispatch_then_quant", "unmeasured"),
-                                      "the order measured faster for this layer's wire on this target (tune, live)"),
+    "kernel.act_dtype": FactType(
+        "enum",
+        ("fp8_e4m3", "int8", "nvfp4", "mxfp8", "bf16", "unknown"),
+        "activation dtype the kernel consumes",
+    ),
+    "kernel.act_granularities": FactType(
+        "set", doc="activation scale granularities the kernel accepts"
+    ),
+    "kernel.act_group": FactType(
+        "int", doc="activation group length the kernel wants (0 if none)"
+    ),
+    "kernel.scale_dtype": FactType(
+        "enum",
+        ("float32", "ue8m0", "e4m3", "e8m0", "none", "unknown"),
+        "scale dtype the kernel wants",
+    ),
+    "kernel.scale_layout": FactType(
+        "enum", ("row", "col_tma", "swizzled", "none", "unknown"), "scale layout the kernel wants"
+    ),
+    "kernel.evidence": FactType(
+        "enum", ("measured", "code", "inferred", "none"), "how the kernel's mode is known"
+    ),
+    "kernel.fuses_communication": FactType(
+        "bool", doc="the kernel does dispatch, GEMMs and combine in one (no DeepEP order)"
+    ),
+    "measured.faster_order": FactType(
+        "enum",
+        ("quant_then_dispatch", "dispatch_then_quant", "unmeasured"),
+        "the order measured faster for this layer's wire on this target (tune, live)",
+    ),
 }
 
 UNMEASURED = "unmeasured"
 
 
-def layer_facts(layer: LayerFacts, target: Any, execution: Execution, faster_order: str = UNMEASURED) -> dict[str, Any]:
+def layer_facts(
+    layer: LayerFacts, target: Any, execution: Execution, faster_order: str = UNMEASURED
+) -> dict[str, Any]:
     """The vocabulary's values for one layer on ``target`` (a :class:`~moepolicy.target.Target`);
     ``faster_order`` is a measured fact (``tune`` times both orders), else ``unmeasured``."""
     w, a = layer.weights, layer.activations

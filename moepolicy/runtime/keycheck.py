@@ -42,8 +42,12 @@ def _served_facts(model, engine: str):
         raw = dataclasses.replace(resolve(model.folder, hub=False), name=model.name)
         return facts_from_raw(raw, engine=engine), f"the served folder {model.folder}"
     if model.config is not None:
-        raw = RawCheckpoint(name=model.name, source=f"served:{model.name}", config=dict(model.config),
-                            hf_quant_config=dict(model.quant_config) if model.quant_config else None)
+        raw = RawCheckpoint(
+            name=model.name,
+            source=f"served:{model.name}",
+            config=dict(model.config),
+            hf_quant_config=dict(model.quant_config) if model.quant_config else None,
+        )
         return facts_from_raw(raw, engine=engine), "the config the engine loaded"
     return read_model(model.name, engine=engine, hub=False), "the catalog"
 
@@ -59,10 +63,16 @@ def _facts_check(doc: PolicyView, model) -> SubCheck:
         return SubCheck("decision", "model_facts", "mismatched", f"model could not be read: {exc}")
     sha = facts.sha256()
     if sha == doc.model.facts_sha256:
-        return SubCheck("decision", "model_facts", "matched", f"{facts.name} facts {sha[:12]} (from {where})")
-    return SubCheck("decision", "model_facts", "mismatched",
-                    f"{facts.name} facts {sha[:12]} (from {where}) != policy's {doc.model.facts_sha256[:12]} "
-                    f"({doc.model.name})")
+        return SubCheck(
+            "decision", "model_facts", "matched", f"{facts.name} facts {sha[:12]} (from {where})"
+        )
+    return SubCheck(
+        "decision",
+        "model_facts",
+        "mismatched",
+        f"{facts.name} facts {sha[:12]} (from {where}) != policy's {doc.model.facts_sha256[:12]} "
+        f"({doc.model.name})",
+    )
 
 
 def _arch_check(doc: PolicyView) -> SubCheck:
@@ -80,8 +90,12 @@ def _layout_check(doc: PolicyView, ep_size: Optional[int]) -> SubCheck:
         return SubCheck("decision", "ep_layout", "unchecked", "no ep_size given")
     layout = "intranode" if ep_size <= doc.target.gpus_per_node else "internode"
     status = "matched" if layout == doc.target.layout else "mismatched"
-    return SubCheck("decision", "ep_layout", status,
-                    f"EP{ep_size} with {doc.target.gpus_per_node}/node is {layout}; policy {doc.target.layout}")
+    return SubCheck(
+        "decision",
+        "ep_layout",
+        status,
+        f"EP{ep_size} with {doc.target.gpus_per_node}/node is {layout}; policy {doc.target.layout}",
+    )
 
 
 def _packs_check(doc: PolicyView, places: Sequence[Path]) -> SubCheck:
@@ -99,10 +113,14 @@ def _packs_check(doc: PolicyView, places: Sequence[Path]) -> SubCheck:
     builtin = data_dir("rules")
     for ref in doc.rules.packs:
         if not _is_name(ref.name):
-            return SubCheck("decision", "rule_packs", "mismatched", f"pack name {ref.name!r} is not a name")
+            return SubCheck(
+                "decision", "rule_packs", "mismatched", f"pack name {ref.name!r} is not a name"
+            )
         if (builtin / f"{ref.name}.yaml").is_file():
             try:
-                sha = hashlib.sha256(read_bounded(builtin / f"{ref.name}.yaml", MAX_PACK_BYTES, PolicyError)).hexdigest()
+                sha = hashlib.sha256(
+                    read_bounded(builtin / f"{ref.name}.yaml", MAX_PACK_BYTES, PolicyError)
+                ).hexdigest()
             except PolicyError:
                 continue
         else:
@@ -115,11 +133,17 @@ def _packs_check(doc: PolicyView, places: Sequence[Path]) -> SubCheck:
         if sha != ref.sha256:
             changed.append(ref.name)
     if changed:
-        return SubCheck("decision", "rule_packs", "mismatched", f"changed since the plan: {', '.join(changed)}")
+        return SubCheck(
+            "decision", "rule_packs", "mismatched", f"changed since the plan: {', '.join(changed)}"
+        )
     if missing:  # not a mismatch: a pack need not be deployed beside the policy
-        return SubCheck("decision", "rule_packs", "unchecked",
-                        f"{checked} pack(s) unchanged; user pack(s) {', '.join(missing)} not found beside the policy "
-                        "or where load_policy was told (rules=)")
+        return SubCheck(
+            "decision",
+            "rule_packs",
+            "unchecked",
+            f"{checked} pack(s) unchanged; user pack(s) {', '.join(missing)} not found beside the policy "
+            "or where load_policy was told (rules=)",
+        )
     if checked == 0:
         return SubCheck("decision", "rule_packs", "unchecked", "no pack found to compare")
     return SubCheck("decision", "rule_packs", "matched", f"{checked} pack(s) unchanged")
@@ -139,13 +163,25 @@ def _sheets_check(doc: PolicyView) -> SubCheck:
 
     recorded = getattr(doc.target, "sheets_sha256", None)
     if not recorded:
-        return SubCheck("decision", "data_sheets", "unchecked", "the policy does not record its sheets (before 2.1)")
+        return SubCheck(
+            "decision",
+            "data_sheets",
+            "unchecked",
+            "the policy does not record its sheets (before 2.1)",
+        )
     name = doc.target.deep_ep.sheet
     if not _is_name(name):
-        return SubCheck("decision", "data_sheets", "mismatched", f"sheet {name!r} is not a sheet's name")
+        return SubCheck(
+            "decision", "data_sheets", "mismatched", f"sheet {name!r} is not a sheet's name"
+        )
     status = "matched" if sheets_sha256(name, _bounded_or_none) == recorded else "mismatched"
-    detail = "unchanged since the plan" if status == "matched" else (
-        "the DeepEP, expert-kernel or GPU sheet changed since the plan (re-plan with this moepolicy)")
+    detail = (
+        "unchanged since the plan"
+        if status == "matched"
+        else (
+            "the DeepEP, expert-kernel or GPU sheet changed since the plan (re-plan with this moepolicy)"
+        )
+    )
     return SubCheck("decision", "data_sheets", status, detail)
 
 
@@ -190,23 +226,48 @@ def _deepep_check(doc: PolicyView) -> SubCheck:
 
     sheet = matching_sheet(features, deepep_sheets())
     found = sheet.name if sheet else "an unknown build"
-    status = "matched" if sheet is not None and sheet.name == doc.target.deep_ep.sheet else "mismatched"
-    return SubCheck("tuning", "deep_ep", status, f"imported deep_ep is {found}; policy {doc.target.deep_ep.sheet}")
+    status = (
+        "matched" if sheet is not None and sheet.name == doc.target.deep_ep.sheet else "mismatched"
+    )
+    return SubCheck(
+        "tuning",
+        "deep_ep",
+        status,
+        f"imported deep_ep is {found}; policy {doc.target.deep_ep.sheet}",
+    )
 
 
 def _schedule_check(doc: PolicyView, schedule: Optional[str]) -> SubCheck:
     tuned = getattr(doc.deepep, "schedule", "serial")
     if schedule is None:
-        return SubCheck("tuning", "schedule", "unchecked", f"no schedule given; policy tuned for {tuned}")
+        return SubCheck(
+            "tuning", "schedule", "unchecked", f"no schedule given; policy tuned for {tuned}"
+        )
     status = "matched" if schedule == tuned else "mismatched"
-    return SubCheck("tuning", "schedule", status, f"engine runs {schedule}; policy tuned for {tuned}")
+    return SubCheck(
+        "tuning", "schedule", status, f"engine runs {schedule}; policy tuned for {tuned}"
+    )
 
 
-def check_keys(doc: PolicyView, *, ep_size: Optional[int], model,
-               schedule: Optional[str] = None, pack_places: Sequence[Path] = ()) -> list[SubCheck]:
-    return [_facts_check(doc, model), _arch_check(doc), _layout_check(doc, ep_size),
-            _packs_check(doc, pack_places), _sheets_check(doc), _ep_check(doc, ep_size), _gpu_check(doc), _deepep_check(doc),
-            _schedule_check(doc, schedule)]
+def check_keys(
+    doc: PolicyView,
+    *,
+    ep_size: Optional[int],
+    model,
+    schedule: Optional[str] = None,
+    pack_places: Sequence[Path] = (),
+) -> list[SubCheck]:
+    return [
+        _facts_check(doc, model),
+        _arch_check(doc),
+        _layout_check(doc, ep_size),
+        _packs_check(doc, pack_places),
+        _sheets_check(doc),
+        _ep_check(doc, ep_size),
+        _gpu_check(doc),
+        _deepep_check(doc),
+        _schedule_check(doc, schedule),
+    ]
 
 
 def summarise(checks: list[SubCheck], part: str, required: str) -> str:
@@ -215,4 +276,3 @@ def summarise(checks: list[SubCheck], part: str, required: str) -> str:
         return "mismatched"
     main = [c for c in mine if c.name == required]
     return "matched" if main and main[0].status == "matched" else "unchecked"
-

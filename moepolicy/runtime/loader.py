@@ -17,8 +17,15 @@ from moepolicy.errors import PolicyError
 from moepolicy.wire import Scale, Wire
 from moepolicy.deepep.configs import ChunkConfig
 from moepolicy.deepep.settings import Bucket, DeepEPSettings, V2Settings
-from moepolicy.runtime.policy import (BucketOrder, LayerDecision, LoadReport, Policy, PolicyTarget, SafePolicy,
-                                      ServedModel)
+from moepolicy.runtime.policy import (
+    BucketOrder,
+    LayerDecision,
+    LoadReport,
+    Policy,
+    PolicyTarget,
+    SafePolicy,
+    ServedModel,
+)
 
 _WARNED: set[tuple[str, str]] = set()
 _WARN_LOCK = threading.Lock()
@@ -39,25 +46,40 @@ def _warn_once(source: str, message: str) -> None:
 
 
 def _settings_from_doc(deepep: dict) -> DeepEPSettings:
-    buckets = tuple(Bucket(b["max_tokens"], ChunkConfig.from_doc(b["dispatch"]), ChunkConfig.from_doc(b["combine"]))
-                    for b in deepep["buckets"])
+    buckets = tuple(
+        Bucket(
+            b["max_tokens"],
+            ChunkConfig.from_doc(b["dispatch"]),
+            ChunkConfig.from_doc(b["combine"]),
+        )
+        for b in deepep["buckets"]
+    )
     source = deepep["provenance"]["source"]
-    return DeepEPSettings(num_sms=deepep["num_sms"], num_nvl_bytes=deepep["num_nvl_bytes"],
-                          num_rdma_bytes=deepep["num_rdma_bytes"], buckets=buckets, source=source,
-                          is_default=source == "default", low_latency=dict(deepep.get("low_latency") or {}),
-                          v2=_v2_settings(deepep.get("v2")))
+    return DeepEPSettings(
+        num_sms=deepep["num_sms"],
+        num_nvl_bytes=deepep["num_nvl_bytes"],
+        num_rdma_bytes=deepep["num_rdma_bytes"],
+        buckets=buckets,
+        source=source,
+        is_default=source == "default",
+        low_latency=dict(deepep.get("low_latency") or {}),
+        v2=_v2_settings(deepep.get("v2")),
+    )
 
 
 def _v2_settings(doc: Optional[dict]) -> Optional[V2Settings]:
     if not doc:
         return None
-    return V2Settings(num_sms=doc.get("num_sms", 0),
-                      prefer_overlap_with_compute=doc.get("prefer_overlap_with_compute", True),
-                      allow_multiple_reduction=doc.get("allow_multiple_reduction", True))
+    return V2Settings(
+        num_sms=doc.get("num_sms", 0),
+        prefer_overlap_with_compute=doc.get("prefer_overlap_with_compute", True),
+        allow_multiple_reduction=doc.get("allow_multiple_reduction", True),
+    )
 
 
-def default_settings(ep_size: Optional[int], hidden: Optional[int] = None,
-                     sheet_name: Optional[str] = None) -> DeepEPSettings:
+def default_settings(
+    ep_size: Optional[int], hidden: Optional[int] = None, sheet_name: Optional[str] = None
+) -> DeepEPSettings:
     """DeepEP's built-in configs for ``ep_size`` (what DeepEP would use without a policy)."""
     from moepolicy import datasheets
     from moepolicy.deepep.buffers import ht_buffer_bytes
@@ -70,18 +92,29 @@ def default_settings(ep_size: Optional[int], hidden: Optional[int] = None,
     ranks = ep_size or 8
     disp, comb = default_configs(sheet, ranks)
     num_sms = default_num_sms(sheet)
-    nvl = rdma = None  # no hidden size known: the engine decides (never 0, which no buffer can run with)
+    nvl = rdma = (
+        None  # no hidden size known: the engine decides (never 0, which no buffer can run with)
+    )
     if hidden:
         nvl, rdma = ht_buffer_bytes(num_sms, (disp, comb), hidden, ranks)
-    return DeepEPSettings(num_sms=num_sms, num_nvl_bytes=nvl, num_rdma_bytes=rdma,
-                          buckets=(Bucket(None, disp, comb),), source="default",
-                          is_default=True)
+    return DeepEPSettings(
+        num_sms=num_sms,
+        num_nvl_bytes=nvl,
+        num_rdma_bytes=rdma,
+        buckets=(Bucket(None, disp, comb),),
+        source="default",
+        is_default=True,
+    )
 
 
 def _wire(doc: dict) -> Wire:
     scale = doc["scale"]
-    return Wire(doc["dtype"], Scale(scale["granularity"], scale["dtype"], scale["layout"], scale["group"])
-                if scale is not None else None)
+    return Wire(
+        doc["dtype"],
+        Scale(scale["granularity"], scale["dtype"], scale["layout"], scale["group"])
+        if scale is not None
+        else None,
+    )
 
 
 def _layer(entry: dict, measured: bool = True) -> LayerDecision:
@@ -89,18 +122,42 @@ def _layer(entry: dict, measured: bool = True) -> LayerDecision:
     decision without measured facts and no per-bucket orders."""
     combine = (entry.get("combine") or {}).get("dtype", "bf16")
     decided = entry if measured or entry.get("unmeasured") is None else entry["unmeasured"]
-    orders = tuple(BucketOrder(o["max_tokens"], o["order"], _wire(o["wire"]))
-                   for o in (entry.get("orders") or ())) if measured else ()
-    return LayerDecision(index=entry["index"], kind=entry["kind"], order=decided["order"], wire=_wire(decided["wire"]),
-                         numerics=decided["numerics"], rule=decided["rule"], reason=decided["reason"],
-                         combine=combine, orders=orders)
+    orders = (
+        tuple(
+            BucketOrder(o["max_tokens"], o["order"], _wire(o["wire"]))
+            for o in (entry.get("orders") or ())
+        )
+        if measured
+        else ()
+    )
+    return LayerDecision(
+        index=entry["index"],
+        kind=entry["kind"],
+        order=decided["order"],
+        wire=_wire(decided["wire"]),
+        numerics=decided["numerics"],
+        rule=decided["rule"],
+        reason=decided["reason"],
+        combine=combine,
+        orders=orders,
+    )
 
 
-def _safe(source: str, reason: str, ep_size: Optional[int], report: dict[str, str],
-          details: tuple[str, ...] = (), warnings: tuple[str, ...] = (), hidden: Optional[int] = None) -> SafePolicy:
+def _safe(
+    source: str,
+    reason: str,
+    ep_size: Optional[int],
+    report: dict[str, str],
+    details: tuple[str, ...] = (),
+    warnings: tuple[str, ...] = (),
+    hidden: Optional[int] = None,
+) -> SafePolicy:
     _warn_once(source, f"{source}: falling back to the safe policy (bf16 on the wire): {reason}")
-    return SafePolicy((), default_settings(ep_size, hidden),
-                      LoadReport(source, report, details, warnings=warnings, fallback_reason=reason))
+    return SafePolicy(
+        (),
+        default_settings(ep_size, hidden),
+        LoadReport(source, report, details, warnings=warnings, fallback_reason=reason),
+    )
 
 
 def _hidden_hint(path: str | Path, model: Optional[str]) -> Optional[int]:
@@ -118,7 +175,9 @@ def _hidden_hint(path: str | Path, model: Optional[str]) -> Optional[int]:
         from moepolicy.files import read_bounded
         from moepolicy.document.reader import MAX_POLICY_BYTES
 
-        raw = parse_text(read_bounded(path, MAX_POLICY_BYTES, PolicyError).decode("utf-8", "replace"))
+        raw = parse_text(
+            read_bounded(path, MAX_POLICY_BYTES, PolicyError).decode("utf-8", "replace")
+        )
         hidden = raw["model"]["hidden_size"]
         return hidden if isinstance(hidden, int) and 0 < hidden <= 1 << 20 else None
     except Exception:  # noqa: BLE001
@@ -140,10 +199,14 @@ def _argument_problem(ep_size: object, model: object, rules: object = ()) -> Opt
         if n is None or not 1 <= n <= MAX_EP_SIZE:
             return f"ep_size must be a whole number from 1 to {MAX_EP_SIZE} (the EP ranks serving), got {ep_size!r}"
     if model is not None and not isinstance(model, (str, os.PathLike, ServedModel)):
-        return (f"model must be a name, a config.json or a folder (a string), or the ServedModel an engine loaded, "
-                f"got {type(model).__name__}")
+        return (
+            f"model must be a name, a config.json or a folder (a string), or the ServedModel an engine loaded, "
+            f"got {type(model).__name__}"
+        )
     given = [rules] if isinstance(rules, (str, os.PathLike)) else rules
-    if not isinstance(given, (list, tuple)) or not all(isinstance(p, (str, os.PathLike)) for p in given):
+    if not isinstance(given, (list, tuple)) or not all(
+        isinstance(p, (str, os.PathLike)) for p in given
+    ):
         return f"rules must be a list of files or folders (rule packs), got {type(rules).__name__}"
     return None
 
@@ -155,8 +218,15 @@ def _places(path: str | Path, rules: object) -> tuple[Path, ...]:
     return tuple(Path(p).absolute() for p in given) + (Path(path).absolute().parent,)
 
 
-def load_policy(path: str | Path, *, ep_size: Optional[int] = None, model: Optional[str | ServedModel] = None,
-                strict: bool = False, schedule: Optional[str] = None, rules: Sequence[str | Path] = ()) -> Policy:
+def load_policy(
+    path: str | Path,
+    *,
+    ep_size: Optional[int] = None,
+    model: Optional[str | ServedModel] = None,
+    strict: bool = False,
+    schedule: Optional[str] = None,
+    rules: Sequence[str | Path] = (),
+) -> Policy:
     """Load ``path`` for a serving process (see :func:`_load`); never raises unless ``strict``.
 
     ``rules``: files or folders holding the user rule packs the policy was planned with (the
@@ -166,21 +236,42 @@ def load_policy(path: str | Path, *, ep_size: Optional[int] = None, model: Optio
     if problem is not None:
         if strict:
             raise PolicyError(f"{path}: {problem}")
-        return _safe(str(path), problem, None, {"decision": "unchecked", "tuning": "unchecked"},
-                     hidden=_hidden_hint(path, model if isinstance(model, str) else None))
+        return _safe(
+            str(path),
+            problem,
+            None,
+            {"decision": "unchecked", "tuning": "unchecked"},
+            hidden=_hidden_hint(path, model if isinstance(model, str) else None),
+        )
     ep_size = None if ep_size is None else int(ep_size)
     places = _places(path, rules)
     if strict:
-        return _load(path, ep_size=ep_size, model=model, strict=True, schedule=schedule, places=places)
+        return _load(
+            path, ep_size=ep_size, model=model, strict=True, schedule=schedule, places=places
+        )
     try:
-        return _load(path, ep_size=ep_size, model=model, strict=False, schedule=schedule, places=places)
+        return _load(
+            path, ep_size=ep_size, model=model, strict=False, schedule=schedule, places=places
+        )
     except Exception as exc:  # noqa: BLE001 (serving must never be taken down by a policy file)
-        return _safe(str(path), f"unexpected error while loading ({type(exc).__name__}: {exc})", ep_size,
-                     {"decision": "unchecked", "tuning": "unchecked"}, hidden=_hidden_hint(path, model))
+        return _safe(
+            str(path),
+            f"unexpected error while loading ({type(exc).__name__}: {exc})",
+            ep_size,
+            {"decision": "unchecked", "tuning": "unchecked"},
+            hidden=_hidden_hint(path, model),
+        )
 
 
-def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str | ServedModel], strict: bool,
-          schedule: Optional[str] = None, places: Sequence[Path] = ()) -> Policy:
+def _load(
+    path: str | Path,
+    *,
+    ep_size: Optional[int],
+    model: Optional[str | ServedModel],
+    strict: bool,
+    schedule: Optional[str] = None,
+    places: Sequence[Path] = (),
+) -> Policy:
     """Load ``path`` for a serving process with ``ep_size`` ranks serving ``model``.
 
     Args:
@@ -203,45 +294,80 @@ def _load(path: str | Path, *, ep_size: Optional[int], model: Optional[str | Ser
     except PolicyError as exc:
         if strict:
             raise
-        return _safe(source, f"damaged policy: {exc}", ep_size,
-                     {"decision": "unchecked", "tuning": "unchecked"}, hidden=_hidden_hint(path, model))
+        return _safe(
+            source,
+            f"damaged policy: {exc}",
+            ep_size,
+            {"decision": "unchecked", "tuning": "unchecked"},
+            hidden=_hidden_hint(path, model),
+        )
     for warning in loaded.warnings:
         _warn_once(source, warning)
     data = loaded.doc
     doc = View(data)
     checks = check_keys(doc, ep_size=ep_size, model=model, schedule=schedule, pack_places=places)
-    report = {"decision": summarise(checks, "decision", "model_facts"),
-              "tuning": summarise(checks, "tuning", "ep_size")}
+    report = {
+        "decision": summarise(checks, "decision", "model_facts"),
+        "tuning": summarise(checks, "tuning", "ep_size"),
+    }
     details = tuple(c.render() for c in checks)
     mismatches = [c.render() for c in checks if c.status == "mismatched"]
     if strict and mismatches:
         raise PolicyError(f"{source}: key mismatch: {'; '.join(mismatches)}")
     if report["decision"] == "mismatched":
-        reason = "decision key mismatch: " + "; ".join(c.render() for c in checks
-                                                        if c.part == "decision" and c.status == "mismatched")
-        return _safe(source, reason, ep_size, report, details, loaded.warnings,
-                     hidden=data["model"]["hidden_size"])
+        reason = "decision key mismatch: " + "; ".join(
+            c.render() for c in checks if c.part == "decision" and c.status == "mismatched"
+        )
+        return _safe(
+            source,
+            reason,
+            ep_size,
+            report,
+            details,
+            loaded.warnings,
+            hidden=data["model"]["hidden_size"],
+        )
     partial = data["deepep"].get("partial")
     if partial is not None and strict:
-        raise PolicyError(f"{source}: a partial result ({partial['reason']}); re-run the tune to completion")
+        raise PolicyError(
+            f"{source}: a partial result ({partial['reason']}); re-run the tune to completion"
+        )
     if report["tuning"] == "mismatched" or partial is not None:
-        reason = ("tuning key mismatch (decisions kept without measured facts, DeepEP default configs used): "
-                  + "; ".join(c.render() for c in checks if c.part == "tuning" and c.status == "mismatched")
-                  if partial is None else
-                  f"partial result ({partial['reason']}): decisions kept without measured facts, DeepEP "
-                  "default configs used")
+        reason = (
+            "tuning key mismatch (decisions kept without measured facts, DeepEP default configs used): "
+            + "; ".join(
+                c.render() for c in checks if c.part == "tuning" and c.status == "mismatched"
+            )
+            if partial is None
+            else f"partial result ({partial['reason']}): decisions kept without measured facts, DeepEP "
+            "default configs used"
+        )
         layers = tuple(_layer(entry, measured=False) for entry in data["layers"])
         _warn_once(source, f"{source}: {reason}")
-        settings = default_settings(ep_size, data["model"]["hidden_size"], data["target"]["deep_ep"]["sheet"])
-        return Policy(layers, settings, LoadReport(source, report, details, doc.model.name, loaded.warnings, reason),
-                      PolicyTarget.from_doc(data))
+        settings = default_settings(
+            ep_size, data["model"]["hidden_size"], data["target"]["deep_ep"]["sheet"]
+        )
+        return Policy(
+            layers,
+            settings,
+            LoadReport(source, report, details, doc.model.name, loaded.warnings, reason),
+            PolicyTarget.from_doc(data),
+        )
     layers = tuple(_layer(entry) for entry in data["layers"])
-    return Policy(layers, _settings_from_doc(data["deepep"]),
-                  LoadReport(source, report, details, doc.model.name, loaded.warnings), PolicyTarget.from_doc(data))
+    return Policy(
+        layers,
+        _settings_from_doc(data["deepep"]),
+        LoadReport(source, report, details, doc.model.name, loaded.warnings),
+        PolicyTarget.from_doc(data),
+    )
 
 
 def policy_as_written(data: dict, source: str = "") -> Policy:
     """The policy exactly as its validated document ``data`` says: no key checks, no fallback (what
     ``validate --live`` runs through DeepEP). Serving processes use :func:`load_policy`."""
-    return Policy(tuple(_layer(entry) for entry in data["layers"]), _settings_from_doc(data["deepep"]),
-                  LoadReport(source, {"decision": "unchecked", "tuning": "unchecked"}), PolicyTarget.from_doc(data))
+    return Policy(
+        tuple(_layer(entry) for entry in data["layers"]),
+        _settings_from_doc(data["deepep"]),
+        LoadReport(source, {"decision": "unchecked", "tuning": "unchecked"}),
+        PolicyTarget.from_doc(data),
+    )

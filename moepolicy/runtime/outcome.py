@@ -33,37 +33,67 @@ class ServingOutcome:
 
     def _named(self, status: str) -> list[str]:
         """Sub-check names (``rule_packs``) with ``status``, from load_policy's details."""
-        return [line.split(":", 1)[0].split(".", 1)[-1] for line in self.details if f": {status} (" in line]
+        return [
+            line.split(":", 1)[0].split(".", 1)[-1]
+            for line in self.details
+            if f": {status} (" in line
+        ]
 
     def summary(self) -> str:
         if self.state == SAFE:
             stale = any(name in (self.reason or "") for name in ("rule_packs", "data_sheets"))
-            return ("serving would fall back to the safe policy (bf16 on the wire on every layer, DeepEP's default "
-                    f"configs): {self.reason}" + ("; plan and serve with the same moepolicy: re-plan with this one"
-                                                  if stale else ""))
+            return (
+                "serving would fall back to the safe policy (bf16 on the wire on every layer, DeepEP's default "
+                f"configs): {self.reason}"
+                + (
+                    "; plan and serve with the same moepolicy: re-plan with this one"
+                    if stale
+                    else ""
+                )
+            )
         if self.state == DECISIONS_ONLY:
-            return (f"serving would keep the decisions and run DeepEP's default configs, not the policy's: "
-                    f"{self.reason}; plan (or tune) again for the target it serves to use its own")
+            return (
+                f"serving would keep the decisions and run DeepEP's default configs, not the policy's: "
+                f"{self.reason}; plan (or tune) again for the target it serves to use its own"
+            )
         unchecked = self._named("unchecked")
-        flags = [flag for flag in ("--model", "--ep-size")
-                 if any(_HOW_TO_CHECK.get(name) == flag for name in unchecked)]
+        flags = [
+            flag
+            for flag in ("--model", "--ep-size")
+            if any(_HOW_TO_CHECK.get(name) == flag for name in unchecked)
+        ]
         rest = [name for name in unchecked if name not in _HOW_TO_CHECK]
         parts = [f"matched here: {', '.join(self._named('matched')) or 'nothing'}"]
-        parts += [f"pass {' and '.join(flags)} to check the served model and EP size"] if flags else []
+        parts += (
+            [f"pass {' and '.join(flags)} to check the served model and EP size"] if flags else []
+        )
         parts += [f"checked only where it serves: {', '.join(rest)}"] if rest else []
         return f"serving applies this policy ({'; '.join(parts)})"
 
 
-def predict(path: str | Path, *, ep_size: Optional[int] = None, model: Optional[str] = None,
-            schedule: Optional[str] = None) -> ServingOutcome:
+def predict(
+    path: str | Path,
+    *,
+    ep_size: Optional[int] = None,
+    model: Optional[str] = None,
+    schedule: Optional[str] = None,
+) -> ServingOutcome:
     """What ``load_policy(path, ep_size=..., model=..., schedule=...)`` decides in this process."""
     from moepolicy.runtime.loader import load_policy
     from moepolicy.runtime.policy import SafePolicy
 
     with _silenced("moepolicy"):  # the caller says it in one line
         policy = load_policy(path, ep_size=ep_size, model=model, schedule=schedule)
-    state = SAFE if isinstance(policy, SafePolicy) else DECISIONS_ONLY if policy.is_fallback else APPLIED
-    return ServingOutcome(state, policy.fallback_reason, dict(policy.report), tuple(policy.report_details))
+    state = (
+        SAFE
+        if isinstance(policy, SafePolicy)
+        else DECISIONS_ONLY
+        if policy.is_fallback
+        else APPLIED
+    )
+    return ServingOutcome(
+        state, policy.fallback_reason, dict(policy.report), tuple(policy.report_details)
+    )
 
 
 @contextmanager

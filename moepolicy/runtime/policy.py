@@ -34,7 +34,9 @@ class LayerDecision:
     orders: tuple[BucketOrder, ...] = ()  # per token bucket, where measurement found a crossover
 
     def __post_init__(self) -> None:
-        bounds = tuple(b.max_tokens if b.max_tokens is not None else sys.maxsize for b in self.orders)
+        bounds = tuple(
+            b.max_tokens if b.max_tokens is not None else sys.maxsize for b in self.orders
+        )
         object.__setattr__(self, "_bounds", bounds)
 
     @property
@@ -62,8 +64,15 @@ SAFE_RULE = "safe-fallback"
 
 
 def safe_layer(index: int, reason: str) -> LayerDecision:
-    return LayerDecision(index=index, kind="moe", order="dispatch_then_quant", wire=BF16_WIRE,
-                         numerics="approximate", rule=SAFE_RULE, reason=reason)
+    return LayerDecision(
+        index=index,
+        kind="moe",
+        order="dispatch_then_quant",
+        wire=BF16_WIRE,
+        numerics="approximate",
+        rule=SAFE_RULE,
+        reason=reason,
+    )
 
 
 @dataclass(frozen=True)
@@ -103,13 +112,27 @@ class PolicyTarget:
     def from_doc(data: Mapping[str, Any]) -> "PolicyTarget":
         """From a validated policy document (the runtime reader's dict)."""
         target, layers = data["target"], data["layers"]
-        kernels = {entry["index"]: (entry.get("facts") or {}).get("kernel.name") or target["expert_kernel"]
-                   for entry in layers if entry["kind"] == "moe"}
-        mtp = frozenset(entry["index"] for entry in layers if (entry.get("facts") or {}).get("layer.is_mtp"))
-        return PolicyTarget(backend=target["backend"], deepep_api=target["deep_ep"]["api"], ep_size=target["ep_size"],
-                            arch=target["arch"], expert_kernel=target["expert_kernel"],
-                            schedule=data["deepep"].get("schedule") or "serial", content_key=data["key"]["content"],
-                            num_hidden_layers=data["model"]["num_layers"], layer_kernels=kernels, mtp_layers=mtp)
+        kernels = {
+            entry["index"]: (entry.get("facts") or {}).get("kernel.name")
+            or target["expert_kernel"]
+            for entry in layers
+            if entry["kind"] == "moe"
+        }
+        mtp = frozenset(
+            entry["index"] for entry in layers if (entry.get("facts") or {}).get("layer.is_mtp")
+        )
+        return PolicyTarget(
+            backend=target["backend"],
+            deepep_api=target["deep_ep"]["api"],
+            ep_size=target["ep_size"],
+            arch=target["arch"],
+            expert_kernel=target["expert_kernel"],
+            schedule=data["deepep"].get("schedule") or "serial",
+            content_key=data["key"]["content"],
+            num_hidden_layers=data["model"]["num_layers"],
+            layer_kernels=kernels,
+            mtp_layers=mtp,
+        )
 
 
 @dataclass(frozen=True)
@@ -131,8 +154,13 @@ class Policy:
 
     __slots__ = ("_layers", "deepep", "loaded", "target")
 
-    def __init__(self, layers: tuple[LayerDecision, ...], deepep: DeepEPSettings, loaded: LoadReport,
-                 target: Optional[PolicyTarget] = None):
+    def __init__(
+        self,
+        layers: tuple[LayerDecision, ...],
+        deepep: DeepEPSettings,
+        loaded: LoadReport,
+        target: Optional[PolicyTarget] = None,
+    ):
         self._layers = layers
         self.deepep = deepep
         self.loaded = loaded
@@ -171,13 +199,19 @@ class Policy:
         off-by-one must not quietly send bf16): the caller decides what such a layer does."""
         decision = self.get(index)
         if decision is None:
-            raise PolicyError(f"layer {index!r} is not in this policy (it holds layers 0-{len(self._layers) - 1}); "
-                              "use policy.get(index) for layers it may not hold")
+            raise PolicyError(
+                f"layer {index!r} is not in this policy (it holds layers 0-{len(self._layers) - 1}); "
+                "use policy.get(index) for layers it may not hold"
+            )
         return decision
 
     def get(self, index: int) -> Optional[LayerDecision]:
         """``layer(index)``, or None for an index the policy does not hold."""
-        if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(self._layers):
+        if (
+            isinstance(index, int)
+            and not isinstance(index, bool)
+            and 0 <= index < len(self._layers)
+        ):
             return self._layers[index]
         return None
 

@@ -89,7 +89,8 @@ class TensorPattern(_Sheet):
 
     def matches(self, dtype: str, granularity: str) -> bool:
         return (not self.dtype or dtype in self.dtype) and (
-            not self.granularity or granularity in self.granularity)
+            not self.granularity or granularity in self.granularity
+        )
 
 
 class KernelActivations(_Sheet):

@@ -63,7 +63,10 @@ class TensorQuant(_Frozen):
 
 
 NOT_QUANTIZED = TensorQuant(
-    dtype="none", granularity="none", dynamic="none", scale_format="none",
+    dtype="none",
+    granularity="none",
+    dynamic="none",
+    scale_format="none",
     origin={"*": Origin(kind="explicit", note="no quantization applies")},
 )
 

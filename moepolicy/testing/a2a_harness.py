@@ -24,7 +24,7 @@ SPECS = {
 
 def make_inputs(rank: int, tokens: int, hidden: int, num_experts: int, top_k: int, device):
     g = torch.Generator().manual_seed(1234 + rank)
-    x = (torch.randn(tokens, hidden, generator=g) * (1 + 3 * torch.rand(tokens, 1, generator=g)))
+    x = torch.randn(tokens, hidden, generator=g) * (1 + 3 * torch.rand(tokens, 1, generator=g))
     scores = torch.rand(tokens, num_experts, generator=g)
     topk_idx = scores.topk(top_k, dim=1).indices.to(torch.int64)
     topk_w = torch.rand(tokens, top_k, generator=g).to(torch.float32)
@@ -37,7 +37,9 @@ def per_expert_static_scales(num_experts: int) -> torch.Tensor:
     return 0.02 + 0.03 * torch.rand(num_experts, generator=g)
 
 
-def join(rank: int, world: int, outdir: str, transport_kind: str, num_experts: int, hidden: int = 7168):
+def join(
+    rank: int, world: int, outdir: str, transport_kind: str, num_experts: int, hidden: int = 7168
+):
     """This rank in the group and its transport and device: DeepEP's normal kernels on the GPUs
     visible (NCCL, or gloo where ranks share a GPU: ``measure.placement``), or gloo and the
     emulated all-to-all on CPUs."""
@@ -52,7 +54,9 @@ def join(rank: int, world: int, outdir: str, transport_kind: str, num_experts: i
         device = join_group(rank, world, f"{outdir}/rendezvous")
         buffer = deep_ep.Buffer(dist.group.WORLD, deepep_nvl_bytes(hidden, world), 0)
         return DeepEPTransport(buffer, num_experts), device
-    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"file://{outdir}/rendezvous")
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, init_method=f"file://{outdir}/rendezvous"
+    )
     from moepolicy.reference.transport import GatherTransport
 
     return GatherTransport(None, num_experts), torch.device("cpu")
@@ -81,7 +85,9 @@ def run_ranks(entry, args: tuple, world: int, timeout_s: float = 300.0) -> None:
             for p in context.processes:
                 if p.is_alive():
                     p.kill()
-            raise TimeoutError(f"{world} ranks not done within {timeout_s:.0f} s (a hung collective?)")
+            raise TimeoutError(
+                f"{world} ranks not done within {timeout_s:.0f} s (a hung collective?)"
+            )
 
 
 @dataclass(frozen=True)
@@ -94,8 +100,14 @@ class A2AShape:
     top_k: int = 4
 
 
-def worker(rank: int, world: int, transport_kind: str, outdir: str, shape: A2AShape = A2AShape(),
-           backend: str = "auto") -> None:
+def worker(
+    rank: int,
+    world: int,
+    transport_kind: str,
+    outdir: str,
+    shape: A2AShape = A2AShape(),
+    backend: str = "auto",
+) -> None:
     import torch.distributed as dist
 
     tokens, hidden, num_experts, top_k = shape.tokens, shape.hidden, shape.num_experts, shape.top_k
@@ -108,13 +120,17 @@ def worker(rank: int, world: int, transport_kind: str, outdir: str, shape: A2ASh
     static = float(global_static_scale(per_expert_static_scales(num_experts)))
     results = {}
     for name, fields in SPECS.items():
-        spec = QuantSpec(**fields, static_scale=static if fields["kind"] == "tensor_static" else None)
+        spec = QuantSpec(
+            **fields, static_scale=static if fields["kind"] == "tensor_static" else None
+        )
         for order in ("quant_then_dispatch", "dispatch_then_quant"):
             pf = PrepareFinalize(order, spec, transport, backend=backend)
             got = pf.prepare(x, topk_idx, topk_w)
             results[(name, order)] = {
-                "q": got.x.view(torch.uint8).cpu(), "s": None if got.scales is None else got.scales.cpu(),
-                "src_rank": got.dispatched.src_rank.cpu(), "src_token": got.dispatched.src_token.cpu(),
+                "q": got.x.view(torch.uint8).cpu(),
+                "s": None if got.scales is None else got.scales.cpu(),
+                "src_rank": got.dispatched.src_rank.cpu(),
+                "src_token": got.dispatched.src_token.cpu(),
                 "topk_idx": got.topk_idx.cpu(),
             }
     # no_quant round trip: combine sums each received row back to its token
@@ -139,8 +155,16 @@ def _entry(rank, world, transport_kind, outdir, kwargs):
     worker(rank, world, transport_kind, outdir, A2AShape(**kwargs), backend)
 
 
-def reference_rows(results: list[dict], name: str, order_key, world: int, tokens: int, hidden: int,
-                   num_experts: int, top_k: int):
+def reference_rows(
+    results: list[dict],
+    name: str,
+    order_key,
+    world: int,
+    tokens: int,
+    hidden: int,
+    num_experts: int,
+    top_k: int,
+):
     """Quantize every rank's tokens on one device (CPU, torch reference), then pick the rows a rank
     received, in the order it received them."""
     from moepolicy.quant import reference
@@ -161,14 +185,31 @@ def reference_rows(results: list[dict], name: str, order_key, world: int, tokens
     out = []
     for r in range(world):
         got = results[r][order_key]
-        q = torch.stack([per_rank[s][0][t] for s, t in zip(got["src_rank"].tolist(), got["src_token"].tolist())])
-        sc = torch.stack([per_rank[s][1][t] for s, t in zip(got["src_rank"].tolist(), got["src_token"].tolist())])
+        q = torch.stack(
+            [
+                per_rank[s][0][t]
+                for s, t in zip(got["src_rank"].tolist(), got["src_token"].tolist())
+            ]
+        )
+        sc = torch.stack(
+            [
+                per_rank[s][1][t]
+                for s, t in zip(got["src_rank"].tolist(), got["src_token"].tolist())
+            ]
+        )
         out.append((q, sc))
     return out
 
 
-def low_latency_worker(rank: int, world: int, outdir: str, tokens: int = 64, hidden: int = 2048,
-                       num_experts: int = 16, top_k: int = 4) -> None:
+def low_latency_worker(
+    rank: int,
+    world: int,
+    outdir: str,
+    tokens: int = 64,
+    hidden: int = 2048,
+    num_experts: int = 16,
+    top_k: int = 4,
+) -> None:
     """``in_kernel_quant``: DeepEP low-latency fp8 dispatch; saves what each local expert received,
     with the source rank and token of each slot, for comparison with the reference quantizer."""
     import deep_ep
@@ -178,10 +219,13 @@ def low_latency_worker(rank: int, world: int, outdir: str, tokens: int = 64, hid
 
     device = join_group(rank, world, f"{outdir}/rendezvous-ll")
     hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, world, num_experts)
-    buffer = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True,
-                            num_qps_per_rank=num_experts // world)
+    buffer = deep_ep.Buffer(
+        dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=num_experts // world
+    )
     x, topk_idx, _ = make_inputs(rank, tokens, hidden, num_experts, top_k, device)
-    (q, scales), counts, handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, tokens, num_experts, use_fp8=True)
+    (q, scales), counts, handle, _, _ = buffer.low_latency_dispatch(
+        x, topk_idx, tokens, num_experts, use_fp8=True
+    )
     torch.cuda.synchronize()
     src_info, layout = handle[0], handle[1]
     rows = []
@@ -190,8 +234,14 @@ def low_latency_worker(rank: int, world: int, outdir: str, tokens: int = 64, hid
             packed = int(layout[e, s].item())
             count, begin = packed & 0xFFFFFFFF, packed >> 32
             for slot in range(begin, begin + count):
-                rows.append((s, int(src_info[e, slot].item()), q[e, slot].view(torch.uint8).cpu(),
-                             scales[e, slot].float().cpu()))
+                rows.append(
+                    (
+                        s,
+                        int(src_info[e, slot].item()),
+                        q[e, slot].view(torch.uint8).cpu(),
+                        scales[e, slot].float().cpu(),
+                    )
+                )
     torch.save(rows, Path(outdir) / f"ll-rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
@@ -214,21 +264,36 @@ def combine_is_exact(results: list[dict], world: int, num_experts: int) -> bool:
     for r in range(world):
         data = results[r]["combine"]
         copies = destination_mask(data["topk_idx"], num_experts, world).sum(dim=1, keepdim=True)
-        if not torch.equal(data["combined"], (data["x"].to(torch.float32) * copies).to(torch.bfloat16)):
+        if not torch.equal(
+            data["combined"], (data["x"].to(torch.float32) * copies).to(torch.bfloat16)
+        ):
             return False
     return True
 
 
-def dynamic_tensor_outcome(results: list[dict], world: int, tokens: int, hidden: int, num_experts: int,
-                           top_k: int) -> tuple[bool, int]:
+def dynamic_tensor_outcome(
+    results: list[dict], world: int, tokens: int, hidden: int, num_experts: int, top_k: int
+) -> tuple[bool, int]:
     """(every sender-quantized row equals one device's, bytes the receiver-side scale changed)."""
-    exact = reference_rows(results, "tensor_dynamic", ("tensor_dynamic", "quant_then_dispatch"), world,
-                           tokens, hidden, num_experts, top_k)
+    exact = reference_rows(
+        results,
+        "tensor_dynamic",
+        ("tensor_dynamic", "quant_then_dispatch"),
+        world,
+        tokens,
+        hidden,
+        num_experts,
+        top_k,
+    )
     senders_exact, differ = True, 0
     for r in range(world):
         sender = results[r][("tensor_dynamic", "quant_then_dispatch")]
-        senders_exact &= torch.equal(sender["q"], exact[r][0]) and torch.equal(sender["s"], exact[r][1])
-        differ += int((results[r][("tensor_dynamic", "dispatch_then_quant")]["q"] != sender["q"]).sum())
+        senders_exact &= torch.equal(sender["q"], exact[r][0]) and torch.equal(
+            sender["s"], exact[r][1]
+        )
+        differ += int(
+            (results[r][("tensor_dynamic", "dispatch_then_quant")]["q"] != sender["q"]).sum()
+        )
     return senders_exact, differ
 
 
@@ -258,14 +323,28 @@ def check_packed_arrived(results: list[dict], fmt: str, tokens: int, hidden: int
     for rank, per_rank in enumerate(results):
         got = per_rank[fmt]
         assert got["x"].shape[0] > 0
-        for row, (src, token) in enumerate(zip(got["src_rank"].tolist(), got["src_token"].tolist())):
+        for row, (src, token) in enumerate(
+            zip(got["src_rank"].tolist(), got["src_token"].tolist())
+        ):
             x, scales = sent[src]
             assert torch.equal(got["x"][row], x[token]), (fmt, rank, row)
-            assert torch.equal(got["s"][row].view(torch.uint8), scales[token].view(torch.uint8)), (fmt, rank, row)
+            assert torch.equal(got["s"][row].view(torch.uint8), scales[token].view(torch.uint8)), (
+                fmt,
+                rank,
+                row,
+            )
 
 
-def packed_worker(rank: int, world: int, outdir: str, tokens: int, hidden: int, num_experts: int, top_k: int,
-                  transport_kind: str = "deepep") -> None:
+def packed_worker(
+    rank: int,
+    world: int,
+    outdir: str,
+    tokens: int,
+    hidden: int,
+    num_experts: int,
+    top_k: int,
+    transport_kind: str = "deepep",
+) -> None:
     """Dispatch NVFP4 and MXFP8 payloads (DeepEP's normal dispatch on GPUs, or the emulated
     all-to-all on CPUs, which checks the harness itself); save what arrived."""
     import torch.distributed as dist
@@ -275,9 +354,15 @@ def packed_worker(rank: int, world: int, outdir: str, tokens: int, hidden: int, 
     results = {}
     for fmt in PACKED_FORMATS:
         x, scales = packed_payload(rank, tokens, hidden, fmt)
-        got = transport.dispatch(x.to(device).view(torch.float8_e4m3fn), scales.to(device), topk_idx, topk_w)
-        results[fmt] = {"x": got.x.view(torch.uint8).cpu(), "s": got.scales.cpu(), "src_rank": got.src_rank.cpu(),
-                        "src_token": got.src_token.cpu()}
+        got = transport.dispatch(
+            x.to(device).view(torch.float8_e4m3fn), scales.to(device), topk_idx, topk_w
+        )
+        results[fmt] = {
+            "x": got.x.view(torch.uint8).cpu(),
+            "s": got.scales.cpu(),
+            "src_rank": got.src_rank.cpu(),
+            "src_token": got.src_token.cpu(),
+        }
     torch.save(results, Path(outdir) / f"packed{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()

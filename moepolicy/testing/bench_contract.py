@@ -21,7 +21,9 @@ class BenchContract:
             assert math.isfinite(value) and value > 0.5
         assert m.source == bench.source
 
-    def test_full_call_is_not_cheaper_than_the_cached_kernel(self, bench: Bench, workload: Workload):
+    def test_full_call_is_not_cheaper_than_the_cached_kernel(
+        self, bench: Bench, workload: Workload
+    ):
         m = bench.measure(workload, self.point())
         assert m.dispatch_us >= 0.9 * m.dispatch_cached_us  # layout + notify + CPU wait on top
 

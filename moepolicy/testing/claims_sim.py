@@ -52,7 +52,9 @@ class Noise:
 
     def __init__(self, kind: str, sigma: float, seed: int):
         if kind not in NOISE_MODELS + BEYOND_ASSUMPTIONS:
-            raise ValueError(f"noise model must be one of {NOISE_MODELS + BEYOND_ASSUMPTIONS}, got {kind!r}")
+            raise ValueError(
+                f"noise model must be one of {NOISE_MODELS + BEYOND_ASSUMPTIONS}, got {kind!r}"
+            )
         self.kind, self.sigma, self.rng = kind, sigma, random.Random(seed)
         self.calls, self.walk, self.fresh = 0, 0.0, True
         self.walks: dict = {}
@@ -102,10 +104,13 @@ class KnownBench(Bench):
         us = self.true_us(point) * self.noise.factor(point)
         orders = {}
         if workload.both_orders:  # timed one after the other, each with its own noise
-            first, second = ("quant_then_dispatch", "dispatch_then_quant")[::1 if workload.orders_first ==
-                                                                           "quant_then_dispatch" else -1]
-            orders = {first: self.true_us((first, point)) * self.noise.factor(),
-                      second: self.true_us((second, point)) * self.noise.factor()}
+            first, second = ("quant_then_dispatch", "dispatch_then_quant")[
+                :: 1 if workload.orders_first == "quant_then_dispatch" else -1
+            ]
+            orders = {
+                first: self.true_us((first, point)) * self.noise.factor(),
+                second: self.true_us((second, point)) * self.noise.factor(),
+            }
         return Measurement(0.6 * us, 0.5 * us, 0.4 * us, "measured", orders)
 
     def measure_v2(self, workload: Workload, point, tokens: int) -> float:
@@ -118,9 +123,17 @@ class KnownBench(Bench):
         def part(v):
             return {"median_us": v, "min_us": v, "max_us": v, "reps": 5}
 
-        return {"comm": part(comm), "gemm": part(gemm), "serial": part(comm + gemm), "overlapped": part(us),
-                "overlapped_comm_end": part(comm), "overlapped_gemm_end": part(us), "comm_sms": point.num_sms,
-                "gemm_sms": 132 - point.num_sms, "gemm_kind": "known"}
+        return {
+            "comm": part(comm),
+            "gemm": part(gemm),
+            "serial": part(comm + gemm),
+            "overlapped": part(us),
+            "overlapped_comm_end": part(comm),
+            "overlapped_gemm_end": part(us),
+            "comm_sms": point.num_sms,
+            "gemm_sms": 132 - point.num_sms,
+            "gemm_kind": "known",
+        }
 
 
 def _point(sms: int, tokens: int, send: int = 24) -> TunePoint:
@@ -136,8 +149,14 @@ class Gains:
     chunks: float = 1.0
 
 
-def serial_tune(kind: str, seed: int, rounds: int, gains: Gains = Gains(), chosen: int = CHOSEN_SMS,
-                sigma: float = 0.03):
+def serial_tune(
+    kind: str,
+    seed: int,
+    rounds: int,
+    gains: Gains = Gains(),
+    chosen: int = CHOSEN_SMS,
+    sigma: float = 0.03,
+):
     """The serial tune's protocol (``confirm.run_protocol``) at the search's proposal: ``chosen`` SMs
     against the engine's 20, the search's top 3 chunk configs per bucket. Returns the protocol's
     result and the gate rounds' weighted speed-up of the chosen SM count (what the 2.1 protocol printed)."""
@@ -151,8 +170,16 @@ def serial_tune(kind: str, seed: int, rounds: int, gains: Gains = Gains(), chose
             us /= gain_by[point.tokens]
         return us / gains.chunks if point.dispatch[0] == 28 else us
 
-    buckets = [BucketCandidates(t, w, (_point(chosen, t, 28), _point(chosen, t, 30), _point(chosen, t, 32)),
-                                _point(chosen, t), _point(ENGINE_SMS, t)) for t, w in BUCKETS]
+    buckets = [
+        BucketCandidates(
+            t,
+            w,
+            (_point(chosen, t, 28), _point(chosen, t, 30), _point(chosen, t, 32)),
+            _point(chosen, t),
+            _point(ENGINE_SMS, t),
+        )
+        for t, w in BUCKETS
+    ]
     bench = KnownBench(true_us, Noise(kind, sigma, seed))
     return run_protocol(bench, WORK, buckets, ConfirmSettings(rounds, "full", seed, True))
 
@@ -161,8 +188,10 @@ def orders_switched(kind: str, seed: int, rounds: int, sigma: float = 0.03) -> b
     """Both orders equal: does any bucket's verdict switch to dispatch_then_quant?"""
     from moepolicy.tuning.confirm import time_both_orders
 
-    bench = KnownBench(lambda key: BASE_US[key[1].tokens] if isinstance(key, tuple) else BASE_US[key.tokens],
-                       Noise(kind, sigma, seed))
+    bench = KnownBench(
+        lambda key: BASE_US[key[1].tokens] if isinstance(key, tuple) else BASE_US[key.tokens],
+        Noise(kind, sigma, seed),
+    )
     timings = time_both_orders(bench, WORK, {t: _point(ENGINE_SMS, t) for t, _ in BUCKETS}, rounds)
     return any(t.verdict == "dispatch_then_quant" for t in timings)
 
@@ -173,7 +202,9 @@ def v2_kept_other(kind: str, seed: int, rounds: int, sigma: float = 0.03) -> boo
 
     bench = KnownBench(lambda key: BASE_US[key[1]], Noise(kind, sigma, seed))
     bench.noise_free = False
-    return choose_v2(bench, WORK, BUCKETS, v2_candidates((16, 32, 64)), rounds, seed).kept != DEFAULT
+    return (
+        choose_v2(bench, WORK, BUCKETS, v2_candidates((16, 32, 64)), rounds, seed).kept != DEFAULT
+    )
 
 
 def overlap_kept_other(kind: str, seed: int, rounds: int, sigma: float = 0.03) -> bool:
@@ -182,7 +213,9 @@ def overlap_kept_other(kind: str, seed: int, rounds: int, sigma: float = 0.03) -
 
     from moepolicy.tuning.overlap_search import SplitConfig, _Measurer, _select_gate_report
 
-    plan = SimpleNamespace(model=SimpleNamespace(moe_layers=[SimpleNamespace(moe_intermediate_size=768)]))
+    plan = SimpleNamespace(
+        model=SimpleNamespace(moe_layers=[SimpleNamespace(moe_intermediate_size=768)])
+    )
     bench = KnownBench(lambda point: BASE_US[point.tokens] * 2, Noise(kind, sigma, seed))
     m = _Measurer(plan, bench, WORK, list(BUCKETS), "persistent", "grid")
     vllm = SplitConfig(ENGINE_SMS, DEFAULT_CHUNKS)
@@ -200,10 +233,18 @@ def bench_claims(kind: str, seed: int, rounds: int, sigma: float = 0.03) -> tupl
 
     noise = Noise(kind, sigma, seed)
     noise.restart()
-    times = {routing: {str(t): rotated_rounds(["policy", "vllm", "deepep-default"],
-                                              lambda name, t=t: BASE_US[t] * noise.factor(), rounds,
-                                              warm_up=True)
-                       for t, _ in BUCKETS} for routing in ("uniform", "zipf")}
+    times = {
+        routing: {
+            str(t): rotated_rounds(
+                ["policy", "vllm", "deepep-default"],
+                lambda name, t=t: BASE_US[t] * noise.factor(),
+                rounds,
+                warm_up=True,
+            )
+            for t, _ in BUCKETS
+        }
+        for routing in ("uniform", "zipf")
+    }
     rows = comparison(times)
     verdicts = [r[f"vs_{b}"]["verdict"] for r in rows for b in ("vllm", "deepep-default")]
     return sum(v in ("faster", "slower") for v in verdicts), len(verdicts)
@@ -240,7 +281,9 @@ class Inflation:
     gate_mean: Optional[float]
 
 
-def inflation(kind: str, gain: float, runs: int, rounds: int, sigma: float = 0.03, seed0: int = 0) -> Inflation:
+def inflation(
+    kind: str, gain: float, runs: int, rounds: int, sigma: float = 0.03, seed0: int = 0
+) -> Inflation:
     """The SM count truly ``gain`` faster in every bucket (same chunks): mean printed figures."""
     report, gate = [], []
     for seed in range(seed0, seed0 + runs):
@@ -256,9 +299,13 @@ def inflation(kind: str, gain: float, runs: int, rounds: int, sigma: float = 0.0
     return Inflation(true_weighted, runs, len(report), mean(report), mean(gate))
 
 
-def rate(policy: str, kind: str, runs: int, rounds: int, seed0: int = 0, sigma: float = 0.03) -> int:
+def rate(
+    policy: str, kind: str, runs: int, rounds: int, seed0: int = 0, sigma: float = 0.03
+) -> int:
     """How many of ``runs`` null runs made a false claim."""
-    return sum(false_claim(policy, kind, seed, rounds, sigma) for seed in range(seed0, seed0 + runs))
+    return sum(
+        false_claim(policy, kind, seed, rounds, sigma) for seed in range(seed0, seed0 + runs)
+    )
 
 
 def binomial_upper(k: int, n: int, z: float = 3.0) -> float:

@@ -17,8 +17,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)
         split = argv.index("--") if "--" in argv else len(argv)
         p = argparse.ArgumentParser(prog="moepolicy.testing.cli")
-        p.add_argument("--fake-deepep", type=int, default=0, help="fake DeepEP ranks for --bench live")
-        p.add_argument("--model-bench-delay", type=float, default=0.0, help="seconds per model-bench measurement")
+        p.add_argument(
+            "--fake-deepep", type=int, default=0, help="fake DeepEP ranks for --bench live"
+        )
+        p.add_argument(
+            "--model-bench-delay",
+            type=float,
+            default=0.0,
+            help="seconds per model-bench measurement",
+        )
         own = p.parse_args(argv[:split])
         from moepolicy.testing.fakes import FakeBenchSource
 
@@ -28,7 +35,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if code is None:
             raise
         return code
-    return cli_main(argv[split + 1:], bench_source=source)
+    return cli_main(argv[split + 1 :], bench_source=source)
 
 
 if __name__ == "__main__":

@@ -79,7 +79,9 @@ def modelled_v2(bench, workload, point, tokens: int) -> float:
     from moepolicy.deepep.configs import default_configs
     from moepolicy.tuning.bench import TunePoint
 
-    sms = point.num_sms or (FAKE_ANALYTICAL_SMS if point.prefer_overlap else max(FAKE_ANALYTICAL_SMS, 64))
+    sms = point.num_sms or (
+        FAKE_ANALYTICAL_SMS if point.prefer_overlap else max(FAKE_ANALYTICAL_SMS, 64)
+    )
     sms = min(sms, 48)  # inside the model bench's calibration
     default = default_configs(deepep_sheet(NEWEST_SHEET), workload.ep_size)
     return bench.measure(workload, TunePoint(sms, tokens, *default)).objective("full")
@@ -90,20 +92,41 @@ def modelled_overlap(bench, workload, point, gemm_shape, sm_count: int = 132) ->
     SMs, imperfect overlap. Only for exercising the coordination on CPUs."""
     m = bench.measure(workload, point)
     comm = m.dispatch_us + m.combine_us
-    gemm = 2 * gemm_shape.rows * gemm_shape.hidden * gemm_shape.out / (6e6 * (sm_count - point.num_sms))
+    gemm = (
+        2
+        * gemm_shape.rows
+        * gemm_shape.hidden
+        * gemm_shape.out
+        / (6e6 * (sm_count - point.num_sms))
+    )
     overlapped = max(comm, gemm) + 0.15 * min(comm, gemm)
-    waited = point.num_sms <= 24  # as measured on H200: DeepEP enqueued after the GEMM waits for it
+    waited = (
+        point.num_sms <= 24
+    )  # as measured on H200: DeepEP enqueued after the GEMM waits for it
     gemm_first = comm + gemm if waited else overlapped
 
     def spread(v):
         return {"median_us": v, "min_us": v * 0.98, "max_us": v * 1.02, "reps": 5}
 
-    return {"comm": spread(comm), "gemm": spread(gemm), "serial": spread(comm + gemm),
-            "overlapped": spread(gemm_first), "overlapped_comm_end": spread(gemm_first if waited else comm * 1.1),
-            "overlapped_gemm_end": spread(gemm * 1.05), "overlapped_comm_first": spread(overlapped),
-            "comm_first_comm_end": spread(comm * 1.1), "comm_first_gemm_end": spread(gemm * 1.05),
-            "comm_no_wait": spread(comm * 0.95), "overlapped_comm_first_no_wait": spread(overlapped * 0.97),
-            "comm_first_no_wait_comm_end": spread(comm), "comm_first_no_wait_gemm_end": spread(gemm),
-            "deepep_waited_for_gemm": waited, "floor_us": max(comm, gemm), "comm_sms": point.num_sms,
-            "gemm_sms": sm_count - point.num_sms, "gemm_fp8": True, "gemm_tflop": 0.0,
-            "gemm_kind": "modelled GEMM (fake DeepEP workers)"}
+    return {
+        "comm": spread(comm),
+        "gemm": spread(gemm),
+        "serial": spread(comm + gemm),
+        "overlapped": spread(gemm_first),
+        "overlapped_comm_end": spread(gemm_first if waited else comm * 1.1),
+        "overlapped_gemm_end": spread(gemm * 1.05),
+        "overlapped_comm_first": spread(overlapped),
+        "comm_first_comm_end": spread(comm * 1.1),
+        "comm_first_gemm_end": spread(gemm * 1.05),
+        "comm_no_wait": spread(comm * 0.95),
+        "overlapped_comm_first_no_wait": spread(overlapped * 0.97),
+        "comm_first_no_wait_comm_end": spread(comm),
+        "comm_first_no_wait_gemm_end": spread(gemm),
+        "deepep_waited_for_gemm": waited,
+        "floor_us": max(comm, gemm),
+        "comm_sms": point.num_sms,
+        "gemm_sms": sm_count - point.num_sms,
+        "gemm_fp8": True,
+        "gemm_tflop": 0.0,
+        "gemm_kind": "modelled GEMM (fake DeepEP workers)",
+    }

@@ -23,8 +23,14 @@ class FakeBenchSource(BenchSource):
             return BenchChoice("live", "fake DeepEP workers (moepolicy.testing)", self.fake_ranks)
         return super().choose(asked, ep_size)
 
-    def build(self, choice: BenchChoice, gpu: str, max_buffer_bytes: int, trial_timeout_s: float,
-              reps: int) -> Bench:
+    def build(
+        self,
+        choice: BenchChoice,
+        gpu: str,
+        max_buffer_bytes: int,
+        trial_timeout_s: float,
+        reps: int,
+    ) -> Bench:
         if choice.kind == "model":
             from moepolicy.tuning.model_bench import ModelBench
 
@@ -32,14 +38,24 @@ class FakeBenchSource(BenchSource):
         from moepolicy.testing.fake_deepep import FakeWorker
         from moepolicy.tuning.live_bench import LiveBench
 
-        return LiveBench(choice.ranks, max_buffer_bytes, trial_timeout_s=trial_timeout_s, reps=reps,
-                         worker=FakeWorker(self.faults))
+        return LiveBench(
+            choice.ranks,
+            max_buffer_bytes,
+            trial_timeout_s=trial_timeout_s,
+            reps=reps,
+            worker=FakeWorker(self.faults),
+        )
 
     def build_v2(self, choice: BenchChoice, trial_timeout_s: float, reps: int):
         from moepolicy.testing.fake_deepep import FakeWorker
         from moepolicy.tuning.v2_live import V2LiveBench
 
-        return V2LiveBench(choice.ranks, trial_timeout_s=trial_timeout_s, reps=reps, worker=FakeWorker(self.faults))
+        return V2LiveBench(
+            choice.ranks,
+            trial_timeout_s=trial_timeout_s,
+            reps=reps,
+            worker=FakeWorker(self.faults),
+        )
 
 
 class NoisyBench(Bench):
@@ -64,5 +80,9 @@ class NoisyBench(Bench):
         from moepolicy.tuning.bench import Measurement
 
         self.calls += 1
-        us = self.true_us[point] * math.exp(self.rng.gauss(0.0, self.sigma)) * (1 + self.drift * self.calls)
+        us = (
+            self.true_us[point]
+            * math.exp(self.rng.gauss(0.0, self.sigma))
+            * (1 + self.drift * self.calls)
+        )
         return Measurement(us, us * 0.8, 100.0, "measured")

@@ -17,9 +17,11 @@ from moepolicy.tuning.bench import Bench
 # Test-only: lets the live bench run EP ranks that share a GPU, to check its plumbing end to end on
 # one GPU. What such ranks time is not communication, so the policy is marked not for serving.
 SHARED_RANKS_ENV = "MOEPOLICY_FUNCTIONAL_SHARED_RANKS"
-SHARED_REFUSAL = ("ranks that share a GPU cannot measure communication (they share its SMs and memory and "
-                  "cross no NVLink); tune with --bench model here, or check a policy's DeepEP settings on this "
-                  "GPU with 'moepolicy validate POLICY --live'")
+SHARED_REFUSAL = (
+    "ranks that share a GPU cannot measure communication (they share its SMs and memory and "
+    "cross no NVLink); tune with --bench model here, or check a policy's DeepEP settings on this "
+    "GPU with 'moepolicy validate POLICY --live'"
+)
 
 
 @dataclass(frozen=True)
@@ -58,20 +60,35 @@ class BenchSource:
         """EP ranks on fewer GPUs: refused, except as the test-only functional run."""
         if os.environ.get(SHARED_RANKS_ENV) != "1" or not ep_size or ep_size <= gpus:
             asked = f" for EP {ep_size}" if ep_size else ""
-            raise TuningError(f"{gpus} GPU(s) visible{asked}: the live bench needs one GPU per EP rank, at least 2; "
-                              f"{SHARED_REFUSAL}")
-        return BenchChoice("live", f"{ep_size} ranks on {gpus} GPU(s) ({SHARED_RANKS_ENV}=1): a functional run, "
-                                   "not for serving", ep_size, shared=True)
+            raise TuningError(
+                f"{gpus} GPU(s) visible{asked}: the live bench needs one GPU per EP rank, at least 2; "
+                f"{SHARED_REFUSAL}"
+            )
+        return BenchChoice(
+            "live",
+            f"{ep_size} ranks on {gpus} GPU(s) ({SHARED_RANKS_ENV}=1): a functional run, "
+            "not for serving",
+            ep_size,
+            shared=True,
+        )
 
-    def build(self, choice: BenchChoice, gpu: str, max_buffer_bytes: int, trial_timeout_s: float,
-              reps: int) -> Bench:
+    def build(
+        self,
+        choice: BenchChoice,
+        gpu: str,
+        max_buffer_bytes: int,
+        trial_timeout_s: float,
+        reps: int,
+    ) -> Bench:
         if choice.kind == "model":
             from moepolicy.tuning.model_bench import ModelBench
 
             return ModelBench(gpu)
         from moepolicy.tuning.live_bench import LiveBench
 
-        return LiveBench(choice.ranks, max_buffer_bytes, trial_timeout_s=trial_timeout_s, reps=reps)
+        return LiveBench(
+            choice.ranks, max_buffer_bytes, trial_timeout_s=trial_timeout_s, reps=reps
+        )
 
     def build_v2(self, choice: BenchChoice, trial_timeout_s: float, reps: int):
         """The live bench for DeepEP v2 on the visible GPUs (``tuning.v2_live``)."""

@@ -32,7 +32,14 @@ from typing import Optional, Sequence
 
 from moepolicy.errors import TuningError
 from moepolicy.measure.rounds import (
-    MIN_ROUNDS, Speedup, geomean_speedup, holm, interval_words, paired_speedup, rotated_rounds, speedup_words,
+    MIN_ROUNDS,
+    Speedup,
+    geomean_speedup,
+    holm,
+    interval_words,
+    paired_speedup,
+    rotated_rounds,
+    speedup_words,
     weighted_rounds,
 )
 from moepolicy.tuning import progress
@@ -76,13 +83,17 @@ def protocol_rounds(bench: Bench, asked: int) -> int:
     if bench.noise_free:
         return 1
     if asked < MIN_ROUNDS:
-        raise TuningError(f"confirm_rounds must be at least {MIN_ROUNDS} for the paired test to claim anything "
-                          f"with Holm's correction over three buckets, got {asked}", field="confirm_rounds")
+        raise TuningError(
+            f"confirm_rounds must be at least {MIN_ROUNDS} for the paired test to claim anything "
+            f"with Holm's correction over three buckets, got {asked}",
+            field="confirm_rounds",
+        )
     return asked
 
 
-def interleaved(bench: Bench, workload: Workload, contenders: Sequence[Contender], rounds: int,
-                region: str) -> dict[str, list[float]]:
+def interleaved(
+    bench: Bench, workload: Workload, contenders: Sequence[Contender], rounds: int, region: str
+) -> dict[str, list[float]]:
     """Per-round times of every contender in one fresh bench (:func:`fresh_rounds` for one bucket)."""
     return fresh_rounds(bench, {0: (workload, contenders)}, rounds, region)[0]
 
@@ -98,6 +109,7 @@ def fresh_rounds(bench: Bench, groups: dict, rounds: int, region: str) -> dict:
             value = bench.measure(workload, by_name[name]).objective(region)
             progress.advance()
             return value
+
         return time_once
 
     out = {}
@@ -113,8 +125,14 @@ def fresh_rounds(bench: Bench, groups: dict, rounds: int, region: str) -> dict:
     return out
 
 
-def named_rounds(bench: Bench, workload: Workload, named: dict[int, dict[str, TunePoint]], rounds: int,
-                 region: str, phase: str) -> dict[int, dict[str, list[float]]]:
+def named_rounds(
+    bench: Bench,
+    workload: Workload,
+    named: dict[int, dict[str, TunePoint]],
+    rounds: int,
+    region: str,
+    phase: str,
+) -> dict[int, dict[str, list[float]]]:
     """Per bucket (tokens -> {name: point}), every name's per-round times from one fresh bench; a
     point shared by two names is measured once and both read its times."""
     groups = {}
@@ -125,17 +143,29 @@ def named_rounds(bench: Bench, workload: Workload, named: dict[int, dict[str, Tu
         groups[tokens] = (workload, [Contender(n, p) for p, n in first.items()])
     progress.phase(phase, sum(len(c) for _, c in groups.values()) * (rounds + 1))
     measured = fresh_rounds(bench, groups, rounds, region)
-    return {tokens: {name: measured[tokens][next(n for n, p in by_name.items() if p == point)]
-                     for name, point in by_name.items()} for tokens, by_name in named.items()}
+    return {
+        tokens: {
+            name: measured[tokens][next(n for n, p in by_name.items() if p == point)]
+            for name, point in by_name.items()
+        }
+        for tokens, by_name in named.items()
+    }
 
 
-def select(bench: Bench, workload: Workload, top: Sequence[TunePoint], default: TunePoint, rounds: int,
-           region: str) -> tuple[Contender, str]:
+def select(
+    bench: Bench,
+    workload: Workload,
+    top: Sequence[TunePoint],
+    default: TunePoint,
+    rounds: int,
+    region: str,
+) -> tuple[Contender, str]:
     """Among the search's top configs, the one with the highest geometric-mean speed-up over
     ``default`` in rounds of its own fresh bench, if above 1; else the default. A proposal for the
     gate: nothing here is claimed or printed as a gain."""
-    contenders = [Contender("default", default)] + [Contender(f"top{i + 1}", p) for i, p in enumerate(top)
-                                                    if p != default]
+    contenders = [Contender("default", default)] + [
+        Contender(f"top{i + 1}", p) for i, p in enumerate(top) if p != default
+    ]
     if len(contenders) == 1:
         return contenders[0], "the search found nothing but DeepEP's default"
     progress.phase(f"select T={default.tokens}", len(contenders) * (rounds + 1))
@@ -143,9 +173,15 @@ def select(bench: Bench, workload: Workload, top: Sequence[TunePoint], default: 
     speedups = {c.name: geomean_speedup(times["default"], times[c.name]) for c in contenders[1:]}
     best = max(speedups, key=speedups.__getitem__)
     if speedups[best] <= 1.0:
-        return contenders[0], f"none of the search's top {len(top)} was faster than the default in the selection rounds"
+        return (
+            contenders[0],
+            f"none of the search's top {len(top)} was faster than the default in the selection rounds",
+        )
     kept = next(c for c in contenders if c.name == best)
-    return kept, f"{best} of the search's top {len(top)}, the fastest in the selection rounds (proposed to the gate)"
+    return (
+        kept,
+        f"{best} of the search's top {len(top)}, the fastest in the selection rounds (proposed to the gate)",
+    )
 
 
 @dataclass(frozen=True)
@@ -153,9 +189,15 @@ class Gate:
     """The gate's decisions and the tests behind them."""
 
     moved: bool  # the SM count moved off the engine's
-    sms: Optional[Speedup] = None  # default chunks at the chosen SM count vs the engine's default, weighted
-    losses: dict[int, Speedup] = field(default_factory=dict)  # per bucket, the same (Holm, "slower")
-    chunks: dict[int, Speedup] = field(default_factory=dict)  # per bucket, the pick vs the default (Holm, "faster")
+    sms: Optional[Speedup] = (
+        None  # default chunks at the chosen SM count vs the engine's default, weighted
+    )
+    losses: dict[int, Speedup] = field(
+        default_factory=dict
+    )  # per bucket, the same (Holm, "slower")
+    chunks: dict[int, Speedup] = field(
+        default_factory=dict
+    )  # per bucket, the pick vs the default (Holm, "faster")
     why: str = ""
 
     def bucket_doc(self, tokens: int) -> dict:
@@ -179,9 +221,12 @@ class Report:
     vs_default: Optional[Speedup]  # None where DeepEP's default chunks are what is kept
 
     def to_doc(self) -> dict:
-        return {"rounds": self.rounds, "median_us": {k: round(v, 2) for k, v in self.times_us.items()},
-                "vs_engine": None if self.vs_engine is None else self.vs_engine.to_doc(),
-                "vs_default": None if self.vs_default is None else self.vs_default.to_doc()}
+        return {
+            "rounds": self.rounds,
+            "median_us": {k: round(v, 2) for k, v in self.times_us.items()},
+            "vs_engine": None if self.vs_engine is None else self.vs_engine.to_doc(),
+            "vs_default": None if self.vs_default is None else self.vs_default.to_doc(),
+        }
 
 
 @dataclass(frozen=True)
@@ -208,8 +253,13 @@ class Confirmed:
         return self.report.vs_default
 
     def to_doc(self) -> dict:
-        return {"kept": self.kept.name, "num_sms": self.kept.point.num_sms, "selection": self.selection,
-                "gate": self.gate, "report": self.report.to_doc()}
+        return {
+            "kept": self.kept.name,
+            "num_sms": self.kept.point.num_sms,
+            "selection": self.selection,
+            "gate": self.gate,
+            "report": self.report.to_doc(),
+        }
 
 
 @dataclass(frozen=True)
@@ -219,14 +269,25 @@ class Protocol:
     num_sms: int
     buckets: dict[int, Confirmed]
     gate: Gate
-    weighted: Optional[Speedup]  # report rounds: the kept configs vs the engine's default, weighted
+    weighted: Optional[
+        Speedup
+    ]  # report rounds: the kept configs vs the engine's default, weighted
     why: str
 
 
-def gate(bench: Bench, workload: Workload, buckets: Sequence[BucketCandidates], picks: dict[int, Contender],
-         rounds: int, region: str) -> Gate:
+def gate(
+    bench: Bench,
+    workload: Workload,
+    buckets: Sequence[BucketCandidates],
+    picks: dict[int, Contender],
+    rounds: int,
+    region: str,
+) -> Gate:
     """The SM count, then the chunks, each decided by one test at 2.5 % on rounds of one fresh bench."""
-    named = {b.tokens: {"engine": b.engine, "default": b.default, "pick": picks[b.tokens].point} for b in buckets}
+    named = {
+        b.tokens: {"engine": b.engine, "default": b.default, "pick": picks[b.tokens].point}
+        for b in buckets
+    }
     times = named_rounds(bench, workload, named, rounds, region, "gate")
     chosen, engine = buckets[0].default.num_sms, buckets[0].engine.num_sms
     sms, losses, why = None, {}, ""
@@ -235,15 +296,28 @@ def gate(bench: Bench, workload: Workload, buckets: Sequence[BucketCandidates], 
         if not sms.faster or any(t.slower for t in losses.values()):
             return Gate(False, sms, losses, {}, why)
     contested = [b for b in buckets if picks[b.tokens].point != b.default]
-    tests = holm([paired_speedup(times[b.tokens]["default"], times[b.tokens]["pick"], 0,
-                                 (picks[b.tokens].name, "DeepEP's default chunks")) for b in contested],
-                 "faster", "buckets")
+    tests = holm(
+        [
+            paired_speedup(
+                times[b.tokens]["default"],
+                times[b.tokens]["pick"],
+                0,
+                (picks[b.tokens].name, "DeepEP's default chunks"),
+            )
+            for b in contested
+        ],
+        "faster",
+        "buckets",
+    )
     chunks = {b.tokens: t for b, t in zip(contested, tests)}
-    return Gate(True, sms, losses, chunks, why or f"the search chose the engine's SM count ({engine})")
+    return Gate(
+        True, sms, losses, chunks, why or f"the search chose the engine's SM count ({engine})"
+    )
 
 
-def _sms_decision(buckets: Sequence[BucketCandidates], times: dict, chosen: int,
-                  engine: int) -> tuple[Speedup, dict[int, Speedup], str]:
+def _sms_decision(
+    buckets: Sequence[BucketCandidates], times: dict, chosen: int, engine: int
+) -> tuple[Speedup, dict[int, Speedup], str]:
     """DeepEP's default chunks at the chosen SM count against the engine's default: one test on the
     weighted objective, and each bucket tested for a loss (Holm)."""
     weights = [b.weight for b in buckets]
@@ -251,59 +325,110 @@ def _sms_decision(buckets: Sequence[BucketCandidates], times: dict, chosen: int,
     mine = weighted_rounds([times[b.tokens]["default"] for b in buckets], weights)
     names = (f"{chosen} SMs", f"the engine's default ({engine} SMs)")
     sms = paired_speedup(base, mine, 0, names)
-    losses = holm([paired_speedup(times[b.tokens]["engine"], times[b.tokens]["default"], 0, names) for b in buckets],
-                  "slower", "buckets")
+    losses = holm(
+        [
+            paired_speedup(times[b.tokens]["engine"], times[b.tokens]["default"], 0, names)
+            for b in buckets
+        ],
+        "slower",
+        "buckets",
+    )
     lost = [f"T={b.tokens}: {t.words()}" for b, t in zip(buckets, losses) if t.slower]
     if lost:
         why = f"{chosen} SMs are slower beyond noise in a bucket ({'; '.join(lost)}): the engine's default kept"
     elif not sms.faster:
-        why = (f"{chosen} SMs, weighted over the buckets in the gate rounds: {sms.words()}: no gain beyond noise, "
-               "the engine's default kept")
+        why = (
+            f"{chosen} SMs, weighted over the buckets in the gate rounds: {sms.words()}: no gain beyond noise, "
+            "the engine's default kept"
+        )
     else:
-        why = (f"{chosen} SMs with DeepEP's default chunks, weighted over the buckets in the gate rounds: "
-               f"{sms.words()}; no bucket slower beyond noise")
+        why = (
+            f"{chosen} SMs with DeepEP's default chunks, weighted over the buckets in the gate rounds: "
+            f"{sms.words()}; no bucket slower beyond noise"
+        )
     return sms, {b.tokens: t for b, t in zip(buckets, losses)}, why
 
 
-def report(bench: Bench, workload: Workload, buckets: Sequence[BucketCandidates], kept: dict[int, Contender],
-           rounds: int, region: str) -> tuple[dict[int, Report], Optional[Speedup]]:
+def report(
+    bench: Bench,
+    workload: Workload,
+    buckets: Sequence[BucketCandidates],
+    kept: dict[int, Contender],
+    rounds: int,
+    region: str,
+) -> tuple[dict[int, Report], Optional[Speedup]]:
     """The kept configs beside the engine's default and DeepEP's default chunks at the kept SM
     count, in rounds of a fresh bench that decide nothing."""
-    named = {b.tokens: {"kept": kept[b.tokens].point, "engine": b.engine,
-                        "default": TunePoint(kept[b.tokens].point.num_sms, b.tokens, b.default.dispatch,
-                                             b.default.combine)} for b in buckets}
+    named = {
+        b.tokens: {
+            "kept": kept[b.tokens].point,
+            "engine": b.engine,
+            "default": TunePoint(
+                kept[b.tokens].point.num_sms, b.tokens, b.default.dispatch, b.default.combine
+            ),
+        }
+        for b in buckets
+    }
     runs = named_rounds(bench, workload, named, rounds, region, "report")
     out = {}
     for b in buckets:
         k, mine = kept[b.tokens], runs[b.tokens]
-        vs_engine = None if k.point == b.engine else paired_speedup(mine["engine"], mine["kept"], 0, (
-            k.name, "the engine's default"))
-        vs_default = None if k.point == named[b.tokens]["default"] else paired_speedup(
-            mine["default"], mine["kept"], 0, (k.name, "DeepEP's default chunks"))
-        out[b.tokens] = Report(b.tokens, rounds, {n: statistics.median(xs) for n, xs in mine.items()}, vs_engine,
-                               vs_default)
+        vs_engine = (
+            None
+            if k.point == b.engine
+            else paired_speedup(mine["engine"], mine["kept"], 0, (k.name, "the engine's default"))
+        )
+        vs_default = (
+            None
+            if k.point == named[b.tokens]["default"]
+            else paired_speedup(
+                mine["default"], mine["kept"], 0, (k.name, "DeepEP's default chunks")
+            )
+        )
+        out[b.tokens] = Report(
+            b.tokens,
+            rounds,
+            {n: statistics.median(xs) for n, xs in mine.items()},
+            vs_engine,
+            vs_default,
+        )
     weighted = None
     if any(r.vs_engine is not None for r in out.values()):
         weights = [b.weight for b in buckets]
-        weighted = paired_speedup(weighted_rounds([runs[b.tokens]["engine"] for b in buckets], weights),
-                                  weighted_rounds([runs[b.tokens]["kept"] for b in buckets], weights), 0,
-                                  ("the kept configs", "the engine's default"))
+        weighted = paired_speedup(
+            weighted_rounds([runs[b.tokens]["engine"] for b in buckets], weights),
+            weighted_rounds([runs[b.tokens]["kept"] for b in buckets], weights),
+            0,
+            ("the kept configs", "the engine's default"),
+        )
     return out, weighted
 
 
-def run_protocol(bench: Bench, workload: Workload, buckets: Sequence[BucketCandidates],
-                 settings: ConfirmSettings) -> Protocol:
+def run_protocol(
+    bench: Bench,
+    workload: Workload,
+    buckets: Sequence[BucketCandidates],
+    settings: ConfirmSettings,
+) -> Protocol:
     """Selection (per bucket), gate and report (all buckets), each in a fresh bench."""
     rounds, region = settings.rounds, settings.region
     if rounds < MIN_ROUNDS:
-        raise TuningError(f"confirm_rounds must be at least {MIN_ROUNDS}, got {rounds}", field="confirm_rounds")
+        raise TuningError(
+            f"confirm_rounds must be at least {MIN_ROUNDS}, got {rounds}", field="confirm_rounds"
+        )
     picks, notes = {}, {}
     for b in buckets:
         if settings.choose_chunks:
-            picks[b.tokens], notes[b.tokens] = select(bench, workload, b.top, b.default, rounds, region)
+            picks[b.tokens], notes[b.tokens] = select(
+                bench, workload, b.top, b.default, rounds, region
+            )
         else:
-            picks[b.tokens], notes[b.tokens] = Contender("default", b.default), (
-                "the bench's chunk effects are not fitted from measurements: DeepEP's default chunks")
+            picks[b.tokens], notes[b.tokens] = (
+                Contender("default", b.default),
+                (
+                    "the bench's chunk effects are not fitted from measurements: DeepEP's default chunks"
+                ),
+            )
     decided = gate(bench, workload, buckets, picks, rounds, region)
     kept = {}
     for b in buckets:
@@ -315,8 +440,16 @@ def run_protocol(bench: Bench, workload: Workload, buckets: Sequence[BucketCandi
         else:
             kept[b.tokens] = Contender("engine" if b.default == b.engine else "default", b.default)
     reports, weighted = report(bench, workload, buckets, kept, rounds, region)
-    confirmed = {b.tokens: Confirmed(b.tokens, kept[b.tokens], _selection_words(notes[b.tokens], decided, b.tokens),
-                                     reports[b.tokens], decided.bucket_doc(b.tokens)) for b in buckets}
+    confirmed = {
+        b.tokens: Confirmed(
+            b.tokens,
+            kept[b.tokens],
+            _selection_words(notes[b.tokens], decided, b.tokens),
+            reports[b.tokens],
+            decided.bucket_doc(b.tokens),
+        )
+        for b in buckets
+    }
     num_sms = buckets[0].default.num_sms if decided.moved else buckets[0].engine.num_sms
     return Protocol(num_sms, confirmed, decided, weighted, decided.why)
 
@@ -349,18 +482,29 @@ class ModelledBucket:
 
     tokens: int
     kept: Contender
-    us: dict[str, float]  # the model's time for the kept config, the engine's default, the chosen SM count's
+    us: dict[
+        str, float
+    ]  # the model's time for the kept config, the engine's default, the chosen SM count's
     chosen_sms: Optional[int] = None  # the search's SM count, where it is not the engine's
-    speedup: Optional[float] = None  # the chosen SM count (default chunks) over the engine's default, modelled
+    speedup: Optional[float] = (
+        None  # the chosen SM count (default chunks) over the engine's default, modelled
+    )
     error: Optional[float] = None  # the model's held-out error at the chosen point
     claim: str = ""
 
     def to_doc(self) -> dict:
-        out = {"kept": self.kept.name, "num_sms": self.kept.point.num_sms,
-               "us": {k: round(v, 2) for k, v in self.us.items()}}
+        out = {
+            "kept": self.kept.name,
+            "num_sms": self.kept.point.num_sms,
+            "us": {k: round(v, 2) for k, v in self.us.items()},
+        }
         if self.speedup is not None:
-            out["chosen_vs_engine"] = {"num_sms": self.chosen_sms, "speedup": round(self.speedup, 4),
-                                       "model_error": self.error, "claim": self.claim}
+            out["chosen_vs_engine"] = {
+                "num_sms": self.chosen_sms,
+                "speedup": round(self.speedup, 4),
+                "model_error": self.error,
+                "claim": self.claim,
+            }
         return out
 
     def words(self) -> str:
@@ -391,8 +535,9 @@ def _modelled_claim(speedup: float, error: Optional[float]) -> str:
     return "within the model's error: no claim"
 
 
-def modelled_protocol(bench: Bench, workload: Workload, buckets: Sequence[BucketCandidates], error_at,
-                      region: str) -> Modelled:
+def modelled_protocol(
+    bench: Bench, workload: Workload, buckets: Sequence[BucketCandidates], error_at, region: str
+) -> Modelled:
     """The SM count on a noise-free model bench: moved off the engine's only where the modelled
     speed-up on the weighted objective exceeds the model's held-out error there (``error_at(tokens,
     num_sms)``, the time-weighted error over the buckets) and no bucket is modelled slower beyond its
@@ -403,9 +548,17 @@ def modelled_protocol(bench: Bench, workload: Workload, buckets: Sequence[Bucket
         return bench.measure(workload, point).objective(region)
 
     if chosen == engine:
-        rows = {b.tokens: ModelledBucket(b.tokens, Contender("engine", b.engine), {"kept": us(b.engine)})
-                for b in buckets}
-        return Modelled(engine, rows, f"the search's SM count is the engine's ({engine}): nothing to change or claim")
+        rows = {
+            b.tokens: ModelledBucket(
+                b.tokens, Contender("engine", b.engine), {"kept": us(b.engine)}
+            )
+            for b in buckets
+        }
+        return Modelled(
+            engine,
+            rows,
+            f"the search's SM count is the engine's ({engine}): nothing to change or claim",
+        )
     e = {b.tokens: us(b.engine) for b in buckets}
     d = {b.tokens: us(b.default) for b in buckets}
     err = {b.tokens: error_at(b.tokens, chosen) for b in buckets}
@@ -413,27 +566,47 @@ def modelled_protocol(bench: Bench, workload: Workload, buckets: Sequence[Bucket
     weights = {b.tokens: b.weight for b in buckets}
     total_d = sum(weights[t] * d[t] for t in d)
     weighted = sum(weights[t] * e[t] for t in e) / total_d
-    weighted_error = (None if any(x is None for x in err.values())
-                      else sum(weights[t] * err[t] * d[t] for t in d) / total_d)
+    weighted_error = (
+        None
+        if any(x is None for x in err.values())
+        else sum(weights[t] * err[t] * d[t] for t in d) / total_d
+    )
     losses = [t for t in speed if _modelled_claim(speed[t], err[t]).startswith("slower")]
     moved = weighted_error is not None and weighted - 1.0 > weighted_error and not losses
     rows = {}
     for b in buckets:
         kept = Contender("default", b.default) if moved else Contender("engine", b.engine)
-        rows[b.tokens] = ModelledBucket(b.tokens, kept, {"kept": d[b.tokens] if moved else e[b.tokens],
-                                                         "engine": e[b.tokens], "chosen": d[b.tokens]}, chosen,
-                                        speed[b.tokens], err[b.tokens], _modelled_claim(speed[b.tokens], err[b.tokens]))
-    what = (f"{chosen} SMs, modelled on the weighted buckets: {speedup_words(weighted)} than the engine's default "
-            f"({engine} SMs), against the model's held-out error there of "
-            + ("unknown" if weighted_error is None else f"{weighted_error:.1%}"))
+        rows[b.tokens] = ModelledBucket(
+            b.tokens,
+            kept,
+            {
+                "kept": d[b.tokens] if moved else e[b.tokens],
+                "engine": e[b.tokens],
+                "chosen": d[b.tokens],
+            },
+            chosen,
+            speed[b.tokens],
+            err[b.tokens],
+            _modelled_claim(speed[b.tokens], err[b.tokens]),
+        )
+    what = (
+        f"{chosen} SMs, modelled on the weighted buckets: {speedup_words(weighted)} than the engine's default "
+        f"({engine} SMs), against the model's held-out error there of "
+        + ("unknown" if weighted_error is None else f"{weighted_error:.1%}")
+    )
     if moved:
         return Modelled(chosen, rows, f"{what}: beyond it", weighted, weighted_error)
-    why = f"{what}: " + (f"modelled slower beyond its error at T={losses[0]}" if losses else "within it") + \
-        "; the engine's default kept (modelled)"
+    why = (
+        f"{what}: "
+        + (f"modelled slower beyond its error at T={losses[0]}" if losses else "within it")
+        + "; the engine's default kept (modelled)"
+    )
     return Modelled(engine, rows, why, weighted, weighted_error)
 
 
-def time_both_orders(bench: Bench, workload: Workload, points: dict[int, TunePoint], rounds: int) -> tuple:
+def time_both_orders(
+    bench: Bench, workload: Workload, points: dict[int, TunePoint], rounds: int
+) -> tuple:
     """Both orders (quantize then dispatch, dispatch bf16 then quantize) at each bucket's point over
     rotated rounds in a fresh bench after a dropped warm-up pass, the order timed first alternating
     round by round; each bucket's paired speed-up of quantizing first tested two-sided with Holm over
@@ -455,13 +628,32 @@ def time_both_orders(bench: Bench, workload: Workload, points: dict[int, TunePoi
             progress.advance()
             for name in orders if r >= 0 else ():
                 times[tokens][name].append(got[name])
-    tests = holm([paired_speedup(times[t]["dispatch_then_quant"], times[t]["quant_then_dispatch"], 0,
-                                 ("quantizing first", "dispatching bf16 first")) for t in points], "both", "buckets")
+    tests = holm(
+        [
+            paired_speedup(
+                times[t]["dispatch_then_quant"],
+                times[t]["quant_then_dispatch"],
+                0,
+                ("quantizing first", "dispatching bf16 first"),
+            )
+            for t in points
+        ],
+        "both",
+        "buckets",
+    )
     out = []
     for (tokens, by_order), test in zip(times.items(), tests):
         verdict = {"faster": orders[0], "slower": orders[1]}.get(test.verdict, UNMEASURED)
-        out.append(OrderTiming(tokens, statistics.median(by_order[orders[0]]), statistics.median(by_order[orders[1]]),
-                               rounds=test.rounds, speedup=test.speedup,
-                               ci95=None if test.low is None else (test.low, test.high), verdict=verdict,
-                               correction=test.correction))
+        out.append(
+            OrderTiming(
+                tokens,
+                statistics.median(by_order[orders[0]]),
+                statistics.median(by_order[orders[1]]),
+                rounds=test.rounds,
+                speedup=test.speedup,
+                ci95=None if test.low is None else (test.low, test.high),
+                verdict=verdict,
+                correction=test.correction,
+            )
+        )
     return tuple(out)

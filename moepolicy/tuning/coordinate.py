@@ -71,7 +71,9 @@ class CoordinatedBench(Bench):
     def measure(self, workload: Workload, point: TunePoint) -> Measurement:
         self.dist.broadcast_object_list([("measure", workload, point)], src=0, group=self.group)
         gathered: list = [None] * self.world
-        self.dist.all_gather_object(gathered, _measure(self.inner, workload, point), group=self.group)
+        self.dist.all_gather_object(
+            gathered, _measure(self.inner, workload, point), group=self.group
+        )
         errors = [f"rank {r}: {g}" for r, g in enumerate(gathered) if isinstance(g, str)]
         if errors:
             raise TrialFailed("; ".join(errors))
@@ -107,8 +109,13 @@ JOIN_TIMEOUT_S = 1800.0  # as long as torch's default rendezvous waits
 _NOTE_EVERY_S = 30.0
 
 
-def join_group(backend: str, say: Callable[[str], None], device_id=None, timeout_s: float = JOIN_TIMEOUT_S,
-               poll_s: float = 1.0) -> None:
+def join_group(
+    backend: str,
+    say: Callable[[str], None],
+    device_id=None,
+    timeout_s: float = JOIN_TIMEOUT_S,
+    poll_s: float = 1.0,
+) -> None:
     """``torch.distributed.init_process_group`` over torchrun's environment (``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; torchrun's own store when it offers one),
     once every rank has joined; until then ``say`` names what is awaited, and signals are honoured."""
@@ -119,14 +126,30 @@ def join_group(backend: str, say: Callable[[str], None], device_id=None, timeout
     from moepolicy.errors import TuningError
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    host, port = (
+        os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        int(os.environ.get("MASTER_PORT", "29500")),
+    )
     hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     deadline = time.monotonic() + timeout_s
     if not hosts_store:
-        _wait_for_port(host, port, deadline, poll_s,
-                       lambda: say(f"rank {rank}: waiting for rank 0's store at {host}:{port} (Ctrl-C stops)"))
-    store = dist.TCPStore(host, port, world, is_master=hosts_store, timeout=timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
+        _wait_for_port(
+            host,
+            port,
+            deadline,
+            poll_s,
+            lambda: say(
+                f"rank {rank}: waiting for rank 0's store at {host}:{port} (Ctrl-C stops)"
+            ),
+        )
+    store = dist.TCPStore(
+        host,
+        port,
+        world,
+        is_master=hosts_store,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     key = f"moepolicy/{attempt}/joined"
     store.add(key, 1)
@@ -134,18 +157,29 @@ def join_group(backend: str, say: Callable[[str], None], device_id=None, timeout
     while (joined := store.add(key, 0)) < world:
         now = time.monotonic()
         if now > deadline:
-            raise TuningError(f"--launcher torchrun: {world - joined} of {world} ranks did not join at {host}:{port} "
-                              f"within {timeout_s:.0f} s; start every rank (torchrun --nproc-per-node, --nnodes)")
+            raise TuningError(
+                f"--launcher torchrun: {world - joined} of {world} ranks did not join at {host}:{port} "
+                f"within {timeout_s:.0f} s; start every rank (torchrun --nproc-per-node, --nnodes)"
+            )
         if said is None or now - said >= _NOTE_EVERY_S:
             said = now
-            say(f"rank {rank}: {joined} of {world} ranks joined at {host}:{port}; waiting for {world - joined} more "
-                f"({now - started:.0f} s; Ctrl-C stops)")
+            say(
+                f"rank {rank}: {joined} of {world} ranks joined at {host}:{port}; waiting for {world - joined} more "
+                f"({now - started:.0f} s; Ctrl-C stops)"
+            )
         time.sleep(poll_s)  # in Python: Ctrl-C and SIGTERM are handled here
-    dist.init_process_group(backend, store=dist.PrefixStore(f"moepolicy/{attempt}/default_pg", store), rank=rank,
-                            world_size=world, device_id=device_id)
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"moepolicy/{attempt}/default_pg", store),
+        rank=rank,
+        world_size=world,
+        device_id=device_id,
+    )
 
 
-def _wait_for_port(host: str, port: int, deadline: float, poll_s: float, waiting: Callable[[], None]) -> None:
+def _wait_for_port(
+    host: str, port: int, deadline: float, poll_s: float, waiting: Callable[[], None]
+) -> None:
     """Until something listens at ``host:port`` (rank 0's store); ``waiting`` once, when it must wait."""
     import socket
 
@@ -158,8 +192,10 @@ def _wait_for_port(host: str, port: int, deadline: float, poll_s: float, waiting
             return
         except OSError as exc:
             if time.monotonic() > deadline:
-                raise TuningError(f"--launcher torchrun: nothing answers at {host}:{port} (rank 0's store): "
-                                  f"{exc.strerror or exc}") from None
+                raise TuningError(
+                    f"--launcher torchrun: nothing answers at {host}:{port} (rank 0's store): "
+                    f"{exc.strerror or exc}"
+                ) from None
         if not told:
             told = True
             waiting()

@@ -23,7 +23,9 @@ def deferred() -> Iterator[None]:
         yield  # only the main thread receives signals
         return
     pending: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in _SIGNALS}
+    previous = {
+        s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in _SIGNALS
+    }
     try:
         yield
     finally:

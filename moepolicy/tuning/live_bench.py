@@ -18,14 +18,27 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload, check_measurement
+from moepolicy.tuning.bench import (
+    Bench,
+    Measurement,
+    TrialFailed,
+    TunePoint,
+    Workload,
+    check_measurement,
+)
 
 # the timing regime (Workload.regime) as measure.timing's launch mode: host = synced, gpu = queued
 LAUNCH_MODE = {"host": "synced", "gpu": "queued"}
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
-def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands, results, reps: int) -> None:
+def _worker(
+    rank: int, world: int, rendezvous: str, buffer_bytes: int, commands, results, reps: int
+) -> None:
     os.environ.update(SAFE_ENV)
     import torch.distributed as dist
 
@@ -35,10 +48,17 @@ def _worker(rank: int, world: int, rendezvous: str, buffer_bytes: int, commands,
     device, buffer = join_rank(rank, world, rendezvous, buffer_bytes)
     state = RankState(buffer, rank, device, Timer(device), reps)
 
-    serve_commands(rank, commands, results, {
-        "measure": lambda token, workload, point: measure_point(state, workload, point),
-        "overlap": lambda token, workload, point, gemm_shape: _overlap(state, workload, point, gemm_shape),
-    })
+    serve_commands(
+        rank,
+        commands,
+        results,
+        {
+            "measure": lambda token, workload, point: measure_point(state, workload, point),
+            "overlap": lambda token, workload, point, gemm_shape: _overlap(
+                state, workload, point, gemm_shape
+            ),
+        },
+    )
     dist.destroy_process_group()
 
 
@@ -50,7 +70,9 @@ def quiet_worker(worker, *args) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started; ignored now
+        signal.pthread_sigmask(
+            signal.SIG_UNBLOCK, {signal.SIGINT}
+        )  # blocked while it started; ignored now
     try:
         worker(*args)
     except KeyboardInterrupt:
@@ -65,8 +87,11 @@ class _sigint_blocked:
     def __enter__(self):
         import signal
 
-        self._old = (signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-                     if hasattr(signal, "pthread_sigmask") else None)
+        self._old = (
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            if hasattr(signal, "pthread_sigmask")
+            else None
+        )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -91,8 +116,14 @@ def serve_commands(rank: int, commands, results, handlers) -> None:
             if rank == 0 and value is not None:
                 results.put(("ok", token, value))
         except Exception as exc:  # noqa: BLE001 (reported as a FAIL trial)
-            results.put(("error", token, f"rank {rank}: {type(exc).__name__}: {exc}"
-                         f" [{traceback.format_exc(limit=2).splitlines()[-1]}]"))
+            results.put(
+                (
+                    "error",
+                    token,
+                    f"rank {rank}: {type(exc).__name__}: {exc}"
+                    f" [{traceback.format_exc(limit=2).splitlines()[-1]}]",
+                )
+            )
 
 
 @dataclass
@@ -113,12 +144,29 @@ class RankState:
 
         from moepolicy.measure.deepep_ops import DeepEPOps, make_workload
 
-        key = (point.tokens, workload.hidden, workload.num_experts, workload.top_k, workload.routing)
+        key = (
+            point.tokens,
+            workload.hidden,
+            workload.num_experts,
+            workload.top_k,
+            workload.routing,
+        )
         if key not in self.works:
-            self.works[key] = make_workload(point.tokens, workload.hidden, workload.num_experts,
-                                            workload.top_k, self.rank, self.device, routing=workload.routing)
-        return DeepEPOps(self.buffer, self.works[key], deep_ep.Config(point.num_sms, *point.dispatch),
-                         deep_ep.Config(point.num_sms, *point.combine))
+            self.works[key] = make_workload(
+                point.tokens,
+                workload.hidden,
+                workload.num_experts,
+                workload.top_k,
+                self.rank,
+                self.device,
+                routing=workload.routing,
+            )
+        return DeepEPOps(
+            self.buffer,
+            self.works[key],
+            deep_ep.Config(point.num_sms, *point.dispatch),
+            deep_ep.Config(point.num_sms, *point.combine),
+        )
 
 
 def measure_point(state: RankState, workload: Workload, point: TunePoint) -> Measurement:
@@ -135,9 +183,13 @@ def measure_point(state: RankState, workload: Workload, point: TunePoint) -> Mea
     combine = timed(ops.combine)
     orders = {}
     if workload.both_orders:
-        both = {"quant_then_dispatch": lambda: ops.quant_then_dispatch("full"),
-                "dispatch_then_quant": lambda: ops.dispatch_then_quant("full")}
-        for name in sorted(both, key=lambda n: n != workload.orders_first):  # the round's first order first
+        both = {
+            "quant_then_dispatch": lambda: ops.quant_then_dispatch("full"),
+            "dispatch_then_quant": lambda: ops.dispatch_then_quant("full"),
+        }
+        for name in sorted(
+            both, key=lambda n: n != workload.orders_first
+        ):  # the round's first order first
             orders[name] = timed(both[name])
     return Measurement(full, cached, combine, "measured", orders)
 
@@ -161,10 +213,14 @@ class RankBench(Bench):
         internode = self.world > 8
         nvl = min(buffer_bytes, 2**31 - 1) // 128 * 128 if internode else buffer_bytes
         rdma = buffer_bytes // 128 * 128 if internode else 0
-        self.buffer = deep_ep.Buffer(group, nvl, rdma, num_qps_per_rank=max(max_sms, 24) if internode else 1)
+        self.buffer = deep_ep.Buffer(
+            group, nvl, rdma, num_qps_per_rank=max(max_sms, 24) if internode else 1
+        )
         from moepolicy.measure.timing import Timer
 
-        self.state = RankState(self.buffer, self.rank, self.device, Timer(self.device, group), reps)
+        self.state = RankState(
+            self.buffer, self.rank, self.device, Timer(self.device, group), reps
+        )
 
     def measure(self, workload: Workload, point: TunePoint) -> Measurement:
         try:
@@ -186,22 +242,43 @@ def _overlap(state: RankState, workload: Workload, point: TunePoint, gemm_shape)
 
     ops, works = state.ops(workload, point), state.works
     sm_count = torch.cuda.get_device_properties(state.device).multi_processor_count
-    expert_key = ("expert-gemm", gemm_shape.rows, gemm_shape.hidden, gemm_shape.out, gemm_shape.kind, point.tokens)
+    expert_key = (
+        "expert-gemm",
+        gemm_shape.rows,
+        gemm_shape.hidden,
+        gemm_shape.out,
+        gemm_shape.kind,
+        point.tokens,
+    )
     if expert_key not in works:  # operands once per bucket (weights once per expert stack)
-        works[expert_key] = ExpertGemm(gemm_shape, state.device, ops.rows_per_local_expert,
-                                       works.setdefault("expert-weights", {}))
+        works[expert_key] = ExpertGemm(
+            gemm_shape,
+            state.device,
+            ops.rows_per_local_expert,
+            works.setdefault("expert-weights", {}),
+        )
     confined_key = ("confined-gemm", gemm_shape, point.tokens, sm_count - point.num_sms)
     if confined_key not in works:  # one green context per split, reused
-        works[confined_key] = ConfinedGemm(works[expert_key], sm_count - point.num_sms, gemm_shape.confine)
+        works[confined_key] = ConfinedGemm(
+            works[expert_key], sm_count - point.num_sms, gemm_shape.confine
+        )
     gemm = works[confined_key]
 
     def comm(region: str = "full"):
         ops.dispatch_only(workload.payload, region)
         ops.combine()
 
-    result = measure_overlap(comm, gemm, state.reps, state.timer, comm_no_wait=lambda: comm("no-wait"))
-    result.update({"comm_sms": point.num_sms, "gemm_sms": sm_count - point.num_sms, "gemm_fp8": gemm.fp8,
-                   "gemm_tflop": gemm.flops / 1e12})
+    result = measure_overlap(
+        comm, gemm, state.reps, state.timer, comm_no_wait=lambda: comm("no-wait")
+    )
+    result.update(
+        {
+            "comm_sms": point.num_sms,
+            "gemm_sms": sm_count - point.num_sms,
+            "gemm_fp8": gemm.fp8,
+            "gemm_tflop": gemm.flops / 1e12,
+        }
+    )
     return result
 
 
@@ -209,10 +286,21 @@ class LiveBench(Bench):
     name = "live"
     source = "measured"
 
-    def __init__(self, world: int, buffer_bytes: int, trial_timeout_s: float = 90.0, reps: int = 20,
-                 start_timeout_s: float = 180.0, worker=None):
+    def __init__(
+        self,
+        world: int,
+        buffer_bytes: int,
+        trial_timeout_s: float = 90.0,
+        reps: int = 20,
+        start_timeout_s: float = 180.0,
+        worker=None,
+    ):
         self.world, self.buffer_bytes = world, buffer_bytes
-        self.trial_timeout_s, self.start_timeout_s, self.reps = trial_timeout_s, start_timeout_s, reps
+        self.trial_timeout_s, self.start_timeout_s, self.reps = (
+            trial_timeout_s,
+            start_timeout_s,
+            reps,
+        )
         self._worker = worker or _worker
         self._procs: list = []
         self._commands: list = []
@@ -227,11 +315,26 @@ class LiveBench(Bench):
         self._results = ctx.Queue()
         self._commands = [ctx.Queue() for _ in range(self.world)]
         rendezvous = tempfile.mktemp(prefix="moepolicy-live-")
-        self._procs = [ctx.Process(target=quiet_worker, args=(self._worker, r, self.world, rendezvous,
-                                                              self.buffer_bytes, self._commands[r], self._results,
-                                                              self.reps),
-                                   daemon=True) for r in range(self.world)]
-        with _sigint_blocked():  # the workers start with Ctrl-C blocked: it is the supervisor's alone
+        self._procs = [
+            ctx.Process(
+                target=quiet_worker,
+                args=(
+                    self._worker,
+                    r,
+                    self.world,
+                    rendezvous,
+                    self.buffer_bytes,
+                    self._commands[r],
+                    self._results,
+                    self.reps,
+                ),
+                daemon=True,
+            )
+            for r in range(self.world)
+        ]
+        with (
+            _sigint_blocked()
+        ):  # the workers start with Ctrl-C blocked: it is the supervisor's alone
             for p in self._procs:
                 p.start()
         ready = 0
@@ -251,7 +354,9 @@ class LiveBench(Bench):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._kill_group(failed=True)
-                raise TrialFailed(f"no answer within the watchdog while {what}; group killed and restarted")
+                raise TrialFailed(
+                    f"no answer within the watchdog while {what}; group killed and restarted"
+                )
             try:
                 return self._results.get(timeout=min(1.0, remaining))
             except queue.Empty:
@@ -290,7 +395,9 @@ class LiveBench(Bench):
 
     def measure_overlap(self, workload: Workload, point: TunePoint, gemm_shape) -> dict:
         """Dispatch + combine on ``point.num_sms`` SMs beside a GEMM on the rest (green context)."""
-        return self._ask("overlap", (workload, point, gemm_shape), f"measuring overlap at {point.num_sms} SMs")
+        return self._ask(
+            "overlap", (workload, point, gemm_shape), f"measuring overlap at {point.num_sms} SMs"
+        )
 
     def restart(self) -> None:
         """The next measurement starts a fresh worker group (new processes, a new DeepEP buffer)."""

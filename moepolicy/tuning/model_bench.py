@@ -30,9 +30,19 @@ from pathlib import Path
 from typing import Optional
 
 from moepolicy._resources import data_dir
-from moepolicy.tuning.bench import Bench, Envelope, Measurement, TunePoint, Workload, check_measurement
+from moepolicy.tuning.bench import (
+    Bench,
+    Envelope,
+    Measurement,
+    TunePoint,
+    Workload,
+    check_measurement,
+)
 
-OPS = ("dispatch", "combine")  # the ops the objective sums (the full call's overhead: see the module's doc)
+OPS = (
+    "dispatch",
+    "combine",
+)  # the ops the objective sums (the full call's overhead: see the module's doc)
 
 
 def destination_ranks(num_experts: int, top_k: int, ep_size: int) -> float:
@@ -50,7 +60,7 @@ class Fit:
     c: float
 
     def __call__(self, rows: float, row_bytes: float, sms: int) -> float:
-        return self.a + rows * (self.b * row_bytes + self.c) / sms ** self.alpha
+        return self.a + rows * (self.b * row_bytes + self.c) / sms**self.alpha
 
 
 def _lstsq(xs, ys):
@@ -63,11 +73,13 @@ def _lstsq(xs, ys):
 def _fit(samples: list[tuple[float, float, int, float]], alpha: Optional[float] = None) -> Fit:
     """samples: (rows, row_bytes, sms, us)."""
     best = None
-    for alpha_try in ([alpha] if alpha else [a / 20 for a in range(10, 23)]):
-        xs = [[1.0, r * rb / s ** alpha_try, r / s ** alpha_try] for r, rb, s, _ in samples]
+    for alpha_try in [alpha] if alpha else [a / 20 for a in range(10, 23)]:
+        xs = [[1.0, r * rb / s**alpha_try, r / s**alpha_try] for r, rb, s, _ in samples]
         a, b, c = _lstsq(xs, [us for *_, us in samples])
         fit = Fit(alpha_try, a, b, c)
-        err = sum((math.log(max(fit(r, rb, s), 1e-3)) - math.log(us)) ** 2 for r, rb, s, us in samples)
+        err = sum(
+            (math.log(max(fit(r, rb, s), 1e-3)) - math.log(us)) ** 2 for r, rb, s, us in samples
+        )
         if best is None or err < best[0]:
             best = (err, fit)
     return best[1]
@@ -84,8 +96,12 @@ class Calibration:
     files: tuple[str, ...]
     sms_range: tuple[int, int] = (8, 48)
     tokens_range: tuple[int, int] = (128, 4096)
-    cells: tuple[tuple[str, int, int, int, int], ...] = ()  # (op, hidden, num_sms, tokens lo, hi) measured
-    errors: tuple[tuple[str, int, int, int, float], ...] = ()  # (op, hidden, tokens, num_sms, held-out error)
+    cells: tuple[
+        tuple[str, int, int, int, int], ...
+    ] = ()  # (op, hidden, num_sms, tokens lo, hi) measured
+    errors: tuple[
+        tuple[str, int, int, int, float], ...
+    ] = ()  # (op, hidden, tokens, num_sms, held-out error)
 
 
 def _row_bytes(hidden: int, dtype: str) -> float:
@@ -116,19 +132,26 @@ def calibration_samples(points: list[dict], ep: int) -> tuple[list[Sample], list
         for s, us in zip(p["num_sms"], p["us"]):
             key = (p["hidden"], p["tokens"], p["dtype"], s)
             if p["op"] == "dispatch" and p["region"] == "cached":
-                samples.append(Sample("dispatch", p["hidden"], p["tokens"], p["dtype"], s, rows, rb, us))
+                samples.append(
+                    Sample("dispatch", p["hidden"], p["tokens"], p["dtype"], s, rows, rb, us)
+                )
                 cached[key] = us
             elif p["op"] == "dispatch" and p["region"] == "full":
                 full[key] = us
             elif p["op"] == "combine" and p.get("nvl_send", 10) == 10:
-                samples.append(Sample("combine", p["hidden"], p["tokens"], p["dtype"], s, rows, rb, us))
+                samples.append(
+                    Sample("combine", p["hidden"], p["tokens"], p["dtype"], s, rows, rb, us)
+                )
     return samples, [full[k] - cached[k] for k in full if k in cached]
 
 
 def fit_ops(samples: list[Sample]) -> tuple[Fit, Fit]:
     """The dispatch fit (its exponent by grid search) and the combine fit with the same exponent."""
     dfit = _fit([(x.rows, x.row_bytes, x.sms, x.us) for x in samples if x.op == "dispatch"])
-    cfit = _fit([(x.rows, x.row_bytes, x.sms, x.us) for x in samples if x.op == "combine"], alpha=dfit.alpha)
+    cfit = _fit(
+        [(x.rows, x.row_bytes, x.sms, x.us) for x in samples if x.op == "combine"],
+        alpha=dfit.alpha,
+    )
     return dfit, cfit
 
 
@@ -137,7 +160,7 @@ def held_out_errors(samples: list[Sample]) -> list[tuple[Sample, float]]:
     the relative error of the prediction for the sample left out."""
     out = []
     for i, x in enumerate(samples):
-        dfit, cfit = fit_ops(samples[:i] + samples[i + 1:])
+        dfit, cfit = fit_ops(samples[:i] + samples[i + 1 :])
         fit = dfit if x.op == "dispatch" else cfit
         out.append((x, abs(fit(x.rows, x.row_bytes, x.sms) - x.us) / x.us))
     return out
@@ -160,7 +183,9 @@ def load_calibrations(folder: Optional[str] = None) -> tuple[Calibration, ...]:
     for path in sorted(root.glob("*.yaml")):
         raw = read_yaml(path)
         prov = raw["provenance"]
-        by_key.setdefault((prov["gpu"], int(prov["ep_size"])), []).append((path.name, raw["points"]))
+        by_key.setdefault((prov["gpu"], int(prov["ep_size"])), []).append(
+            (path.name, raw["points"])
+        )
     out = []
     for (gpu, ep), files in by_key.items():
         every = [p for _, pts in files for p in pts]
@@ -169,11 +194,24 @@ def load_calibrations(folder: Optional[str] = None) -> tuple[Calibration, ...]:
         hiddens = sorted({p["hidden"] for p in every})
         sms = sorted({s for p in every for s in p["num_sms"]})
         tokens = sorted({p["tokens"] for p in every})
-        errors = tuple((x.op, x.hidden, x.tokens, x.sms, round(err, 4)) for x, err in held_out_errors(samples))
-        out.append(Calibration(gpu, ep, (hiddens[0], hiddens[-1]), dfit, cfit,
-                               sum(overheads) / len(overheads) if overheads else 50.0,
-                               tuple(name for name, _ in files), (sms[0], sms[-1]), (tokens[0], tokens[-1]),
-                               _cells(samples), errors))
+        errors = tuple(
+            (x.op, x.hidden, x.tokens, x.sms, round(err, 4)) for x, err in held_out_errors(samples)
+        )
+        out.append(
+            Calibration(
+                gpu,
+                ep,
+                (hiddens[0], hiddens[-1]),
+                dfit,
+                cfit,
+                sum(overheads) / len(overheads) if overheads else 50.0,
+                tuple(name for name, _ in files),
+                (sms[0], sms[-1]),
+                (tokens[0], tokens[-1]),
+                _cells(samples),
+                errors,
+            )
+        )
     return tuple(out)
 
 
@@ -191,8 +229,10 @@ class CalibratedEnvelope(Envelope):
 
     def problem(self, workload: Workload, tokens: list[int]) -> Optional[str]:
         if workload.hidden not in self.hiddens:
-            return (f"hidden {workload.hidden} was never measured (the calibration measured hidden "
-                    f"{' and '.join(map(str, self.hiddens))} only)")
+            return (
+                f"hidden {workload.hidden} was never measured (the calibration measured hidden "
+                f"{' and '.join(map(str, self.hiddens))} only)"
+            )
         if workload.regime != self.regime:
             return f"the calibration was timed in the {self.regime} regime, not {workload.regime}"
         outside = [t for t in tokens if not self.calibrated_sms(workload.hidden, t)]
@@ -219,7 +259,9 @@ class CalibratedEnvelope(Envelope):
         spans = [self._span(op, hidden, sms) for op in OPS]
         return all(span is not None and span[0] <= tokens <= span[1] for span in spans)
 
-    def calibrated_sms(self, hidden: int, tokens: int, candidates: Optional[list[int]] = None) -> list[int]:
+    def calibrated_sms(
+        self, hidden: int, tokens: int, candidates: Optional[list[int]] = None
+    ) -> list[int]:
         """The SM counts (of ``candidates``, else every measured one) calibrated at ``tokens``."""
         pool = candidates if candidates is not None else sorted({s for *_, s, _, _ in self.cells})
         return [s for s in pool if self.covers(hidden, tokens, s)]
@@ -232,19 +274,31 @@ class CalibratedEnvelope(Envelope):
             return None
         near = []
         for op in OPS:
-            at = sorted({s for o, h, t, s, _ in self.errors if o == op and h == hidden and t == tokens})
+            at = sorted(
+                {s for o, h, t, s, _ in self.errors if o == op and h == hidden and t == tokens}
+            )
             if sms in at:
                 near += [(op, sms)]
             else:
-                near += [(op, max(s for s in at if s < sms)), (op, min(s for s in at if s > sms))] if (
-                    any(s < sms for s in at) and any(s > sms for s in at)) else []
-        errors = [e for o, h, t, s, e in self.errors if h == hidden and t == tokens and (o, s) in near]
+                near += (
+                    [(op, max(s for s in at if s < sms)), (op, min(s for s in at if s > sms))]
+                    if (any(s < sms for s in at) and any(s > sms for s in at))
+                    else []
+                )
+        errors = [
+            e for o, h, t, s, e in self.errors if h == hidden and t == tokens and (o, s) in near
+        ]
         return max(errors) if errors else None
 
 
 def _dispatch_penalty(send: int, recv: int) -> float:
     # measured on 2 x H200 (2026-11-29): send chunk 8 was 20-50 % slower than the default 24 at EP2; small rings stall senders.
-    return 1.0 + 0.35 * max(0, 24 - send) / 16 + 0.04 * max(0, 256 - recv) / 128 + 0.10 * max(0.0, send / (recv / 4) - 1)
+    return (
+        1.0
+        + 0.35 * max(0, 24 - send) / 16
+        + 0.04 * max(0, 256 - recv) / 128
+        + 0.10 * max(0.0, send / (recv / 4) - 1)
+    )
 
 
 def _combine_penalty(send: int, recv: int, hidden: int) -> float:
@@ -260,7 +314,9 @@ class ModelBench(Bench):
 
     def __init__(self, gpu: str, calibration_folder: Optional[str] = None, delay_s: float = 0.0):
         self.gpu = gpu
-        self.delay_s = delay_s  # a pause per measurement, as a live trial takes time (tests interrupt tunes)
+        self.delay_s = (
+            delay_s  # a pause per measurement, as a live trial takes time (tests interrupt tunes)
+        )
         self.calibrations = load_calibrations(calibration_folder)
 
     def identity(self) -> str:
@@ -286,8 +342,15 @@ class ModelBench(Bench):
         cal = self._calibration(workload)
         if cal is None:
             return None
-        return CalibratedEnvelope(cal.sms_range, cal.tokens_range, cal.hidden_range, regime="host",
-                                  chunks_fitted=False, cells=cal.cells, errors=cal.errors)
+        return CalibratedEnvelope(
+            cal.sms_range,
+            cal.tokens_range,
+            cal.hidden_range,
+            regime="host",
+            chunks_fitted=False,
+            cells=cal.cells,
+            errors=cal.errors,
+        )
 
     def measure(self, workload: Workload, point: TunePoint) -> Measurement:
         if self.delay_s:  # lets tests interrupt or kill a tune mid-study
@@ -297,10 +360,21 @@ class ModelBench(Bench):
             from moepolicy.tuning.bench import TrialFailed
 
             raise TrialFailed(f"model bench has no calibration for EP{workload.ep_size}")
-        rows = point.tokens * destination_ranks(workload.num_experts, workload.top_k, workload.ep_size)
+        rows = point.tokens * destination_ranks(
+            workload.num_experts, workload.top_k, workload.ep_size
+        )
         rb = _row_bytes(workload.hidden, workload.payload)
-        cached = cal.dispatch(rows, rb, point.num_sms) * _dispatch_penalty(point.dispatch[0], point.dispatch[1])
-        combine = cal.combine(rows, _row_bytes(workload.hidden, "bf16"), point.num_sms) * _combine_penalty(
-            point.combine[0], point.combine[1], workload.hidden)
-        return check_measurement(Measurement(dispatch_us=cached + cal.full_overhead_us, dispatch_cached_us=cached,
-                                             combine_us=combine, source="modelled"))
+        cached = cal.dispatch(rows, rb, point.num_sms) * _dispatch_penalty(
+            point.dispatch[0], point.dispatch[1]
+        )
+        combine = cal.combine(
+            rows, _row_bytes(workload.hidden, "bf16"), point.num_sms
+        ) * _combine_penalty(point.combine[0], point.combine[1], workload.hidden)
+        return check_measurement(
+            Measurement(
+                dispatch_us=cached + cal.full_overhead_us,
+                dispatch_cached_us=cached,
+                combine_us=combine,
+                source="modelled",
+            )
+        )

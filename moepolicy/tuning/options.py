@@ -26,7 +26,9 @@ class OverlapOptions:
 @dataclass(frozen=True)
 class TuneOptions:
     buckets: tuple[tuple[int, float], ...]  # (tokens per rank, weight)
-    trials: Optional[int] = None  # per (SM count, bucket) study; joint trials with ``overlap``; None: trials_for
+    trials: Optional[int] = (
+        None  # per (SM count, bucket) study; joint trials with ``overlap``; None: trials_for
+    )
 
     def trials_for(self, chunks_fitted: bool) -> int:
         """The trials asked for, else 24, or 1 (DeepEP's default alone) on a bench whose chunk effects
@@ -34,6 +36,7 @@ class TuneOptions:
         if self.trials is not None:
             return self.trials
         return DEFAULT_TRIALS if chunks_fitted else 1
+
     max_sms: Optional[int] = None  # SM budget for communication; None: the Pareto knee
     sms: tuple[int, ...] = ()  # explicit SM counts; empty: the search space's grid
     max_buffer_mb: int = 2048

@@ -40,7 +40,9 @@ class SplitTimes:
     deepep_waited_rounds: Optional[int] = None
 
     def _to_doc(self, prefix: str) -> dict[str, Any]:
-        out: dict[str, Any] = {f"{order}_overlapped_us": _r(us) for order, us in self.by_order.items()}
+        out: dict[str, Any] = {
+            f"{order}_overlapped_us": _r(us) for order, us in self.by_order.items()
+        }
         if self.comm_no_wait_us is not None:
             out["comm_no_wait_us"] = _r(self.comm_no_wait_us)
         if self.deepep_waited_rounds is not None:
@@ -49,10 +51,15 @@ class SplitTimes:
 
     @classmethod
     def _orders_from_doc(cls, m: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-        return {"by_order": {o: m[f"{prefix}{o}_overlapped_us"] for o in LAUNCH_ORDERS
-                             if m.get(f"{prefix}{o}_overlapped_us") is not None},
-                "comm_no_wait_us": m.get(f"{prefix}comm_no_wait_us"),
-                "deepep_waited_rounds": m.get(f"{prefix}deepep_waited_for_gemm_rounds")}
+        return {
+            "by_order": {
+                o: m[f"{prefix}{o}_overlapped_us"]
+                for o in LAUNCH_ORDERS
+                if m.get(f"{prefix}{o}_overlapped_us") is not None
+            },
+            "comm_no_wait_us": m.get(f"{prefix}comm_no_wait_us"),
+            "deepep_waited_rounds": m.get(f"{prefix}deepep_waited_for_gemm_rounds"),
+        }
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,9 @@ class OverlapBucketRow:
     vllm: Optional[SplitTimes] = None  # vLLM's split, re-measured in the same rounds
     per_round_vs_vllm: tuple[float, ...] = ()
     bound: Optional[SplitBound] = None
-    rounds_from: str = "selection"  # report: fresh rounds that decided nothing; selection: the rounds that chose
+    rounds_from: str = (
+        "selection"  # report: fresh rounds that decided nothing; selection: the rounds that chose
+    )
 
     @property
     def paired_vs_vllm(self) -> Optional[Speedup]:
@@ -127,26 +136,43 @@ class OverlapBucketRow:
     def to_doc(self) -> dict[str, Any]:
         c = self.chosen
         out: dict[str, Any] = {
-            "objective": self.objective, "overlapped_us": _r(c.overlapped_us),
-            "overlapped_spread_us": [_r(c.spread_us[0]), _r(c.spread_us[1])], "rounds": self.rounds,
-            "serial_us": _r(self.serial_us), "floor_us": _r(self.floor_us), "comm_us": _r(c.comm_us),
-            "comm_region": self.comm_region, "gemm_us": _r(c.gemm_us),
-            "comm_end_in_overlap_us": _r(self.comm_end_us), "gemm_end_in_overlap_us": _r(self.gemm_end_us),
-            "vs_floor": _r(self.vs_floor, 3), "gemm": c.gemm_kind, "rounds_from": self.rounds_from,
-            "vllm_split_overlapped_us": None, "vs_vllm_split": None, **c._to_doc(""),
+            "objective": self.objective,
+            "overlapped_us": _r(c.overlapped_us),
+            "overlapped_spread_us": [_r(c.spread_us[0]), _r(c.spread_us[1])],
+            "rounds": self.rounds,
+            "serial_us": _r(self.serial_us),
+            "floor_us": _r(self.floor_us),
+            "comm_us": _r(c.comm_us),
+            "comm_region": self.comm_region,
+            "gemm_us": _r(c.gemm_us),
+            "comm_end_in_overlap_us": _r(self.comm_end_us),
+            "gemm_end_in_overlap_us": _r(self.gemm_end_us),
+            "vs_floor": _r(self.vs_floor, 3),
+            "gemm": c.gemm_kind,
+            "rounds_from": self.rounds_from,
+            "vllm_split_overlapped_us": None,
+            "vs_vllm_split": None,
+            **c._to_doc(""),
         }
         if c.gemm_sms is not None:
             out["gemm_sms"] = c.gemm_sms
         v = self.vllm
         if v is not None:
-            out.update({"vllm_split_gemm": v.gemm_kind, "vllm_split_gemm_us": _r(v.gemm_us),
-                        "vllm_split_comm_us": _r(v.comm_us), "vllm_split_overlapped_us": _r(v.overlapped_us),
-                        "vllm_split_spread_us": [_r(v.spread_us[0]), _r(v.spread_us[1])],
-                        "vs_vllm_split": _r(self.vs_vllm_split, 3),
-                        "vs_vllm_split_per_round": [_r(x, 4) for x in self.per_round_vs_vllm],
-                        "speedup_vs_vllm_split": (None if self.paired_vs_vllm is None
-                                                  else self.paired_vs_vllm.to_doc()),
-                        **v._to_doc("vllm_split_")})
+            out.update(
+                {
+                    "vllm_split_gemm": v.gemm_kind,
+                    "vllm_split_gemm_us": _r(v.gemm_us),
+                    "vllm_split_comm_us": _r(v.comm_us),
+                    "vllm_split_overlapped_us": _r(v.overlapped_us),
+                    "vllm_split_spread_us": [_r(v.spread_us[0]), _r(v.spread_us[1])],
+                    "vs_vllm_split": _r(self.vs_vllm_split, 3),
+                    "vs_vllm_split_per_round": [_r(x, 4) for x in self.per_round_vs_vllm],
+                    "speedup_vs_vllm_split": (
+                        None if self.paired_vs_vllm is None else self.paired_vs_vllm.to_doc()
+                    ),
+                    **v._to_doc("vllm_split_"),
+                }
+            )
             if v.gemm_sms is not None:
                 out["vllm_split_gemm_sms"] = v.gemm_sms
             for order in LAUNCH_ORDERS:
@@ -157,8 +183,13 @@ class OverlapBucketRow:
                 out["gemm_alone_vs_vllm_split"] = _r(self.gemm_alone_vs_vllm_split, 3)
                 out["gemm_sm_ratio_vs_vllm_split"] = _r(self.gemm_sm_ratio_vs_vllm_split, 3)
         if self.bound is not None:
-            out.update({"best_floor_us": _r(self.bound.floor_us), "best_floor_split": self.bound.split,
-                        "best_floor_bound_by": self.bound.bound_by})
+            out.update(
+                {
+                    "best_floor_us": _r(self.bound.floor_us),
+                    "best_floor_split": self.bound.split,
+                    "best_floor_bound_by": self.bound.bound_by,
+                }
+            )
             if self.best_floor_vs_vllm_split is not None:
                 out["best_floor_vs_vllm_split"] = _r(self.best_floor_vs_vllm_split, 3)
         return out
@@ -167,18 +198,42 @@ class OverlapBucketRow:
     def from_doc(cls, m: Mapping[str, Any]) -> "OverlapBucketRow":
         """A stored row (any 1.x or 2.x policy written by ``tune --overlap``)."""
         spread = m.get("overlapped_spread_us") or [m["overlapped_us"]] * 2
-        chosen = SplitTimes(m["overlapped_us"], tuple(spread), m.get("comm_us", 0.0), m.get("gemm_us", 0.0),
-                            m.get("gemm"), m.get("gemm_sms"), **SplitTimes._orders_from_doc(m, ""))
+        chosen = SplitTimes(
+            m["overlapped_us"],
+            tuple(spread),
+            m.get("comm_us", 0.0),
+            m.get("gemm_us", 0.0),
+            m.get("gemm"),
+            m.get("gemm_sms"),
+            **SplitTimes._orders_from_doc(m, ""),
+        )
         vllm = None
         if m.get("vllm_split_overlapped_us") is not None:
             vspread = m.get("vllm_split_spread_us") or [m["vllm_split_overlapped_us"]] * 2
-            vllm = SplitTimes(m["vllm_split_overlapped_us"], tuple(vspread), m.get("vllm_split_comm_us") or 0.0,
-                              m.get("vllm_split_gemm_us") or 0.0, m.get("vllm_split_gemm"),
-                              m.get("vllm_split_gemm_sms"), **SplitTimes._orders_from_doc(m, "vllm_split_"))
-        bound = (SplitBound(m["best_floor_us"], m["best_floor_split"], m["best_floor_bound_by"])
-                 if m.get("best_floor_us") is not None else None)
-        return cls(objective=m.get("objective", "gemm-first"), rounds=m.get("rounds", 0), chosen=chosen,
-                   serial_us=m.get("serial_us") or 0.0, comm_region=m.get("comm_region", "full"),
-                   comm_end_us=m.get("comm_end_in_overlap_us"), gemm_end_us=m.get("gemm_end_in_overlap_us"),
-                   vllm=vllm, per_round_vs_vllm=tuple(m.get("vs_vllm_split_per_round") or ()), bound=bound,
-                   rounds_from=m.get("rounds_from", "selection"))
+            vllm = SplitTimes(
+                m["vllm_split_overlapped_us"],
+                tuple(vspread),
+                m.get("vllm_split_comm_us") or 0.0,
+                m.get("vllm_split_gemm_us") or 0.0,
+                m.get("vllm_split_gemm"),
+                m.get("vllm_split_gemm_sms"),
+                **SplitTimes._orders_from_doc(m, "vllm_split_"),
+            )
+        bound = (
+            SplitBound(m["best_floor_us"], m["best_floor_split"], m["best_floor_bound_by"])
+            if m.get("best_floor_us") is not None
+            else None
+        )
+        return cls(
+            objective=m.get("objective", "gemm-first"),
+            rounds=m.get("rounds", 0),
+            chosen=chosen,
+            serial_us=m.get("serial_us") or 0.0,
+            comm_region=m.get("comm_region", "full"),
+            comm_end_us=m.get("comm_end_in_overlap_us"),
+            gemm_end_us=m.get("gemm_end_in_overlap_us"),
+            vllm=vllm,
+            per_round_vs_vllm=tuple(m.get("vs_vllm_split_per_round") or ()),
+            bound=bound,
+            rounds_from=m.get("rounds_from", "selection"),
+        )

@@ -46,17 +46,24 @@ log = logging.getLogger("moepolicy.tuning")
 CHUNK_CANDIDATES = {"dispatch": (16, 20, 24, 32), "combine": (6, 8, 10, 12, 16)}
 
 Chunks = tuple[ChunkConfig, ChunkConfig]  # (dispatch, combine)
+
+
 class SplitConfig(NamedTuple):
     """One point of the overlap search: DeepEP's SM share and its (dispatch, combine) chunks."""
 
     comm_sms: int
     chunks: Chunks
+
+
 CONFIRM_SPLITS = 3  # splits whose best config is re-measured beside vLLM's
 # which launch order the split is chosen for (all are measured), and the pair of ``measure_overlap``'s
 # row that times it: the GEMM enqueued first; DeepEP's calls enqueued first, with the full dispatch's
 # host wait for its receive counts, or without it (``num_worst_tokens``); ``mean``: of the first two
-ORDER_ROWS = {"gemm-first": "overlapped", "comm-first": "overlapped_comm_first",
-              "comm-first-no-wait": "overlapped_comm_first_no_wait"}
+ORDER_ROWS = {
+    "gemm-first": "overlapped",
+    "comm-first": "overlapped_comm_first",
+    "comm-first-no-wait": "overlapped_comm_first_no_wait",
+}
 ORDERS = (*ORDER_ROWS, "mean")
 
 
@@ -76,16 +83,25 @@ def objective_us(row: dict, order: str) -> float:
     parts = ("gemm-first", "comm-first") if order == "mean" else (order,)
     missing = [part for part in parts if ORDER_ROWS[part] not in row]
     if missing:
-        raise TrialFailed(f"launch order {order} needs the {' and '.join(missing)} launch order measured; "
-                          f"this bench did not measure it")
+        raise TrialFailed(
+            f"launch order {order} needs the {' and '.join(missing)} launch order measured; "
+            f"this bench did not measure it"
+        )
     return sum(row[ORDER_ROWS[part]]["median_us"] for part in parts) / len(parts)
 
 
-def gemm_shape(plan, workload: Workload, tokens: int, kind: str = "persistent", confine: str = "grid") -> GemmShape:
+def gemm_shape(
+    plan, workload: Workload, tokens: int, kind: str = "persistent", confine: str = "grid"
+) -> GemmShape:
     first = plan.model.moe_layers[0]
     intermediate = first.moe_intermediate_size or 2048
-    return GemmShape(rows=tokens * workload.top_k, hidden=workload.hidden, out=2 * intermediate, kind=kind,
-                     confine=confine)
+    return GemmShape(
+        rows=tokens * workload.top_k,
+        hidden=workload.hidden,
+        out=2 * intermediate,
+        kind=kind,
+        confine=confine,
+    )
 
 
 def with_send_chunks(default: Chunks, dispatch: int, combine: int) -> Chunks:
@@ -95,11 +111,25 @@ def with_send_chunks(default: Chunks, dispatch: int, combine: int) -> Chunks:
 class _Measurer:
     """Measures a config over all buckets; remembers the first measurement of each config."""
 
-    def __init__(self, plan, bench, workload: Workload, buckets: list[tuple[int, float]], gemm_kind: str,
-                 confine: str, order: str = "gemm-first"):
+    def __init__(
+        self,
+        plan,
+        bench,
+        workload: Workload,
+        buckets: list[tuple[int, float]],
+        gemm_kind: str,
+        confine: str,
+        order: str = "gemm-first",
+    ):
         if order not in ORDERS:
             raise ValueError(f"launch order must be one of {ORDERS}, got {order!r}")
-        self.plan, self.bench, self.workload, self.gemm_kind, self.confine = plan, bench, workload, gemm_kind, confine
+        self.plan, self.bench, self.workload, self.gemm_kind, self.confine = (
+            plan,
+            bench,
+            workload,
+            gemm_kind,
+            confine,
+        )
         self.order = order
         self.buckets, self.weight = buckets, dict(buckets)
         self.seen: dict[SplitConfig, Optional[dict[int, dict]]] = {}
@@ -110,9 +140,14 @@ class _Measurer:
         for tokens, _ in self.buckets:
             try:
                 rows[tokens] = self.bench.measure_overlap(
-                    self.workload, TunePoint(c, tokens, *chunks), gemm_shape(self.plan, self.workload, tokens, self.gemm_kind, self.confine))
+                    self.workload,
+                    TunePoint(c, tokens, *chunks),
+                    gemm_shape(self.plan, self.workload, tokens, self.gemm_kind, self.confine),
+                )
             except TrialFailed as exc:
-                log.info(f"  overlap c={c} chunks {chunks[0][0]}/{chunks[1][0]} T={tokens}: FAIL ({exc})")
+                log.info(
+                    f"  overlap c={c} chunks {chunks[0][0]}/{chunks[1][0]} T={tokens}: FAIL ({exc})"
+                )
                 return None
         return rows
 
@@ -128,13 +163,18 @@ class _Measurer:
 def _say(config: SplitConfig, rows: dict[int, dict]) -> None:
     c, chunks = config
     for tokens, r in rows.items():
-        comm_first = (f", comm first {r['overlapped_comm_first']['median_us']:.1f}"
-                      if "overlapped_comm_first" in r else "")
+        comm_first = (
+            f", comm first {r['overlapped_comm_first']['median_us']:.1f}"
+            if "overlapped_comm_first" in r
+            else ""
+        )
         waited = "; DeepEP waited for the GEMM" if r.get("deepep_waited_for_gemm") else ""
-        log.info(f"  overlap c={c:3} chunks {chunks[0][0]:2}/{chunks[1][0]:2} T={tokens:5}: overlapped "
-             f"{r['overlapped']['median_us']:8.1f} us (comm {r['comm']['median_us']:.1f}, GEMM "
-             f"{r['gemm']['median_us']:.1f} on {r['gemm_sms']} SMs, serial {r['serial']['median_us']:.1f}"
-             f"{comm_first}){waited}")
+        log.info(
+            f"  overlap c={c:3} chunks {chunks[0][0]:2}/{chunks[1][0]:2} T={tokens:5}: overlapped "
+            f"{r['overlapped']['median_us']:8.1f} us (comm {r['comm']['median_us']:.1f}, GEMM "
+            f"{r['gemm']['median_us']:.1f} on {r['gemm_sms']} SMs, serial {r['serial']['median_us']:.1f}"
+            f"{comm_first}){waited}"
+        )
 
 
 def scan_splits(m: _Measurer, splits: list[int], default: Chunks) -> dict[int, float]:
@@ -153,21 +193,36 @@ def joint_search(m: _Measurer, splits: list[int], default: Chunks, trials: int, 
 
     dispatch = sorted(set(CHUNK_CANDIDATES["dispatch"]) | {default[0][0]})
     combine = sorted(set(CHUNK_CANDIDATES["combine"]) | {default[1][0]})
-    dists = {"c": optuna.distributions.CategoricalDistribution(splits),
-             "dispatch": optuna.distributions.CategoricalDistribution(dispatch),
-             "combine": optuna.distributions.CategoricalDistribution(combine)}
+    dists = {
+        "c": optuna.distributions.CategoricalDistribution(splits),
+        "dispatch": optuna.distributions.CategoricalDistribution(dispatch),
+        "combine": optuna.distributions.CategoricalDistribution(combine),
+    }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=3))
+    study = optuna.create_study(
+        direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=3)
+    )
     for (c, chunks), rows in m.seen.items():
         if c not in splits:  # a split that failed in the scan is not searched
             continue
         params = {"c": c, "dispatch": chunks[0][0], "combine": chunks[1][0]}
-        state = optuna.trial.TrialState.COMPLETE if rows is not None else optuna.trial.TrialState.FAIL
-        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, state=state,
-                                                  value=m.weighted(rows) if rows is not None else None))
+        state = (
+            optuna.trial.TrialState.COMPLETE if rows is not None else optuna.trial.TrialState.FAIL
+        )
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions=dists,
+                state=state,
+                value=m.weighted(rows) if rows is not None else None,
+            )
+        )
     for i in range(trials):
         trial = study.ask(dists)
-        config = SplitConfig(trial.params["c"], with_send_chunks(default, trial.params["dispatch"], trial.params["combine"]))
+        config = SplitConfig(
+            trial.params["c"],
+            with_send_chunks(default, trial.params["dispatch"], trial.params["combine"]),
+        )
         new = config not in m.seen
         rows = m.once(config)
         if rows is None:
@@ -175,11 +230,15 @@ def joint_search(m: _Measurer, splits: list[int], default: Chunks, trials: int, 
             continue
         study.tell(trial, m.weighted(rows))
         if new:
-            log.info(f"  joint {i + 1}/{trials}: c={config.comm_sms} chunks {config.chunks[0][0]}/{config.chunks[1][0]}: "
-                 f"weighted overlapped {m.weighted(rows):.1f} us")
+            log.info(
+                f"  joint {i + 1}/{trials}: c={config.comm_sms} chunks {config.chunks[0][0]}/{config.chunks[1][0]}: "
+                f"weighted overlapped {m.weighted(rows):.1f} us"
+            )
 
 
-def best_per_split(measured: dict[SplitConfig, float], exclude: SplitConfig, splits: int) -> list[SplitConfig]:
+def best_per_split(
+    measured: dict[SplitConfig, float], exclude: SplitConfig, splits: int
+) -> list[SplitConfig]:
     """The best config of each of the ``splits`` best splits (a lucky reading of one split cannot
     crowd the others out of the confirmation)."""
     best: dict[int, SplitConfig] = {}
@@ -189,8 +248,9 @@ def best_per_split(measured: dict[SplitConfig, float], exclude: SplitConfig, spl
     return list(best.values())[:splits]
 
 
-def confirm(m: _Measurer, candidates: list[SplitConfig], rounds: int,
-            warm_up: bool = False) -> dict[SplitConfig, list[dict[int, dict]]]:
+def confirm(
+    m: _Measurer, candidates: list[SplitConfig], rounds: int, warm_up: bool = False
+) -> dict[SplitConfig, list[dict[int, dict]]]:
     """Every candidate measured once per round, the order rotating one further each round (none is
     first after a pause in every round), for ``rounds`` rounds; with ``warm_up``, one pass first whose
     measurements are dropped (a fresh group's first calls pay its start-up). A round in which any
@@ -207,8 +267,13 @@ def confirm(m: _Measurer, candidates: list[SplitConfig], rounds: int,
             continue
         for cfg in candidates:
             out[cfg].append(got[cfg])
-        log.info(f"  round {r + 1}/{rounds}: " + ", ".join(
-            f"c={cfg.comm_sms} {cfg.chunks[0][0]}/{cfg.chunks[1][0]}: {m.weighted(got[cfg]):.1f} us" for cfg in candidates))
+        log.info(
+            f"  round {r + 1}/{rounds}: "
+            + ", ".join(
+                f"c={cfg.comm_sms} {cfg.chunks[0][0]}/{cfg.chunks[1][0]}: {m.weighted(got[cfg]):.1f} us"
+                for cfg in candidates
+            )
+        )
     return {cfg: runs for cfg, runs in out.items() if runs}
 
 
@@ -228,8 +293,11 @@ class SplitGate:
     why: str
 
     def to_doc(self) -> dict:
-        return {"test": None if self.test is None else self.test.to_doc(),
-                "losses": {str(t): s.to_doc() for t, s in self.losses.items()}, "why": self.why}
+        return {
+            "test": None if self.test is None else self.test.to_doc(),
+            "losses": {str(t): s.to_doc() for t, s in self.losses.items()},
+            "why": self.why,
+        }
 
 
 def gate_split(m: _Measurer, pick: SplitConfig, vllm: SplitConfig, rounds: int) -> SplitGate:
@@ -240,18 +308,32 @@ def gate_split(m: _Measurer, pick: SplitConfig, vllm: SplitConfig, rounds: int) 
     _fresh_group(m.bench)
     runs = confirm(m, [pick, vllm], rounds, warm_up=True)
     if pick not in runs or vllm not in runs:
-        return SplitGate(vllm, None, {}, "the gate rounds failed: vLLM's split kept, no gain claimed")
+        return SplitGate(
+            vllm, None, {}, "the gate rounds failed: vLLM's split kept, no gain claimed"
+        )
     names = (f"c={pick.comm_sms}", f"vLLM's split ({VLLM_DBO_COMM_SMS} SMs)")
-    test = paired_speedup([m.weighted(r) for r in runs[vllm]], [m.weighted(r) for r in runs[pick]], 0, names)
-    per_bucket = [paired_speedup([objective_us(r[t], m.order) for r in runs[vllm]],
-                                 [objective_us(r[t], m.order) for r in runs[pick]], 0, names) for t, _ in m.buckets]
+    test = paired_speedup(
+        [m.weighted(r) for r in runs[vllm]], [m.weighted(r) for r in runs[pick]], 0, names
+    )
+    per_bucket = [
+        paired_speedup(
+            [objective_us(r[t], m.order) for r in runs[vllm]],
+            [objective_us(r[t], m.order) for r in runs[pick]],
+            0,
+            names,
+        )
+        for t, _ in m.buckets
+    ]
     losses = {t: s for (t, _), s in zip(m.buckets, holm(per_bucket, "slower", "buckets"))}
     lost = [t for t, s in losses.items() if s.slower]
     what = f"c={pick.comm_sms} on the weighted buckets in the gate rounds (fresh workers): {test.words()}"
     if test.faster and not lost:
         return SplitGate(pick, test, losses, f"{what}; no bucket slower beyond noise")
-    why = f"{what}; " + (f"slower beyond noise at T={lost[0]}" if lost else "no gain beyond noise") + \
-        ": vLLM's split kept"
+    why = (
+        f"{what}; "
+        + (f"slower beyond noise at T={lost[0]}" if lost else "no gain beyond noise")
+        + ": vLLM's split kept"
+    )
     return SplitGate(vllm, test, losses, why)
 
 
@@ -262,32 +344,59 @@ def _median(runs: list[dict[int, dict]], tokens: int, key: str) -> float:
 def _split_times(runs: list[dict[int, dict]], tokens: int, order: str) -> SplitTimes:
     """One split's medians over its rounds, in every launch order the bench measured."""
     mine = [objective_us(run[tokens], order) for run in runs]
-    by_order = {_field(o): round(_median(runs, tokens, key), 1) for o, key in ORDER_ROWS.items()
-                if all(key in run[tokens] for run in runs)}
-    no_wait = _median(runs, tokens, "comm_no_wait") if all("comm_no_wait" in run[tokens] for run in runs) else None
-    waited = (sum(bool(run[tokens]["deepep_waited_for_gemm"]) for run in runs)
-              if all("deepep_waited_for_gemm" in run[tokens] for run in runs) else None)
+    by_order = {
+        _field(o): round(_median(runs, tokens, key), 1)
+        for o, key in ORDER_ROWS.items()
+        if all(key in run[tokens] for run in runs)
+    }
+    no_wait = (
+        _median(runs, tokens, "comm_no_wait")
+        if all("comm_no_wait" in run[tokens] for run in runs)
+        else None
+    )
+    waited = (
+        sum(bool(run[tokens]["deepep_waited_for_gemm"]) for run in runs)
+        if all("deepep_waited_for_gemm" in run[tokens] for run in runs)
+        else None
+    )
     first = runs[0][tokens]
-    return SplitTimes(overlapped_us=statistics.median(mine), spread_us=(min(mine), max(mine)),
-                      comm_us=_median(runs, tokens, comm_key(order)), gemm_us=_median(runs, tokens, "gemm"),
-                      gemm_kind=first.get("gemm_kind"), gemm_sms=first.get("gemm_sms"), by_order=by_order,
-                      comm_no_wait_us=no_wait, deepep_waited_rounds=waited)
+    return SplitTimes(
+        overlapped_us=statistics.median(mine),
+        spread_us=(min(mine), max(mine)),
+        comm_us=_median(runs, tokens, comm_key(order)),
+        gemm_us=_median(runs, tokens, "gemm"),
+        gemm_kind=first.get("gemm_kind"),
+        gemm_sms=first.get("gemm_sms"),
+        by_order=by_order,
+        comm_no_wait_us=no_wait,
+        deepep_waited_rounds=waited,
+    )
 
 
-def bucket_row(runs: list[dict[int, dict]], vllm_runs: Optional[list[dict[int, dict]]], tokens: int,
-               order: str = "gemm-first", bound: Optional[SplitBound] = None,
-               rounds_from: str = "report") -> OverlapBucketRow:
+def bucket_row(
+    runs: list[dict[int, dict]],
+    vllm_runs: Optional[list[dict[int, dict]]],
+    tokens: int,
+    order: str = "gemm-first",
+    bound: Optional[SplitBound] = None,
+    rounds_from: str = "report",
+) -> OverlapBucketRow:
     """The kept config's row at ``tokens``, beside vLLM's split measured in the same rounds."""
     mine = [objective_us(run[tokens], order) for run in runs]
     theirs = [objective_us(run[tokens], order) for run in vllm_runs] if vllm_runs else []
     return OverlapBucketRow(
-        objective=order, rounds=len(mine), chosen=_split_times(runs, tokens, order),
+        objective=order,
+        rounds=len(mine),
+        chosen=_split_times(runs, tokens, order),
         serial_us=_median(runs, tokens, "serial"),
         comm_region="no-wait" if comm_key(order) == "comm_no_wait" else "full",
         comm_end_us=_median(runs, tokens, "overlapped_comm_end"),
         gemm_end_us=_median(runs, tokens, "overlapped_gemm_end"),
         vllm=_split_times(vllm_runs, tokens, order) if vllm_runs else None,
-        per_round_vs_vllm=tuple(round(a / b, 4) for a, b in zip(mine, theirs)), bound=bound, rounds_from=rounds_from)
+        per_round_vs_vllm=tuple(round(a / b, 4) for a, b in zip(mine, theirs)),
+        bound=bound,
+        rounds_from=rounds_from,
+    )
 
 
 def split_bound(m: _Measurer, tokens: int) -> SplitBound:
@@ -298,7 +407,10 @@ def split_bound(m: _Measurer, tokens: int) -> SplitBound:
     floors = []
     for (c, _), rows in m.seen.items():
         if rows is not None:
-            comm, gemm = rows[tokens][comm_key(m.order)]["median_us"], rows[tokens]["gemm"]["median_us"]
+            comm, gemm = (
+                rows[tokens][comm_key(m.order)]["median_us"],
+                rows[tokens]["gemm"]["median_us"],
+            )
             floors.append((max(comm, gemm), c, "GEMM" if gemm >= comm else "communication"))
     floor, c, side = min(floors)
     return SplitBound(floor, c, side)
@@ -320,18 +432,29 @@ class OverlapSearch:
     confirmed_us: dict[str, float]  # the selection rounds' weighted medians (what chose the pick)
     why: str
     gate: Optional[SplitGate] = None
-    report_vs_vllm: Optional[Speedup] = None  # the report rounds: weighted, the kept split vs vLLM's
+    report_vs_vllm: Optional[Speedup] = (
+        None  # the report rounds: weighted, the kept split vs vLLM's
+    )
 
     def summary(self) -> dict:
         """The document's ``deepep.overlap`` section."""
-        out = {"comm_sms": self.comm_sms, "gemm_sms": self.gemm_sms, "gemm": self.gemm,
-               "gemm_fallback": self.gemm_fallback, "order": self.order, "splits_us": self.splits_us,
-               "splits_note": "search samples: each split's best weighted time (selected minima, not a claim)",
-               "configs_measured": self.configs_measured, "confirmed_us": self.confirmed_us,
-               "confirmed_note": "selection rounds' weighted medians: what chose the pick, not a claim",
-               "gate": None if self.gate is None else self.gate.to_doc(),
-               "report_vs_vllm_split": None if self.report_vs_vllm is None else self.report_vs_vllm.to_doc(),
-               "why": self.why}
+        out = {
+            "comm_sms": self.comm_sms,
+            "gemm_sms": self.gemm_sms,
+            "gemm": self.gemm,
+            "gemm_fallback": self.gemm_fallback,
+            "order": self.order,
+            "splits_us": self.splits_us,
+            "splits_note": "search samples: each split's best weighted time (selected minima, not a claim)",
+            "configs_measured": self.configs_measured,
+            "confirmed_us": self.confirmed_us,
+            "confirmed_note": "selection rounds' weighted medians: what chose the pick, not a claim",
+            "gate": None if self.gate is None else self.gate.to_doc(),
+            "report_vs_vllm_split": None
+            if self.report_vs_vllm is None
+            else self.report_vs_vllm.to_doc(),
+            "why": self.why,
+        }
         return {k: v for k, v in out.items() if v is not None}
 
 
@@ -344,9 +467,16 @@ def _report(m: _Measurer, kept: SplitConfig, vllm: Optional[SplitConfig], rounds
     if kept not in report:
         raise TrialFailed("the kept configuration could not be measured in the report rounds")
     vllm_runs = report.get(vllm) if beside else None
-    weighted = None if vllm_runs is None else paired_speedup(
-        [m.weighted(r) for r in vllm_runs], [m.weighted(r) for r in report[kept]], 0,
-        (f"c={kept.comm_sms}", f"vLLM's split ({VLLM_DBO_COMM_SMS} SMs)"))
+    weighted = (
+        None
+        if vllm_runs is None
+        else paired_speedup(
+            [m.weighted(r) for r in vllm_runs],
+            [m.weighted(r) for r in report[kept]],
+            0,
+            (f"c={kept.comm_sms}", f"vLLM's split ({VLLM_DBO_COMM_SMS} SMs)"),
+        )
+    )
     return kept, report, vllm_runs, weighted
 
 
@@ -363,8 +493,15 @@ class OverlapSettings:
     order: str = "gemm-first"
 
 
-def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, float]], grid: list[int],
-                   default: Chunks, settings: OverlapSettings = OverlapSettings()) -> OverlapSearch:
+def search_overlap(
+    plan,
+    bench,
+    workload: Workload,
+    buckets: list[tuple[int, float]],
+    grid: list[int],
+    default: Chunks,
+    settings: OverlapSettings = OverlapSettings(),
+) -> OverlapSearch:
     trials, rounds, order = settings.trials, settings.rounds, settings.order
     splits = sorted(set(grid) | {VLLM_DBO_COMM_SMS})
     m = _Measurer(plan, bench, workload, buckets, settings.gemm_kind, settings.confine, order)
@@ -376,40 +513,79 @@ def search_overlap(plan, bench, workload: Workload, buckets: list[tuple[int, flo
     joint_search(m, sorted(scanned), default, trials, settings.seed)
     measured = {cfg: m.weighted(rows) for cfg, rows in m.seen.items() if rows is not None}
     vllm = SplitConfig(VLLM_DBO_COMM_SMS, default)
-    candidates = best_per_split(measured, exclude=vllm, splits=CONFIRM_SPLITS) + ([vllm] if vllm in measured else [])
+    candidates = best_per_split(measured, exclude=vllm, splits=CONFIRM_SPLITS) + (
+        [vllm] if vllm in measured else []
+    )
     return _select_gate_report(m, candidates, measured, vllm, rounds)
 
 
-def _select_gate_report(m: _Measurer, candidates: list[SplitConfig], measured: dict[SplitConfig, float],
-                        vllm: SplitConfig, rounds: int) -> OverlapSearch:
+def _select_gate_report(
+    m: _Measurer,
+    candidates: list[SplitConfig],
+    measured: dict[SplitConfig, float],
+    vllm: SplitConfig,
+    rounds: int,
+) -> OverlapSearch:
     """Phases 3-5: select in the search's group, gate and report each in a fresh worker group."""
     buckets, order = m.buckets, m.order
-    log.info(f"overlap phase 3 (selection): {len(candidates)} configs side by side, {rounds} rotated rounds")
+    log.info(
+        f"overlap phase 3 (selection): {len(candidates)} configs side by side, {rounds} rotated rounds"
+    )
     complete = confirm(m, candidates, rounds)
     if not complete:
         raise TrialFailed("no configuration could be re-measured in the selection rounds")
 
     def confirmed_weighted(cfg: SplitConfig) -> float:
-        return sum(m.weight[t] * statistics.median(objective_us(run[t], order) for run in complete[cfg])
-                   for t, _ in buckets)
+        return sum(
+            m.weight[t] * statistics.median(objective_us(run[t], order) for run in complete[cfg])
+            for t, _ in buckets
+        )
 
     pick = min(complete, key=confirmed_weighted)
-    log.info(f"overlap phase 4 (gate, fresh workers): c={pick.comm_sms} against vLLM's split, {rounds} rounds")
-    decided = gate_split(m, pick, vllm, rounds) if vllm in measured else SplitGate(
-        pick, None, {}, "vLLM's split failed to measure: the pick kept, no gain over it claimed")
-    kept, report, vllm_runs, weighted = _report(m, decided.kept, vllm if vllm in measured else None, rounds)
+    log.info(
+        f"overlap phase 4 (gate, fresh workers): c={pick.comm_sms} against vLLM's split, {rounds} rounds"
+    )
+    decided = (
+        gate_split(m, pick, vllm, rounds)
+        if vllm in measured
+        else SplitGate(
+            pick,
+            None,
+            {},
+            "vLLM's split failed to measure: the pick kept, no gain over it claimed",
+        )
+    )
+    kept, report, vllm_runs, weighted = _report(
+        m, decided.kept, vllm if vllm in measured else None, rounds
+    )
     first = report[kept][0][buckets[0][0]]
-    rows = {t: bucket_row(report[kept], vllm_runs, t, order, split_bound(m, t)) for t, _ in buckets}
+    rows = {
+        t: bucket_row(report[kept], vllm_runs, t, order, split_bound(m, t)) for t, _ in buckets
+    }
     splits_us: dict[int, float] = {}
     for (cc, _), value in measured.items():
         splits_us[cc] = round(min(value, splits_us.get(cc, float("inf"))), 1)
     return OverlapSearch(
-        comm_sms=kept.comm_sms, gemm_sms=first["gemm_sms"], chunks=kept.chunks, rows=rows,
-        gemm=first.get("gemm_kind", "fp8" if first.get("gemm_fp8") else "bf16"), order=order,
-        gemm_fallback=first.get("gemm_fallback"), splits_us=splits_us, configs_measured=len(measured),
-        confirmed_us={f"c={cfg.comm_sms} chunks {cfg.chunks[0][0]}/{cfg.chunks[1][0]}": round(confirmed_weighted(cfg), 1)
-                      for cfg in complete},
-        why=(f"picked: the lowest weighted overlapped time ({order} launch order) in {rounds} rotated selection rounds "
-             f"among the best configs of the {CONFIRM_SPLITS} best splits of {len(measured)} configs and vLLM's "
-             f"{VLLM_DBO_COMM_SMS}-SM split; kept: {decided.why}"),
-        gate=decided, report_vs_vllm=weighted)
+        comm_sms=kept.comm_sms,
+        gemm_sms=first["gemm_sms"],
+        chunks=kept.chunks,
+        rows=rows,
+        gemm=first.get("gemm_kind", "fp8" if first.get("gemm_fp8") else "bf16"),
+        order=order,
+        gemm_fallback=first.get("gemm_fallback"),
+        splits_us=splits_us,
+        configs_measured=len(measured),
+        confirmed_us={
+            f"c={cfg.comm_sms} chunks {cfg.chunks[0][0]}/{cfg.chunks[1][0]}": round(
+                confirmed_weighted(cfg), 1
+            )
+            for cfg in complete
+        },
+        why=(
+            f"picked: the lowest weighted overlapped time ({order} launch order) in {rounds} rotated selection rounds "
+            f"among the best configs of the {CONFIRM_SPLITS} best splits of {len(measured)} configs and vLLM's "
+            f"{VLLM_DBO_COMM_SMS}-SM split; kept: {decided.why}"
+        ),
+        gate=decided,
+        report_vs_vllm=weighted,
+    )

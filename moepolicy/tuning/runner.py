@@ -20,15 +20,28 @@ from moepolicy.errors import TuningError
 from moepolicy.planner import OrderTiming, Plan, tuned_document
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
 from moepolicy.tuning.confirm import (
-    BucketCandidates, ConfirmSettings, modelled_protocol, protocol_rounds, run_protocol, time_both_orders,
+    BucketCandidates,
+    ConfirmSettings,
+    modelled_protocol,
+    protocol_rounds,
+    run_protocol,
+    time_both_orders,
 )
 from moepolicy.tuning import progress
 from moepolicy.tuning.options import TuneOptions
 from moepolicy.tuning.space import Space
 from moepolicy.redact import redact_url
 from moepolicy.tuning.storage import StorageFailed, make_storage, storage_failure
-from moepolicy.tuning.study import (BucketResult, SmsResult, SubStudy, choose_sms, fingerprint, open_parent_study,
-                                     pareto_front, tune_bucket)
+from moepolicy.tuning.study import (
+    BucketResult,
+    SmsResult,
+    SubStudy,
+    choose_sms,
+    fingerprint,
+    open_parent_study,
+    pareto_front,
+    tune_bucket,
+)
 
 log = logging.getLogger("moepolicy.tuning")
 
@@ -57,9 +70,15 @@ class TuneResult:
     buckets: tuple[BucketOutcome, ...] = ()
     overlap: Any = None  # tuning.overlap.OverlapSearch with ``tune --overlap``
     overlap_gemm_note: str = ""
-    interruption: Optional[KeyboardInterrupt] = None  # what ended the search early (Ctrl-C, SIGTERM)
-    protocol: Any = None  # confirm.Protocol (live) or confirm.Modelled (model bench); None: not re-measured
-    timings: tuple[OrderTiming, ...] = ()  # both orders at the kept configs: measured facts for the rules
+    interruption: Optional[KeyboardInterrupt] = (
+        None  # what ended the search early (Ctrl-C, SIGTERM)
+    )
+    protocol: Any = (
+        None  # confirm.Protocol (live) or confirm.Modelled (model bench); None: not re-measured
+    )
+    timings: tuple[
+        OrderTiming, ...
+    ] = ()  # both orders at the kept configs: measured facts for the rules
     document: dict[str, Any] = dataclasses.field(default_factory=dict)  # composed by tune_plan
 
     @property
@@ -70,17 +89,34 @@ class TuneResult:
 def workload_for(plan: Plan, routing: str, regime: str = "host") -> Workload:
     moe = plan.model.moe_layers
     if not moe:
-        raise TuningError(f"{plan.model.name} has no MoE layers: nothing to dispatch, nothing to tune")
+        raise TuningError(
+            f"{plan.model.name} has no MoE layers: nothing to dispatch, nothing to tune"
+        )
     first = moe[0]
-    fp8 = sum(1 for lp in plan.layers if lp.decision.wire.dtype == "fp8_e4m3"
-              and lp.decision.order == "quant_then_dispatch")
+    fp8 = sum(
+        1
+        for lp in plan.layers
+        if lp.decision.wire.dtype == "fp8_e4m3" and lp.decision.order == "quant_then_dispatch"
+    )
     payload = "fp8" if fp8 * 2 >= len(moe) else "bf16"
     nvfp4 = sum(1 for lp in plan.layers if lp.decision.wire.dtype == "nvfp4")
     if nvfp4 * 2 >= len(moe):
-        log.info("the policy sends NVFP4 on %d of %d MoE layers; the benches time bf16 rows (they have no NVFP4 "
-                 "payload), so DeepEP's configs are chosen for about 4x the bytes NVFP4 sends", nvfp4, len(moe))
-    return Workload(first.hidden_size, first.num_experts, first.top_k, plan.target.ep_size, payload, routing,
-                    regime=regime, internode=plan.target.layout == "internode")
+        log.info(
+            "the policy sends NVFP4 on %d of %d MoE layers; the benches time bf16 rows (they have no NVFP4 "
+            "payload), so DeepEP's configs are chosen for about 4x the bytes NVFP4 sends",
+            nvfp4,
+            len(moe),
+        )
+    return Workload(
+        first.hidden_size,
+        first.num_experts,
+        first.top_k,
+        plan.target.ep_size,
+        payload,
+        routing,
+        regime=regime,
+        internode=plan.target.layout == "internode",
+    )
 
 
 def _now() -> str:
@@ -101,29 +137,41 @@ class _Run:
     study: str
 
 
-SEARCH_NOTE = ("selected minima: the best of the search's single samples at each point (biased low by the "
-               "selection); what proposed the configs, never a measurement of what is kept")
+SEARCH_NOTE = (
+    "selected minima: the best of the search's single samples at each point (biased low by the "
+    "selection); what proposed the configs, never a measurement of what is kept"
+)
 
 
 def _search_doc(b: BucketResult, num_sms: int, region: str) -> dict[str, Any]:
     m, d = b.best_measurement, b.default_measurement
-    out = {"note": SEARCH_NOTE, "num_sms": num_sms, "best_us": round(m.objective(region), 2),
-           "dispatch_us": round(m.dispatch_us, 2), "dispatch_cached_us": round(m.dispatch_cached_us, 2),
-           "combine_us": round(m.combine_us, 2), "trials": b.trials, "failed": b.failed}
+    out = {
+        "note": SEARCH_NOTE,
+        "num_sms": num_sms,
+        "best_us": round(m.objective(region), 2),
+        "dispatch_us": round(m.dispatch_us, 2),
+        "dispatch_cached_us": round(m.dispatch_cached_us, 2),
+        "combine_us": round(m.combine_us, 2),
+        "trials": b.trials,
+        "failed": b.failed,
+    }
     if d is not None:
         out["default_us"] = round(d.objective(region), 2)
     return out
 
 
-def _kept_deepep(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "KeptConfigs",
-                 interrupted: bool) -> KeptDeepEP:
+def _kept_deepep(
+    run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "KeptConfigs", interrupted: bool
+) -> KeptDeepEP:
     """What the policy keeps: the kept SM count and chunks per bucket, per bucket what the protocol
     measured of the kept config (``measured``; ``modelled`` on the model bench) and, apart, the
     search's selected minima (``search``)."""
     buckets, evidences = [], []
     searched = [b for b in chosen.buckets if b.best is not None]
     for i, b in enumerate(searched):
-        last = i == len(searched) - 1  # open-ended, also when an interrupt left later buckets unsearched
+        last = (
+            i == len(searched) - 1
+        )  # open-ended, also when an interrupt left later buckets unsearched
         point = kept.points.get(b.tokens, b.best)
         evidence = {}
         outcome = kept.outcomes.get(b.tokens)
@@ -137,21 +185,44 @@ def _kept_deepep(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "
     partial = None
     if interrupted:
         done = [r.num_sms for r in results if r.complete]
-        partial = (f"interrupted: {len(done)} of {len(results)} SM counts started were "
-                   f"searched in every bucket ({', '.join(map(str, done)) or 'none'})")
-    return KeptDeepEP(kept.num_sms, tuple(buckets), _provenance(run, chosen, results, kept), tuple(evidences),
-                      regime=run.options.regime, partial=partial)
+        partial = (
+            f"interrupted: {len(done)} of {len(results)} SM counts started were "
+            f"searched in every bucket ({', '.join(map(str, done)) or 'none'})"
+        )
+    return KeptDeepEP(
+        kept.num_sms,
+        tuple(buckets),
+        _provenance(run, chosen, results, kept),
+        tuple(evidences),
+        regime=run.options.regime,
+        partial=partial,
+    )
 
 
-def _provenance(run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "KeptConfigs") -> dict[str, Any]:
+def _provenance(
+    run: _Run, chosen: SmsResult, results: list[SmsResult], kept: "KeptConfigs"
+) -> dict[str, Any]:
     target, options, label, region = run.plan.target, run.options, run.label, run.region
     return {
-        "source": label, "bench": "live" if label == "measured" else "model", "timed_region": region,
-        "study": run.study, "storage": redact_url(options.storage), "searched_num_sms": chosen.num_sms,
-        "kept_num_sms": kept.num_sms, "why": kept.why,
-        "search": {"note": SEARCH_NOTE, "pareto": pareto_front(results, region), "scan": _scan(results, region)},
-        "gpu": target.gpu, "ep_size": target.ep_size, "deepep": target.deepep.name, "command": options.command,
-        "date": _now(), "protocol": kept.protocol,
+        "source": label,
+        "bench": "live" if label == "measured" else "model",
+        "timed_region": region,
+        "study": run.study,
+        "storage": redact_url(options.storage),
+        "searched_num_sms": chosen.num_sms,
+        "kept_num_sms": kept.num_sms,
+        "why": kept.why,
+        "search": {
+            "note": SEARCH_NOTE,
+            "pareto": pareto_front(results, region),
+            "scan": _scan(results, region),
+        },
+        "gpu": target.gpu,
+        "ep_size": target.ep_size,
+        "deepep": target.deepep.name,
+        "command": options.command,
+        "date": _now(),
+        "protocol": kept.protocol,
     }
 
 
@@ -162,7 +233,11 @@ def _scan(results: list[SmsResult], region: str) -> list[dict[str, Any]]:
         for b in r.buckets:
             if b.best_measurement is None:
                 continue
-            row = {"num_sms": r.num_sms, "tokens": b.tokens, "best_us": round(b.best_measurement.objective(region), 2)}
+            row = {
+                "num_sms": r.num_sms,
+                "tokens": b.tokens,
+                "best_us": round(b.best_measurement.objective(region), 2),
+            }
             if b.default_measurement is not None:
                 row["default_us"] = round(b.default_measurement.objective(region), 2)
             rows.append(row)
@@ -184,12 +259,22 @@ class KeptConfigs:
 
 def _candidates(run: _Run, chosen: SmsResult, engine_sms: int) -> list[BucketCandidates]:
     default = run.default
-    return [BucketCandidates(b.tokens, b.weight, tuple(b.top), TunePoint(chosen.num_sms, b.tokens, *default),
-                             TunePoint(engine_sms, b.tokens, *default)) for b in chosen.buckets if b.best is not None]
+    return [
+        BucketCandidates(
+            b.tokens,
+            b.weight,
+            tuple(b.top),
+            TunePoint(chosen.num_sms, b.tokens, *default),
+            TunePoint(engine_sms, b.tokens, *default),
+        )
+        for b in chosen.buckets
+        if b.best is not None
+    ]
 
 
-def _keep(run: _Run, chosen: SmsResult, why: str, engine_sms: int, chunks_fitted: bool,
-          envelope=None) -> KeptConfigs:
+def _keep(
+    run: _Run, chosen: SmsResult, why: str, engine_sms: int, chunks_fitted: bool, envelope=None
+) -> KeptConfigs:
     """The protocol at the chosen SM count (``tuning.confirm``): on a live bench, selection, gate and
     report in three fresh benches; on the model bench, the model's answers against its held-out error."""
     bench, workload, options, region = run.bench, run.workload, run.options, run.region
@@ -197,31 +282,68 @@ def _keep(run: _Run, chosen: SmsResult, why: str, engine_sms: int, chunks_fitted
     engine = {"num_sms": engine_sms, "configs": "DeepEP's built-in table"}
     if bench.noise_free:
         hidden = workload.hidden
-        modelled = modelled_protocol(bench, workload, buckets, lambda t, s: envelope.error_at(hidden, t, s)
-                                     if envelope is not None else None, region)
-        protocol = {"engine_default": engine, "model": "the model bench's answers: no rounds, no interval; an SM "
-                    "change is claimed only where the modelled speed-up exceeds the model's held-out error there",
-                    "weighted_speedup": None if modelled.weighted is None else round(modelled.weighted, 4),
-                    "weighted_model_error": modelled.weighted_error}
-        return KeptConfigs(modelled.num_sms, {t: b.kept.point for t, b in modelled.buckets.items()},
-                           modelled.buckets, modelled.why, protocol, modelled)
+        modelled = modelled_protocol(
+            bench,
+            workload,
+            buckets,
+            lambda t, s: envelope.error_at(hidden, t, s) if envelope is not None else None,
+            region,
+        )
+        protocol = {
+            "engine_default": engine,
+            "model": "the model bench's answers: no rounds, no interval; an SM "
+            "change is claimed only where the modelled speed-up exceeds the model's held-out error there",
+            "weighted_speedup": None if modelled.weighted is None else round(modelled.weighted, 4),
+            "weighted_model_error": modelled.weighted_error,
+        }
+        return KeptConfigs(
+            modelled.num_sms,
+            {t: b.kept.point for t, b in modelled.buckets.items()},
+            modelled.buckets,
+            modelled.why,
+            protocol,
+            modelled,
+        )
     rounds = protocol_rounds(bench, options.confirm_rounds)
-    log.info("re-measuring at %d SMs against the engine's default (%d SMs): selection, gate and report in fresh "
-             "workers, %d rotated rounds each", chosen.num_sms, engine_sms, rounds)
-    done = run_protocol(bench, workload, buckets, ConfirmSettings(rounds, region, options.seed, chunks_fitted))
+    log.info(
+        "re-measuring at %d SMs against the engine's default (%d SMs): selection, gate and report in fresh "
+        "workers, %d rotated rounds each",
+        chosen.num_sms,
+        engine_sms,
+        rounds,
+    )
+    done = run_protocol(
+        bench, workload, buckets, ConfirmSettings(rounds, region, options.seed, chunks_fitted)
+    )
     for t, c in done.buckets.items():
-        log.info("  T=%d: kept %s (%s); report: %s", t, c.kept.name, c.selection,
-                 c.vs_engine.words() if c.vs_engine is not None else "the engine's default")
+        log.info(
+            "  T=%d: kept %s (%s); report: %s",
+            t,
+            c.kept.name,
+            c.selection,
+            c.vs_engine.words() if c.vs_engine is not None else "the engine's default",
+        )
     protocol = {
-        "rounds": rounds, "phases": "selection, gate, report: each in fresh workers after a dropped warm-up pass",
-        "top_k": max((len(b.top) for b in buckets), default=0), "engine_default": engine,
+        "rounds": rounds,
+        "phases": "selection, gate, report: each in fresh workers after a dropped warm-up pass",
+        "top_k": max((len(b.top) for b in buckets), default=0),
+        "engine_default": engine,
         "fresh_bench": bench.restarts_fresh,
         "test": "exact sign-flip test on the per-round log-ratios, 2.5% per side (two-sided 5%)",
-        "gate": {"sms": None if done.gate.sms is None else done.gate.sms.to_doc(), "moved": done.gate.moved},
+        "gate": {
+            "sms": None if done.gate.sms is None else done.gate.sms.to_doc(),
+            "moved": done.gate.moved,
+        },
         "report_weighted_vs_engine": None if done.weighted is None else done.weighted.to_doc(),
     }
-    return KeptConfigs(done.num_sms, {t: c.kept.point for t, c in done.buckets.items()}, done.buckets, done.why,
-                       protocol, done)
+    return KeptConfigs(
+        done.num_sms,
+        {t: c.kept.point for t, c in done.buckets.items()},
+        done.buckets,
+        done.why,
+        protocol,
+        done,
+    )
 
 
 def sms_grid(space: Space, target, options: TuneOptions) -> list[int]:
@@ -230,8 +352,10 @@ def sms_grid(space: Space, target, options: TuneOptions) -> list[int]:
         return space.sms_candidates(target.profile.sm_count, options.max_sms)
     bad = [s for s in options.sms if s <= 0 or s % 2 or s > target.profile.sm_count]
     if bad:
-        raise TuningError(f"sms {bad[0]}: SM counts must be even, positive and at most "
-                          f"{target.profile.sm_count} on {target.gpu}")
+        raise TuningError(
+            f"sms {bad[0]}: SM counts must be even, positive and at most "
+            f"{target.profile.sm_count} on {target.gpu}"
+        )
     return sorted(set(options.sms))
 
 
@@ -243,46 +367,83 @@ def overlap_gemm_kind(asked: str, plan: Plan) -> tuple[str, str]:
     if asked != "auto":
         return asked, f"asked for {asked}"
     if "deepgemm" in plan.kernel_label:
-        return "persistent-clustered", ("auto: the experts run DeepGEMM, which launches 2-CTA "
-                                        "clusters (TMA multicast) at these sizes")
+        return "persistent-clustered", (
+            "auto: the experts run DeepGEMM, which launches 2-CTA "
+            "clusters (TMA multicast) at these sizes"
+        )
     return "persistent", f"auto: the experts run {plan.kernel_label}, launched without clusters"
 
 
-def _tune_overlap(plan: Plan, bench: Bench, workload: Workload, space: Space, options: TuneOptions,
-                  default: tuple[ChunkConfig, ChunkConfig]) -> TuneResult:
+def _tune_overlap(
+    plan: Plan,
+    bench: Bench,
+    workload: Workload,
+    space: Space,
+    options: TuneOptions,
+    default: tuple[ChunkConfig, ChunkConfig],
+) -> TuneResult:
     from moepolicy.tuning.overlap_search import OverlapSettings, search_overlap
 
     ov = options.overlap
     if not hasattr(bench, "measure_overlap"):
-        raise TuningError("overlap tuning needs the live bench: it times DeepEP beside a confined GEMM on GPUs")
+        raise TuningError(
+            "overlap tuning needs the live bench: it times DeepEP beside a confined GEMM on GPUs"
+        )
     grid = sms_grid(space, plan.target, options)
     trials = options.trials_for(chunks_fitted=True)
     if ov.confirm_rounds < 1 or trials < 0:
-        raise TuningError(f"overlap tuning needs confirm_rounds >= 1 and trials >= 0 "
-                          f"(got {ov.confirm_rounds} and {trials})")
+        raise TuningError(
+            f"overlap tuning needs confirm_rounds >= 1 and trials >= 0 "
+            f"(got {ov.confirm_rounds} and {trials})"
+        )
     gemm_kind, why_kind = overlap_gemm_kind(ov.gemm, plan)
     log.info("overlap: expert GEMM stand-in %s (%s)", gemm_kind, why_kind)
     try:
-        settings = OverlapSettings(trials, ov.confirm_rounds, options.seed, gemm_kind, ov.confine, ov.order)
-        found = search_overlap(plan, bench, workload, list(options.buckets), grid, default, settings)
+        settings = OverlapSettings(
+            trials, ov.confirm_rounds, options.seed, gemm_kind, ov.confine, ov.order
+        )
+        found = search_overlap(
+            plan, bench, workload, list(options.buckets), grid, default, settings
+        )
     finally:
         bench.close()
     dispatch, combine = found.chunks
     last = len(options.buckets) - 1
-    buckets = tuple(Bucket(None if i == last else tokens, dispatch, combine)
-                    for i, (tokens, _) in enumerate(options.buckets))
-    provenance = {"source": "measured", "bench": "live-overlap", "command": options.command, "date": _now()}
-    kept = KeptDeepEP(found.comm_sms, buckets, provenance, tuple({"measured": found.rows[t].to_doc()}
-                                                                 for t, _ in options.buckets),
-                      schedule="overlapped", regime="gpu", overlap=found.summary())
-    return TuneResult(deepep=kept, label="measured", region="overlapped", num_sms=found.comm_sms, why=found.why,
-                      overlap=found, overlap_gemm_note=f"{gemm_kind} ({why_kind})")
+    buckets = tuple(
+        Bucket(None if i == last else tokens, dispatch, combine)
+        for i, (tokens, _) in enumerate(options.buckets)
+    )
+    provenance = {
+        "source": "measured",
+        "bench": "live-overlap",
+        "command": options.command,
+        "date": _now(),
+    }
+    kept = KeptDeepEP(
+        found.comm_sms,
+        buckets,
+        provenance,
+        tuple({"measured": found.rows[t].to_doc()} for t, _ in options.buckets),
+        schedule="overlapped",
+        regime="gpu",
+        overlap=found.summary(),
+    )
+    return TuneResult(
+        deepep=kept,
+        label="measured",
+        region="overlapped",
+        num_sms=found.comm_sms,
+        why=found.why,
+        overlap=found,
+        overlap_gemm_note=f"{gemm_kind} ({why_kind})",
+    )
 
 
 def _extrapolated(plan: Plan, why: str, options: TuneOptions) -> KeptDeepEP:
     note = f"outside the model bench's measured envelope ({why}): DeepEP's default configs"
     return deepep_defaults(plan.target.deepep, plan.target.ep_size, note).with_provenance(
-        {"source": "extrapolated", "note": note, "command": options.command}, regime=options.regime)
+        {"source": "extrapolated", "note": note, "command": options.command}, regime=options.regime
+    )
 
 
 def study_name(plan: Plan, label: str) -> str:
@@ -293,7 +454,9 @@ def study_name(plan: Plan, label: str) -> str:
     return f"{plan.model.name.replace('/', '--')}-{target.gpu}-ep{target.ep_size}-{target.backend}-{bench}"
 
 
-def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, objective: dict) -> TuneResult:
+def tune_plan(
+    plan: Plan, bench: Bench, options: TuneOptions, space: Space, objective: dict
+) -> TuneResult:
     """Tune DeepEP for ``plan`` on ``bench``; the result carries what was kept and the policy document
     composed from the plan and it (:func:`moepolicy.planner.tuned_document`: the one composer).
 
@@ -306,65 +469,116 @@ def tune_plan(plan: Plan, bench: Bench, options: TuneOptions, space: Space, obje
     return dataclasses.replace(result, document=document)
 
 
-def _tune(plan: Plan, bench: Bench, options: TuneOptions, space: Space, objective: dict) -> TuneResult:
+def _tune(
+    plan: Plan, bench: Bench, options: TuneOptions, space: Space, objective: dict
+) -> TuneResult:
     target = plan.target
     region = objective["timed_region"]
     label = "measured" if bench.source == "measured" else "modelled"
     workload = workload_for(plan, objective.get("routing", "uniform"), options.regime)
     envelope = bench.envelope(workload)
     sms_list = sms_grid(space, target, options) if options.overlap is None else []
-    sms_list, outside = _calibrated(bench, workload, envelope, sms_list, [t for t, _ in options.buckets],
-                                    target.gpu)
+    sms_list, outside = _calibrated(
+        bench, workload, envelope, sms_list, [t for t, _ in options.buckets], target.gpu
+    )
     if outside:
-        log.info("model bench: %s; the policy keeps DeepEP's defaults, labelled extrapolated", outside)
+        log.info(
+            "model bench: %s; the policy keeps DeepEP's defaults, labelled extrapolated", outside
+        )
         kept = _extrapolated(plan, outside, options)
-        return TuneResult(deepep=kept, label="extrapolated", region=region, num_sms=kept.num_sms,
-                          why=kept.provenance["note"])
+        return TuneResult(
+            deepep=kept,
+            label="extrapolated",
+            region=region,
+            num_sms=kept.num_sms,
+            why=kept.provenance["note"],
+        )
     storage = make_storage(options.storage)
     name = options.study or study_name(plan, label)
-    open_parent_study(storage, name, _fingerprint(plan, space, objective, label, workload, options),
-                      where=redact_url(options.storage))
+    open_parent_study(
+        storage,
+        name,
+        _fingerprint(plan, space, objective, label, workload, options),
+        where=redact_url(options.storage),
+    )
     default = default_configs(target.deepep, target.ep_size)
     if options.overlap is not None:
         return _tune_overlap(plan, bench, workload, space, options, default)
     chunks_fitted = envelope.chunks_fitted if envelope else True
     trials = options.trials_for(chunks_fitted)
-    log.info("tuning hidden=%d experts=%d top_k=%d payload=%s on %d SM counts x %d buckets x %d trials (%s region, "
-             "%s regime)%s", workload.hidden, workload.num_experts, workload.top_k, workload.payload, len(sms_list),
-             len(options.buckets), trials, region, options.regime,
-             "" if chunks_fitted or options.trials else "; the model's chunk effects are not fitted: default chunks only")
+    log.info(
+        "tuning hidden=%d experts=%d top_k=%d payload=%s on %d SM counts x %d buckets x %d trials (%s region, "
+        "%s regime)%s",
+        workload.hidden,
+        workload.num_experts,
+        workload.top_k,
+        workload.payload,
+        len(sms_list),
+        len(options.buckets),
+        trials,
+        region,
+        options.regime,
+        ""
+        if chunks_fitted or options.trials
+        else "; the model's chunk effects are not fitted: default chunks only",
+    )
     options = dataclasses.replace(options, trials=trials)
     run = _Run(plan, bench, workload, options, region, label, default, name)
     results, interruption = _search(run, storage, space, sms_list)
     # an SM count whose buckets were not all searched is compared only when nothing else is left
     candidates = [r for r in results if r.complete] or results
-    if interruption is not None and not any(b.best is not None for r in candidates for b in r.buckets):
+    if interruption is not None and not any(
+        b.best is not None for r in candidates for b in r.buckets
+    ):
         raise interruption  # interrupted before anything was measured: there is nothing to write
     chosen, why = choose_sms(candidates, region, options.max_sms)
     kept, interruption = _protocol(run, chosen, why, envelope, interruption)
     timings = () if interruption else _both_orders(run, kept)
     bench.close()
-    deepep = _partial_because(_kept_deepep(run, chosen, results, kept, interruption is not None), interruption)
+    deepep = _partial_because(
+        _kept_deepep(run, chosen, results, kept, interruption is not None), interruption
+    )
     outcomes = tuple(BucketOutcome(t, p, kept.outcomes.get(t)) for t, p in kept.points.items())
-    return TuneResult(deepep=deepep, label=label, region=region, num_sms=kept.num_sms, why=kept.why,
-                      buckets=outcomes, interruption=interruption, protocol=kept.result, timings=timings)
+    return TuneResult(
+        deepep=deepep,
+        label=label,
+        region=region,
+        num_sms=kept.num_sms,
+        why=kept.why,
+        buckets=outcomes,
+        interruption=interruption,
+        protocol=kept.result,
+        timings=timings,
+    )
 
 
 def _partial_because(deepep: KeptDeepEP, interruption: Optional[BaseException]) -> KeptDeepEP:
     """A partial result ended by the study database failing says so (not "interrupted")."""
     if isinstance(interruption, StorageFailed) and deepep.partial is not None:
-        reason = deepep.partial.replace("interrupted", f"the study database failed ({interruption.cause})", 1)
+        reason = deepep.partial.replace(
+            "interrupted", f"the study database failed ({interruption.cause})", 1
+        )
         return dataclasses.replace(deepep, partial=reason)
     return deepep
 
 
-def _protocol(run: _Run, chosen: SmsResult, why: str, envelope,
-              interruption: Optional[KeyboardInterrupt]) -> tuple[KeptConfigs, Optional[KeyboardInterrupt]]:
+def _protocol(
+    run: _Run, chosen: SmsResult, why: str, envelope, interruption: Optional[KeyboardInterrupt]
+) -> tuple[KeptConfigs, Optional[KeyboardInterrupt]]:
     """The protocol after a complete search; after an interrupt, nothing is claimed: the chosen SM
     count with DeepEP's default chunks, marked partial."""
     default, engine_sms = run.default, default_num_sms(run.plan.target.deepep)
-    unclaimed = KeptConfigs(chosen.num_sms, {b.tokens: TunePoint(chosen.num_sms, b.tokens, *default)
-                                             for b in chosen.buckets if b.best is not None}, {}, why, {})
+    unclaimed = KeptConfigs(
+        chosen.num_sms,
+        {
+            b.tokens: TunePoint(chosen.num_sms, b.tokens, *default)
+            for b in chosen.buckets
+            if b.best is not None
+        },
+        {},
+        why,
+        {},
+    )
     if interruption is not None:
         return unclaimed, interruption
     chunks_fitted = envelope.chunks_fitted if envelope else True
@@ -375,46 +589,78 @@ def _protocol(run: _Run, chosen: SmsResult, why: str, envelope,
         return unclaimed, exc
 
 
-def _calibrated(bench: Bench, workload: Workload, envelope, sms_list: list[int], tokens: list[int],
-                gpu: str) -> tuple[list[int], Optional[str]]:
+def _calibrated(
+    bench: Bench, workload: Workload, envelope, sms_list: list[int], tokens: list[int], gpu: str
+) -> tuple[list[int], Optional[str]]:
     """The SM counts to try where the bench's answers are calibrated, or why none is (then the policy
     keeps DeepEP's defaults, labelled extrapolated). A bench that measures has no limits."""
-    outside = bench.in_envelope(workload, gpu) or (envelope.problem(workload, tokens) if envelope else None)
+    outside = bench.in_envelope(workload, gpu) or (
+        envelope.problem(workload, tokens) if envelope else None
+    )
     if outside or envelope is None:
         return sms_list, outside
     return _inside_sms(sms_list, envelope, workload.hidden, tokens)
 
 
-def _inside_sms(sms_list: list[int], envelope, hidden: int, tokens: list[int]) -> tuple[list[int], Optional[str]]:
+def _inside_sms(
+    sms_list: list[int], envelope, hidden: int, tokens: list[int]
+) -> tuple[list[int], Optional[str]]:
     """The SM counts calibrated at every token bucket (said when some are dropped), or why none is."""
     if hasattr(envelope, "calibrated_sms"):
-        inside = [s for s in sms_list if all(s in envelope.calibrated_sms(hidden, t, [s]) for t in tokens)]
-        where = "calibrated at every token bucket (" + "; ".join(
-            f"{t} tokens: {','.join(map(str, envelope.calibrated_sms(hidden, t, sms_list))) or 'none'}"
-            for t in tokens) + ")"
+        inside = [
+            s
+            for s in sms_list
+            if all(s in envelope.calibrated_sms(hidden, t, [s]) for t in tokens)
+        ]
+        where = (
+            "calibrated at every token bucket ("
+            + "; ".join(
+                f"{t} tokens: {','.join(map(str, envelope.calibrated_sms(hidden, t, sms_list))) or 'none'}"
+                for t in tokens
+            )
+            + ")"
+        )
     else:
         lo, hi = envelope.sms
         inside = [s for s in sms_list if lo <= s <= hi]
         where = f"inside the calibrated {lo}-{hi}"
     dropped = [s for s in sms_list if s not in inside]
     if dropped:
-        log.info("model bench: SM counts %s are not %s and are not tried", ",".join(map(str, dropped)), where)
+        log.info(
+            "model bench: SM counts %s are not %s and are not tried",
+            ",".join(map(str, dropped)),
+            where,
+        )
     if not inside:
         return [], f"no SM count asked for is {where}"
     return inside, None
 
 
-def _fingerprint(plan: Plan, space: Space, objective: dict, label: str, workload: Workload,
-                 options: TuneOptions) -> str:
+def _fingerprint(
+    plan: Plan, space: Space, objective: dict, label: str, workload: Workload, options: TuneOptions
+) -> str:
     target = plan.target
-    return fingerprint({"facts": plan.model.sha256(), "gpu": target.gpu, "ep": target.ep_size,
-                        "layout": target.layout, "deepep": target.deepep.name, "space": space.sha256,
-                        "objective": objective, "bench": "live" if label == "measured" else "model",
-                        "payload": workload.payload, "buckets": [list(b) for b in options.buckets],
-                        "max_buffer_mb": options.max_buffer_mb, "regime": options.regime})
+    return fingerprint(
+        {
+            "facts": plan.model.sha256(),
+            "gpu": target.gpu,
+            "ep": target.ep_size,
+            "layout": target.layout,
+            "deepep": target.deepep.name,
+            "space": space.sha256,
+            "objective": objective,
+            "bench": "live" if label == "measured" else "model",
+            "payload": workload.payload,
+            "buckets": [list(b) for b in options.buckets],
+            "max_buffer_mb": options.max_buffer_mb,
+            "regime": options.regime,
+        }
+    )
 
 
-def _search(run: _Run, storage, space: Space, sms_list: list[int]) -> tuple[list[SmsResult], Optional[KeyboardInterrupt]]:
+def _search(
+    run: _Run, storage, space: Space, sms_list: list[int]
+) -> tuple[list[SmsResult], Optional[KeyboardInterrupt]]:
     """One optuna sub-study per (SM count, bucket); an interrupt ends it with what was measured."""
     bench, workload, options, name = run.bench, run.workload, run.options, run.study
     results: list[SmsResult] = []
@@ -422,16 +668,29 @@ def _search(run: _Run, storage, space: Space, sms_list: list[int]) -> tuple[list
     try:
         bench.start(workload)
         for num_sms in sms_list:
-            max_recv = space.max_nvl_recv(num_sms, workload.hidden, workload.ep_size, options.max_buffer_bytes)
+            max_recv = space.max_nvl_recv(
+                num_sms, workload.hidden, workload.ep_size, options.max_buffer_bytes
+            )
             if max_recv == 0:
-                log.info("  sms %d: no receive capacity fits the %d MB buffer budget; skipped",
-                         num_sms, options.max_buffer_mb)
+                log.info(
+                    "  sms %d: no receive capacity fits the %d MB buffer budget; skipped",
+                    num_sms,
+                    options.max_buffer_mb,
+                )
                 continue
             result = SmsResult(num_sms, [BucketResult(t, w) for t, w in options.buckets])
             results.append(result)
             for bucket in result.buckets:
-                sub = SubStudy(f"{name}/sms{num_sms}/t{bucket.tokens}", num_sms, options.trials, run.default,
-                               workload.internode, max_recv, run.region, options.seed)
+                sub = SubStudy(
+                    f"{name}/sms{num_sms}/t{bucket.tokens}",
+                    num_sms,
+                    options.trials,
+                    run.default,
+                    workload.internode,
+                    max_recv,
+                    run.region,
+                    options.seed,
+                )
                 tune_bucket(storage, sub, bench, workload, space, bucket)
     except KeyboardInterrupt as exc:
         log.info("interrupted: keeping the best found so far")
@@ -452,8 +711,12 @@ def _both_orders(run: _Run, kept: KeptConfigs) -> tuple[OrderTiming, ...]:
     if run.label != "measured" or workload.payload != "fp8" or not kept.points:
         return ()
     try:
-        return time_both_orders(bench, workload, dict(sorted(kept.points.items())),
-                                protocol_rounds(bench, run.options.confirm_rounds))
+        return time_both_orders(
+            bench,
+            workload,
+            dict(sorted(kept.points.items())),
+            protocol_rounds(bench, run.options.confirm_rounds),
+        )
     except Exception as exc:  # noqa: BLE001 (a failed extra measurement leaves the decisions unmeasured)
         log.info("  both-order measurement failed: %s; decisions stay unmeasured", exc)
         return ()

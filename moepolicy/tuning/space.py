@@ -30,23 +30,36 @@ class Space:
             if budget > 0 and budget not in grid:
                 grid.append(budget)
         if not grid:
-            raise TuningError(f"no even SM count fits the budget: max_sms {max_sms}, GPU has {sm_count}")
+            raise TuningError(
+                f"no even SM count fits the budget: max_sms {max_sms}, GPU has {sm_count}"
+            )
         return sorted(grid)
 
-    def suggest(self, trial, kind: str, internode: bool, max_nvl_recv: int,
-                rdma_default: tuple[int, int] = (6, 132)) -> Chunk:
+    def suggest(
+        self,
+        trial,
+        kind: str,
+        internode: bool,
+        max_nvl_recv: int,
+        rdma_default: tuple[int, int] = (6, 132),
+    ) -> Chunk:
         """One feasible chunk config; intranode keeps the default RDMA fields (unused there)."""
         spec = self.raw[kind]
         recv_choices = [c for c in spec["nvl_recv"]["choices"] if c <= max_nvl_recv]
         if not recv_choices:
             raise TuningError(f"no {kind} NVLink receive capacity fits the buffer budget")
         nvl_recv = trial.suggest_categorical(f"{kind}.nvl_recv", recv_choices)
-        nvl_send = trial.suggest_int(f"{kind}.nvl_send", spec["nvl_send"]["low"],
-                                     min(spec["nvl_send"]["high"], nvl_recv - 1))
+        nvl_send = trial.suggest_int(
+            f"{kind}.nvl_send",
+            spec["nvl_send"]["low"],
+            min(spec["nvl_send"]["high"], nvl_recv - 1),
+        )
         if not internode:
             return Chunk(nvl_send, nvl_recv, *rdma_default)
         r = spec["rdma_send"]
-        rdma_send = trial.suggest_int(f"{kind}.rdma_send", r["low"], r["high"], step=r.get("step", 1))
+        rdma_send = trial.suggest_int(
+            f"{kind}.rdma_send", r["low"], r["high"], step=r.get("step", 1)
+        )
         rdma_recv = trial.suggest_categorical(f"{kind}.rdma_recv", spec["rdma_recv"]["choices"])
         rdma_recv = max(effective_rdma_recv(rdma_send, rdma_recv), 2 * rdma_send)
         return Chunk(nvl_send, nvl_recv, rdma_send, rdma_recv)

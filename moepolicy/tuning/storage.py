@@ -22,7 +22,11 @@ def storage_file(url: str) -> Optional[Path]:
 
         database = make_url(url).database
     except Exception:  # noqa: BLE001 (unparsable: check_storage refuses it)
-        database = url.removeprefix("sqlite:///").split("?", 1)[0] if url.startswith("sqlite:///") else None
+        database = (
+            url.removeprefix("sqlite:///").split("?", 1)[0]
+            if url.startswith("sqlite:///")
+            else None
+        )
     if not database or database == ":memory:" or database.startswith("file:"):
         return None
     return Path(database)
@@ -38,8 +42,11 @@ def check_storage(url: str) -> None:
     scheme = url.strip().split(":", 1)[0].split("+", 1)[0]
     is_journal = url.endswith(".log") or url.startswith("journal:")
     if not is_journal and scheme not in RDB_SCHEMES:
-        raise TuningError(f"storage {redact_url(url)!r}: expected an optuna RDB URL (sqlite:///FILE, postgresql://, "
-                          "mysql://) or a journal file (*.log)", field="storage")
+        raise TuningError(
+            f"storage {redact_url(url)!r}: expected an optuna RDB URL (sqlite:///FILE, postgresql://, "
+            "mysql://) or a journal file (*.log)",
+            field="storage",
+        )
     problem = None if is_journal else storage_url_problem(url)
     if problem:
         raise TuningError(f"storage {redact_url(url)}: {problem}", field="storage")
@@ -47,11 +54,15 @@ def check_storage(url: str) -> None:
     if path is None:
         return
     if not path.parent.is_dir():
-        raise TuningError(f"storage {redact_url(url)}: the folder {path.parent} does not exist", field="storage")
+        raise TuningError(
+            f"storage {redact_url(url)}: the folder {path.parent} does not exist", field="storage"
+        )
     kind = file_kind(path)
     if kind not in (None, "a regular file"):
-        raise TuningError(f"storage {redact_url(url)}: {path} is {kind}, not a database file; give a file path",
-                          field="storage")
+        raise TuningError(
+            f"storage {redact_url(url)}: {path} is {kind}, not a database file; give a file path",
+            field="storage",
+        )
 
 
 class StorageFailed(TuningError):
@@ -76,17 +87,35 @@ def storage_failure(exc: BaseException, url: str) -> Optional[StorageFailed]:
     while seen is not None and len(chain) < 20:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
-    storage_kinds = ("StorageInternalError", "OperationalError", "DatabaseError", "InterfaceError", "DiskFull")
-    from_storage = [e for e in chain if type(e).__name__ in storage_kinds or (
-        isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EROFS))]
+    storage_kinds = (
+        "StorageInternalError",
+        "OperationalError",
+        "DatabaseError",
+        "InterfaceError",
+        "DiskFull",
+    )
+    from_storage = [
+        e
+        for e in chain
+        if type(e).__name__ in storage_kinds
+        or (
+            isinstance(e, OSError)
+            and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EROFS)
+        )
+    ]
     if not from_storage:
         return None
     root = chain[-1]
-    cause = redact_text(" ".join(str(getattr(root, "orig", None) or root).split()) or type(root).__name__, url)
+    cause = redact_text(
+        " ".join(str(getattr(root, "orig", None) or root).split()) or type(root).__name__, url
+    )
     cause = cause.split(" [SQL:", 1)[0]
-    return StorageFailed(f"storage {redact_url(url)}: the study database failed during the tune ({cause}); the trials "
-                         "it stored are kept: fix it (free space, restart the server) and run the same command to "
-                         "resume", cause)
+    return StorageFailed(
+        f"storage {redact_url(url)}: the study database failed during the tune ({cause}); the trials "
+        "it stored are kept: fix it (free space, restart the server) and run the same command to "
+        "resume",
+        cause,
+    )
 
 
 def make_storage(url: str):
@@ -109,13 +138,19 @@ def make_storage(url: str):
         try:
             return _rdb_with_retry(url)
         except ImportError:
-            raise TuningError(f"storage {redact_url(url)}: the database driver is not installed "
-                              "(PostgreSQL: pip install 'psycopg[binary]'; MySQL: pip install pymysql)") from None
+            raise TuningError(
+                f"storage {redact_url(url)}: the database driver is not installed "
+                "(PostgreSQL: pip install 'psycopg[binary]'; MySQL: pip install pymysql)"
+            ) from None
         except Exception as exc:  # noqa: BLE001 (sqlalchemy's errors: connection refused, bad URL)
             reason = redact_text(str(exc).splitlines()[0], url) if str(exc) else type(exc).__name__
-            raise TuningError(f"storage {redact_url(url)}: cannot open the study database ({reason})") from None
-    raise TuningError(f"storage {redact_url(url)!r}: expected an optuna RDB URL (sqlite, postgresql, "
-                      "mysql) or a journal file (*.log)")
+            raise TuningError(
+                f"storage {redact_url(url)}: cannot open the study database ({reason})"
+            ) from None
+    raise TuningError(
+        f"storage {redact_url(url)!r}: expected an optuna RDB URL (sqlite, postgresql, "
+        "mysql) or a journal file (*.log)"
+    )
 
 
 def _rdb_with_retry(url: str, attempts: int = 6):

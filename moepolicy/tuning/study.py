@@ -82,17 +82,28 @@ def open_parent_study(storage, name: str, fp: str, where: str = ""):
     existing = study.user_attrs.get("fingerprint")
     if existing is None:
         study.set_user_attr("fingerprint", fp)
-        log.info("study '%s'%s: new (run the same command again to resume it)", name, f" in {where}" if where else "")
+        log.info(
+            "study '%s'%s: new (run the same command again to resume it)",
+            name,
+            f" in {where}" if where else "",
+        )
     elif existing != fp:
         raise TuningError(
             f"study '{name}' was made for another model, target, search space or bench "
             f"(fingerprint {existing[:12]} != {fp[:12]}); use a new study name (--study) or another storage "
-            "(--storage)")
+            "(--storage)"
+        )
     else:
         finished = _finished_sub_trials(storage, name)
-        log.info("resuming study '%s': %d finished trial%s from before count%s toward the budget and %s not "
-                 "measured again", name, finished, "" if finished == 1 else "s", "s" if finished == 1 else "",
-                 "is" if finished == 1 else "are")
+        log.info(
+            "resuming study '%s': %d finished trial%s from before count%s toward the budget and %s not "
+            "measured again",
+            name,
+            finished,
+            "" if finished == 1 else "s",
+            "s" if finished == 1 else "",
+            "is" if finished == 1 else "are",
+        )
     return study
 
 
@@ -101,8 +112,12 @@ def _finished_sub_trials(storage, name: str) -> int:
     import optuna
 
     names = [n for n in optuna.study.get_all_study_names(storage) if n.startswith(name + "/")]
-    return sum(1 for n in names for t in optuna.load_study(study_name=n, storage=storage).get_trials(deepcopy=False)
-               if t.state.is_finished())
+    return sum(
+        1
+        for n in names
+        for t in optuna.load_study(study_name=n, storage=storage).get_trials(deepcopy=False)
+        if t.state.is_finished()
+    )
 
 
 # A trial's config goes into optuna's storage as a string (a user attribute holds JSON-serialisable
@@ -132,28 +147,47 @@ class SubStudy:
     enqueue_default: bool = True
 
 
-def tune_bucket(storage, sub: SubStudy, bench: Bench, workload: Workload, space: Space,
-                bucket: BucketResult) -> None:
+def tune_bucket(
+    storage, sub: SubStudy, bench: Bench, workload: Workload, space: Space, bucket: BucketResult
+) -> None:
     """Run ``sub``'s trials for ``bucket`` (resuming the study in ``storage``), recording the best in it."""
     import optuna
 
     name, num_sms, default, internode = sub.name, sub.num_sms, sub.default, sub.internode
 
     sampler = make_sampler(sub.seed)
-    study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
-                                direction="minimize", sampler=sampler)
+    study = optuna.create_study(
+        study_name=name,
+        storage=storage,
+        load_if_exists=True,
+        direction="minimize",
+        sampler=sampler,
+    )
     fail_stale_trials(study)
     _fail_orphans(storage, study)
     done = [t for t in study.trials if t.state.is_finished()]
-    seen = {t.user_attrs["effective"]: t.value for t in done
-            if t.state == optuna.trial.TrialState.COMPLETE and "effective" in t.user_attrs}
+    seen = {
+        t.user_attrs["effective"]: t.value
+        for t in done
+        if t.state == optuna.trial.TrialState.COMPLETE and "effective" in t.user_attrs
+    }
     if sub.enqueue_default and not any(t.user_attrs.get("is_default") for t in study.trials):
         d, c = default
-        params = {"dispatch.nvl_send": d[0], "dispatch.nvl_recv": d[1],
-                  "combine.nvl_send": c[0], "combine.nvl_recv": c[1]}
+        params = {
+            "dispatch.nvl_send": d[0],
+            "dispatch.nvl_recv": d[1],
+            "combine.nvl_send": c[0],
+            "combine.nvl_recv": c[1],
+        }
         if internode:
-            params.update({"dispatch.rdma_send": d[2], "dispatch.rdma_recv": d[3],
-                           "combine.rdma_send": c[2], "combine.rdma_recv": c[3]})
+            params.update(
+                {
+                    "dispatch.rdma_send": d[2],
+                    "dispatch.rdma_recv": d[3],
+                    "combine.rdma_send": c[2],
+                    "combine.rdma_recv": c[3],
+                }
+            )
         study.enqueue_trial(params, user_attrs={"is_default": True}, skip_if_exists=True)
     ctx = _StudyStep(study, storage, name, bench, bucket, num_sms, sub.trials, seen)
     try:
@@ -167,7 +201,9 @@ def tune_bucket(storage, sub: SubStudy, bench: Bench, workload: Workload, space:
             if proposal is _TOLD:  # counted against the budget without a measurement
                 progress.advance()
                 continue
-            outcome = ctx.measure(workload, proposal)  # an interrupt lands here (no storage call), or waits
+            outcome = ctx.measure(
+                workload, proposal
+            )  # an interrupt lands here (no storage call), or waits
             with deferred():
                 ctx.record(proposal, outcome, sub.region)
             progress.advance()
@@ -178,7 +214,10 @@ def tune_bucket(storage, sub: SubStudy, bench: Bench, workload: Workload, space:
         _collect(study, bucket, num_sms)  # also when interrupted: what was measured counts
 
 
-_SKIP, _TOLD = object(), object()  # yielded to another worker (not counted) / told a known value (counted)
+_SKIP, _TOLD = (
+    object(),
+    object(),
+)  # yielded to another worker (not counted) / told a known value (counted)
 
 
 @dataclass(frozen=True)
@@ -200,9 +239,24 @@ class _StudyStep:
     inside SQLAlchemy while a trial of this process is RUNNING (an interrupted query can keep its
     SQLite lock, and failing the trial afterwards would then wait for it and fail)."""
 
-    def __init__(self, study, storage, name: str, bench: Bench, bucket: BucketResult, num_sms: int, trials: int,
-                 seen: dict):
-        self.study, self.storage, self.name, self.bench, self.bucket = study, storage, name, bench, bucket
+    def __init__(
+        self,
+        study,
+        storage,
+        name: str,
+        bench: Bench,
+        bucket: BucketResult,
+        num_sms: int,
+        trials: int,
+        seen: dict,
+    ):
+        self.study, self.storage, self.name, self.bench, self.bucket = (
+            study,
+            storage,
+            name,
+            bench,
+            bucket,
+        )
         self.num_sms, self.trials, self.seen = num_sms, trials, seen
         self.host = socket.gethostname()
         self.asked: list[int] = []  # this process's trials: an interrupt never leaves one RUNNING
@@ -220,14 +274,19 @@ class _StudyStep:
         trial.set_user_attr("host", self.host)
         trial.set_user_attr("pid", os.getpid())
         trial.set_user_attr("hardware", self.bench.identity())
-        if _budget_used(study, below=trial.number) >= self.trials:  # earlier trials of other workers filled it
+        if (
+            _budget_used(study, below=trial.number) >= self.trials
+        ):  # earlier trials of other workers filled it
             trial.set_user_attr("reason", "budget reached by other workers")
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return None
         try:
-            point = TunePoint(self.num_sms, self.bucket.tokens,
-                              space.suggest(trial, "dispatch", internode, max_nvl_recv, default[0][2:]),
-                              space.suggest(trial, "combine", internode, max_nvl_recv, default[1][2:]))
+            point = TunePoint(
+                self.num_sms,
+                self.bucket.tokens,
+                space.suggest(trial, "dispatch", internode, max_nvl_recv, default[0][2:]),
+                space.suggest(trial, "combine", internode, max_nvl_recv, default[1][2:]),
+            )
         except TuningError:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
@@ -244,7 +303,9 @@ class _StudyStep:
             self.bucket.deduplicated += 1
             return _TOLD
         if state == "running":
-            trial.set_user_attr("reason", f"the same effective config is being measured by trial {other}")
+            trial.set_user_attr(
+                "reason", f"the same effective config is being measured by trial {other}"
+            )
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             self.bucket.deduplicated += 1
             return _SKIP
@@ -254,7 +315,9 @@ class _StudyStep:
         """The bench's measurement (with a heartbeat meanwhile, from its own thread), or the
         :class:`TrialFailed` it raised. No storage call in this thread."""
         stop = threading.Event()
-        beat = threading.Thread(target=heartbeat, args=(self.storage, proposal.storage_id, stop), daemon=True)
+        beat = threading.Thread(
+            target=heartbeat, args=(self.storage, proposal.storage_id, stop), daemon=True
+        )
         beat.start()
         try:
             return self.bench.measure(workload, proposal.point)
@@ -290,13 +353,21 @@ def _fail_interrupted(storage, study, asked: list[int]) -> None:
 
     mine = set(asked)
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        owned = t.user_attrs.get("pid") == os.getpid() and t.user_attrs.get("host") == socket.gethostname()
+        owned = (
+            t.user_attrs.get("pid") == os.getpid()
+            and t.user_attrs.get("host") == socket.gethostname()
+        )
         if owned or t.number in mine:
             try:
                 _fail_orphan(storage, study, t, "interrupted before its measurement finished")
             except Exception as exc:  # noqa: BLE001 (the storage failing too: the next run fails it)
-                log.warning("trial %d of study '%s' stays RUNNING (%s); the next run of this command marks it "
-                            "failed", t.number, study.study_name, " ".join(str(exc).split())[:200])
+                log.warning(
+                    "trial %d of study '%s' stays RUNNING (%s); the next run of this command marks it "
+                    "failed",
+                    t.number,
+                    study.study_name,
+                    " ".join(str(exc).split())[:200],
+                )
 
 
 ORPHAN_GRACE_S = 2.0  # a trial with no owner yet is another worker's only this long after its ask
@@ -318,7 +389,11 @@ def _fail_orphans(storage, study) -> None:
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         pid = t.user_attrs.get("pid")
         if pid is None:
-            age = (dt.datetime.now() - t.datetime_start).total_seconds() if t.datetime_start else ORPHAN_GRACE_S
+            age = (
+                (dt.datetime.now() - t.datetime_start).total_seconds()
+                if t.datetime_start
+                else ORPHAN_GRACE_S
+            )
             unclaimed.append((t.number, max(0.0, ORPHAN_GRACE_S - age)))
             continue
         if t.user_attrs.get("host") != host or not isinstance(pid, int) or pid == os.getpid():
@@ -335,7 +410,12 @@ def _fail_orphans(storage, study) -> None:
         numbers = {n for n, _ in unclaimed}
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             if t.number in numbers and t.user_attrs.get("pid") is None:
-                _fail_orphan(storage, study, t, f"no worker claimed it within {ORPHAN_GRACE_S:.0f} s of its ask")
+                _fail_orphan(
+                    storage,
+                    study,
+                    t,
+                    f"no worker claimed it within {ORPHAN_GRACE_S:.0f} s of its ask",
+                )
 
 
 def _fail_orphan(storage, study, t, reason: str) -> None:
@@ -348,7 +428,11 @@ def _budget_used(study, below: Optional[int] = None) -> int:
     count only when their number is lower, so of two racing workers exactly the later one yields."""
     import optuna
 
-    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING)
+    states = (
+        optuna.trial.TrialState.COMPLETE,
+        optuna.trial.TrialState.FAIL,
+        optuna.trial.TrialState.RUNNING,
+    )
     count = 0
     for t in study.get_trials(deepcopy=False, states=states):
         if t.user_attrs.get("orphan"):
@@ -359,7 +443,9 @@ def _budget_used(study, below: Optional[int] = None) -> int:
     return count
 
 
-def _same_config(study, key: str, number: int, seen: dict) -> tuple[Optional[str], Optional[float], Optional[int]]:
+def _same_config(
+    study, key: str, number: int, seen: dict
+) -> tuple[Optional[str], Optional[float], Optional[int]]:
     """Has this effective config been measured (by any worker), or has another trial claimed it
     ('measuring')? A trial claims before its second look, so two claims cannot both pass unseen:
     two workers never both measure one config (at worst both yield and it is proposed again)."""
@@ -381,7 +467,11 @@ def _same_config(study, key: str, number: int, seen: dict) -> tuple[Optional[str
 def _collect(study, bucket: BucketResult, num_sms: int) -> None:
     import optuna
 
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and "measurement" in t.user_attrs]
+    complete = [
+        t
+        for t in study.trials
+        if t.state == optuna.trial.TrialState.COMPLETE and "measurement" in t.user_attrs
+    ]
     bucket.trials = len([t for t in study.trials if t.state.is_finished()])
     bucket.failed = len([t for t in study.trials if t.state == optuna.trial.TrialState.FAIL])
     if not complete:
@@ -401,23 +491,31 @@ def _collect(study, bucket: BucketResult, num_sms: int) -> None:
 TOP_K = 3  # configs of each bucket re-measured against the default after the search
 
 
-def choose_sms(results: list[SmsResult], region: str, max_sms: Optional[int]) -> tuple[SmsResult, str]:
+def choose_sms(
+    results: list[SmsResult], region: str, max_sms: Optional[int]
+) -> tuple[SmsResult, str]:
     """The SM count for DeepEP in the serial schedule (DeepEP, then the experts' GEMM on every SM):
     the MoE step is comm(SMs) + GEMM(all SMs), so more SMs for DeepEP cost the GEMM nothing and the
     fastest communication wins, within the SM counts tried (the bench's calibrated range, the buffer
     budget, ``max_sms``). The overlapped schedule chooses its split in ``tuning.overlap``."""
     usable = [r for r in results if math.isfinite(r.weighted(region))]
     if not usable:
-        raise TuningError("every trial failed: no usable measurement (see the study's FAIL trials)")
+        raise TuningError(
+            "every trial failed: no usable measurement (see the study's FAIL trials)"
+        )
     fastest = min(usable, key=lambda r: r.weighted(region))
     budget = f" within the {max_sms}-SM budget" if max_sms else ""
-    return fastest, (f"serial schedule: the MoE step is DeepEP's time plus the experts' GEMM on every SM, so "
-                     f"the fastest communication{budget} wins: {fastest.num_sms} SMs "
-                     f"({fastest.weighted(region):.1f} us weighted, search samples)")
+    return fastest, (
+        f"serial schedule: the MoE step is DeepEP's time plus the experts' GEMM on every SM, so "
+        f"the fastest communication{budget} wins: {fastest.num_sms} SMs "
+        f"({fastest.weighted(region):.1f} us weighted, search samples)"
+    )
 
 
 def pareto_front(results: list[SmsResult], region: str) -> list[dict]:
-    points = sorted((r.num_sms, r.weighted(region)) for r in results if math.isfinite(r.weighted(region)))
+    points = sorted(
+        (r.num_sms, r.weighted(region)) for r in results if math.isfinite(r.weighted(region))
+    )
     front, best = [], math.inf
     for sms, t in points:
         if t < best:

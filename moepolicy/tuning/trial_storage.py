@@ -21,12 +21,17 @@ from __future__ import annotations
 import threading
 import warnings
 
-CHECKED_OPTUNA = ("5.1", "6")  # [lowest checked, first not checked): the versions these calls were run on
+CHECKED_OPTUNA = (
+    "5.1",
+    "6",
+)  # [lowest checked, first not checked): the versions these calls were run on
 
 
 def trial_id(storage, study_name: str, number: int) -> int:
     """The storage's id of trial ``number`` in ``study_name``."""
-    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
+    return storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study_name), number
+    )
 
 
 def fail_trial(storage, study_name: str, number: int, reason: str) -> None:

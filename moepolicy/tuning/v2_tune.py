@@ -24,7 +24,14 @@ from typing import Optional, Protocol, Sequence
 from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
 from moepolicy.deepep.settings import V2Settings
 from moepolicy.errors import TuningError
-from moepolicy.measure.rounds import MIN_ROUNDS, Speedup, holm, paired_speedup, rotated_rounds, weighted_rounds
+from moepolicy.measure.rounds import (
+    MIN_ROUNDS,
+    Speedup,
+    holm,
+    paired_speedup,
+    rotated_rounds,
+    weighted_rounds,
+)
 from moepolicy.tuning.bench import Workload
 
 
@@ -87,16 +94,24 @@ class V2Choice:
     report_weighted: Optional[Speedup] = None
 
 
-def _rounds(bench: V2Bench, workload: Workload, buckets: Sequence[tuple[int, float]], points: Sequence[V2Point],
-            rounds: int, fresh: bool) -> dict[int, dict[V2Point, list[float]]]:
+def _rounds(
+    bench: V2Bench,
+    workload: Workload,
+    buckets: Sequence[tuple[int, float]],
+    points: Sequence[V2Point],
+    rounds: int,
+    fresh: bool,
+) -> dict[int, dict[V2Point, list[float]]]:
     """Per bucket, every point over rotated rounds; in a fresh worker group (``fresh``) after a dropped
     warm-up pass."""
     if fresh:
         bench.restart()
     out = {}
     for tokens, _ in buckets:
+
         def time_once(p: V2Point, tokens: int = tokens) -> float:
             return bench.measure_v2(workload, p, tokens)
+
         if fresh:
             for p in points:
                 time_once(p)
@@ -104,16 +119,30 @@ def _rounds(bench: V2Bench, workload: Workload, buckets: Sequence[tuple[int, flo
     return out
 
 
-def _gate(bench: V2Bench, workload: Workload, buckets: Sequence[tuple[int, float]], best: V2Point,
-          rounds: int) -> tuple[V2Point, Optional[Speedup], dict[int, Speedup], str]:
+def _gate(
+    bench: V2Bench,
+    workload: Workload,
+    buckets: Sequence[tuple[int, float]],
+    best: V2Point,
+    rounds: int,
+) -> tuple[V2Point, Optional[Speedup], dict[int, Speedup], str]:
     """The pick against DeepEP's default in a fresh group: one weighted test, no bucket slower."""
     times = _rounds(bench, workload, buckets, [DEFAULT, best], rounds, fresh=True)
     weights = [w for _, w in buckets]
-    overall = paired_speedup(weighted_rounds([times[t][DEFAULT] for t, _ in buckets], weights),
-                             weighted_rounds([times[t][best] for t, _ in buckets], weights), 0,
-                             (best.name, "DeepEP's default"))
-    losses = holm([paired_speedup(times[t][DEFAULT], times[t][best], 0, (best.name, "DeepEP's default"))
-                   for t, _ in buckets], "slower", "buckets")
+    overall = paired_speedup(
+        weighted_rounds([times[t][DEFAULT] for t, _ in buckets], weights),
+        weighted_rounds([times[t][best] for t, _ in buckets], weights),
+        0,
+        (best.name, "DeepEP's default"),
+    )
+    losses = holm(
+        [
+            paired_speedup(times[t][DEFAULT], times[t][best], 0, (best.name, "DeepEP's default"))
+            for t, _ in buckets
+        ],
+        "slower",
+        "buckets",
+    )
     losses_by = {t: s for (t, _), s in zip(buckets, losses)}
     lost = [t for t, s in losses_by.items() if s.slower]
     what = f"{best.name}, the fastest in the selection rounds, on the weighted buckets of the gate rounds: {overall.words()}"
@@ -123,54 +152,98 @@ def _gate(bench: V2Bench, workload: Workload, buckets: Sequence[tuple[int, float
     return DEFAULT, overall, losses_by, f"{what}; {tail}: DeepEP's default kept"
 
 
-def choose_v2(bench: V2Bench, workload: Workload, buckets: Sequence[tuple[int, float]],
-              candidates: Sequence[V2Point], rounds: int, seed: int = 0) -> V2Choice:
+def choose_v2(
+    bench: V2Bench,
+    workload: Workload,
+    buckets: Sequence[tuple[int, float]],
+    candidates: Sequence[V2Point],
+    rounds: int,
+    seed: int = 0,
+) -> V2Choice:
     """Select among ``candidates`` (one worker group), gate the pick against DeepEP's default (a
     fresh one), report the kept setting (another fresh one); only the report's figures are recorded."""
     if not bench.noise_free and rounds < MIN_ROUNDS:
-        raise TuningError(f"confirm_rounds must be at least {MIN_ROUNDS} for the paired test to claim anything, "
-                          f"got {rounds}", field="confirm_rounds")
+        raise TuningError(
+            f"confirm_rounds must be at least {MIN_ROUNDS} for the paired test to claim anything, "
+            f"got {rounds}",
+            field="confirm_rounds",
+        )
     rounds = 1 if bench.noise_free else rounds
     weighted = {point: 0.0 for point in candidates}
-    for tokens, times in _rounds(bench, workload, buckets, candidates, rounds, fresh=False).items():
+    for tokens, times in _rounds(
+        bench, workload, buckets, candidates, rounds, fresh=False
+    ).items():
         for point, xs in times.items():
             weighted[point] += dict(buckets)[tokens] * statistics.median(xs)
     best = min(candidates, key=weighted.__getitem__)
     selection = {point.name: round(us, 2) for point, us in weighted.items()}
     if best == DEFAULT:
-        kept, overall, losses, why = DEFAULT, None, {}, "DeepEP's default was the fastest in the selection rounds"
+        kept, overall, losses, why = (
+            DEFAULT,
+            None,
+            {},
+            "DeepEP's default was the fastest in the selection rounds",
+        )
     else:
         kept, overall, losses, why = _gate(bench, workload, buckets, best, rounds)
     shown = [kept] + ([DEFAULT] if kept != DEFAULT else [])
     report = _rounds(bench, workload, buckets, shown, rounds, fresh=True)
-    vs = {t: (paired_speedup(report[t][DEFAULT], report[t][kept], 0, (kept.name, "DeepEP's default"))
-              if kept != DEFAULT else None) for t, _ in buckets}
+    vs = {
+        t: (
+            paired_speedup(report[t][DEFAULT], report[t][kept], 0, (kept.name, "DeepEP's default"))
+            if kept != DEFAULT
+            else None
+        )
+        for t, _ in buckets
+    }
     weights = [w for _, w in buckets]
-    report_weighted = None if kept == DEFAULT else paired_speedup(
-        weighted_rounds([report[t][DEFAULT] for t, _ in buckets], weights),
-        weighted_rounds([report[t][kept] for t, _ in buckets], weights), 0, (kept.name, "DeepEP's default"))
-    report_us = {t: {p.name: round(statistics.median(xs), 2) for p, xs in report[t].items()} for t, _ in buckets}
+    report_weighted = (
+        None
+        if kept == DEFAULT
+        else paired_speedup(
+            weighted_rounds([report[t][DEFAULT] for t, _ in buckets], weights),
+            weighted_rounds([report[t][kept] for t, _ in buckets], weights),
+            0,
+            (kept.name, "DeepEP's default"),
+        )
+    )
+    report_us = {
+        t: {p.name: round(statistics.median(xs), 2) for p, xs in report[t].items()}
+        for t, _ in buckets
+    }
     return V2Choice(kept, vs, selection, why, overall, losses, report_us, report_weighted)
 
 
 def v2_provenance(choice: V2Choice, rounds: int) -> dict:
     """What backs the kept ``deepep.v2`` settings (``deepep.provenance.v2`` in the policy): the
     selection's medians (what chose), the gate's tests (what decided), the report (what is claimed)."""
-    return {"why": choice.why, "rounds": rounds,
-            "selection_us": choice.selection_us,
-            "selection_note": "selection rounds' weighted medians: what chose the pick, not a claim",
-            "gate": None if choice.gate is None else choice.gate.to_doc(),
-            "gate_losses": {str(t): s.to_doc() for t, s in choice.losses.items()},
-            "report": {str(t): {"median_us": choice.report_us.get(t, {}),
-                                "vs_default": None if s is None else s.to_doc()} for t, s in choice.vs_default.items()},
-            "report_weighted_vs_default": None if choice.report_weighted is None else choice.report_weighted.to_doc()}
+    return {
+        "why": choice.why,
+        "rounds": rounds,
+        "selection_us": choice.selection_us,
+        "selection_note": "selection rounds' weighted medians: what chose the pick, not a claim",
+        "gate": None if choice.gate is None else choice.gate.to_doc(),
+        "gate_losses": {str(t): s.to_doc() for t, s in choice.losses.items()},
+        "report": {
+            str(t): {
+                "median_us": choice.report_us.get(t, {}),
+                "vs_default": None if s is None else s.to_doc(),
+            }
+            for t, s in choice.vs_default.items()
+        },
+        "report_weighted_vs_default": None
+        if choice.report_weighted is None
+        else choice.report_weighted.to_doc(),
+    }
 
 
 # DeepEP v2's SM counts tried besides its analytical count (explicit even counts)
 V2_SMS = (8, 16, 24, 32, 48, 64)
 
 
-def tune_v2_plan(plan, bench: V2Bench, options, routing: str = "uniform") -> tuple[KeptDeepEP, V2Choice]:
+def tune_v2_plan(
+    plan, bench: V2Bench, options, routing: str = "uniform"
+) -> tuple[KeptDeepEP, V2Choice]:
     """Measure DeepEP v2's settings for ``plan`` on ``bench`` (``options``: a ``TuneOptions``: its
     buckets, ``sms``, ``confirm_rounds``, seed, regime and command); what is kept and the choice
     (:func:`moepolicy.planner.tuned_document` composes the policy from the plan and them)."""
@@ -179,14 +252,25 @@ def tune_v2_plan(plan, bench: V2Bench, options, routing: str = "uniform") -> tup
     workload = workload_for(plan, routing, options.regime)
     rounds = 1 if bench.noise_free else options.confirm_rounds
     try:
-        choice = choose_v2(bench, workload, options.buckets, v2_candidates(options.sms or V2_SMS), rounds,
-                           options.seed)
+        choice = choose_v2(
+            bench,
+            workload,
+            options.buckets,
+            v2_candidates(options.sms or V2_SMS),
+            rounds,
+            options.seed,
+        )
     finally:
         bench.close()
     provenance = {
-        "source": "measured", "bench": "live-v2", "command": options.command, "v2": v2_provenance(choice, rounds),
+        "source": "measured",
+        "bench": "live-v2",
+        "command": options.command,
+        "v2": v2_provenance(choice, rounds),
         "note": "DeepEP v2 sizes its own buffers and chunks; deepep.v2 holds the measured settings; the legacy "
-                "fields are unused",
+        "fields are unused",
     }
     kept = deepep_defaults(plan.target.deepep, plan.target.ep_size, "")
-    return kept.with_provenance(provenance, v2=choice.kept.settings(), regime=options.regime), choice
+    return kept.with_provenance(
+        provenance, v2=choice.kept.settings(), regime=options.regime
+    ), choice

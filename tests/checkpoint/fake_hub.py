@@ -26,8 +26,12 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 @dataclass
 class FakeHub:
-    files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # repo id -> filename -> bytes
-    requests: list[tuple[str, str, bool]] = field(default_factory=list)  # (method, path, had a token)
+    files: dict[str, dict[str, bytes]] = field(
+        default_factory=dict
+    )  # repo id -> filename -> bytes
+    requests: list[tuple[str, str, bool]] = field(
+        default_factory=list
+    )  # (method, path, had a token)
     server: http.server.ThreadingHTTPServer | None = None
 
     @property
@@ -78,7 +82,9 @@ class FakeHub:
         if org == "down":
             return self._send(handler, 503, {}, b"service unavailable", body)
         if org == "gated":
-            return self._send(handler, 403 if token else 401, {"X-Error-Code": "GatedRepo"}, b"", body)
+            return self._send(
+                handler, 403 if token else 401, {"X-Error-Code": "GatedRepo"}, b"", body
+            )
         if org == "private":
             return self._send(handler, 401, {"X-Error-Code": "RepoNotFound"}, b"", body)
         if repo_id not in self.files:
@@ -87,10 +93,17 @@ class FakeHub:
             return self._send(handler, 404, {"X-Error-Code": "RevisionNotFound"}, b"", body)
         content = self.files[repo_id].get(filename)
         if content is None:
-            return self._send(handler, 404, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT}, b"", body)
+            return self._send(
+                handler, 404, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT}, b"", body
+            )
         etag = '"' + hashlib.sha1(content).hexdigest() + '"'
-        return self._send(handler, 200, {"ETag": etag, "X-Repo-Commit": COMMIT,
-                                         "Content-Type": "application/json"}, content, body)
+        return self._send(
+            handler,
+            200,
+            {"ETag": etag, "X-Repo-Commit": COMMIT, "Content-Type": "application/json"},
+            content,
+            body,
+        )
 
     @staticmethod
     def _send(handler, status: int, headers: dict[str, str], content: bytes, body: bool) -> None:

@@ -8,11 +8,16 @@ from moepolicy.checkpoint import catalog, read_model
 def test_models_marks_the_partial_entries():
     result = run_cli("models")
     assert result.returncode == 0
-    rows = {line.split()[0]: line.split()[-1] for line in result.stdout.splitlines() if "/" in line.split()[0]}
+    rows = {
+        line.split()[0]: line.split()[-1]
+        for line in result.stdout.splitlines()
+        if "/" in line.split()[0]
+    }
     assert rows["inference-optimization/GLM-4.6-FP8-dynamic"] == "partial"
     assert rows["deepseek-ai/DeepSeek-V3"] == rows["Qwen/Qwen3-30B-A3B-FP8"] == "complete"
     assert {name for name, mark in rows.items() if mark == "partial"} == {
-        e.repo_id for e in catalog.entries() if e.partial}
+        e.repo_id for e in catalog.entries() if e.partial
+    }
     assert "plan from the checkpoint instead" in result.stdout
 
 
@@ -21,7 +26,9 @@ def test_a_complete_entry_has_no_unknown_expert_facts():
         if entry.partial:
             continue
         for layer in read_model(entry.repo_id).moe_layers:
-            assert layer.weights.dtype != "unknown" and layer.activations.dtype != "unknown", entry.repo_id
+            assert layer.weights.dtype != "unknown" and layer.activations.dtype != "unknown", (
+                entry.repo_id
+            )
 
 
 def test_the_glm_entry_is_partial_where_its_weights_are_unknown():

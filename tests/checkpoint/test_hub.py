@@ -70,15 +70,25 @@ def _message(spec: str) -> str:
 
 # ------------------------------------------------------------------------------- the cache
 def test_an_id_in_the_cache_is_read_offline_without_asking_the_network(hub, monkeypatch, tmp_path):
-    fake_cache(tmp_path / "hf-cache", "org/cached", {"config.json": (QWEN_FP8 / "config.json").read_bytes()})
+    fake_cache(
+        tmp_path / "hf-cache",
+        "org/cached",
+        {"config.json": (QWEN_FP8 / "config.json").read_bytes()},
+    )
     monkeypatch.setenv("MOEPOLICY_OFFLINE", "1")
     facts = read_model("org/cached")
-    assert facts.name == "org/cached" and facts.sha256() == read_model("Qwen3-30B-A3B-FP8").sha256()
+    assert (
+        facts.name == "org/cached" and facts.sha256() == read_model("Qwen3-30B-A3B-FP8").sha256()
+    )
     assert hub.requests == []
 
 
 def test_hf_hub_offline_means_the_cache_only(hub, monkeypatch, tmp_path):
-    fake_cache(tmp_path / "hf-cache", "org/cached", {"config.json": (QWEN_FP8 / "config.json").read_bytes()})
+    fake_cache(
+        tmp_path / "hf-cache",
+        "org/cached",
+        {"config.json": (QWEN_FP8 / "config.json").read_bytes()},
+    )
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert read_model("org/cached").name == "org/cached"
     message = _message("org/elsewhere")
@@ -90,8 +100,14 @@ def test_hf_hub_offline_means_the_cache_only(hub, monkeypatch, tmp_path):
 def test_offline_and_not_cached_names_the_cache_and_the_download(hub, monkeypatch, tmp_path):
     monkeypatch.setenv("MOEPOLICY_OFFLINE", "1")
     message = _message("Qwen/Qwen3-30B-A3B-FP9")
-    assert str(tmp_path / "hf-cache") in message and "hf download Qwen/Qwen3-30B-A3B-FP9 config.json" in message
-    assert "MOEPOLICY_OFFLINE is set: the hub was not asked" in message and "Qwen3-30B-A3B-FP8" in message
+    assert (
+        str(tmp_path / "hf-cache") in message
+        and "hf download Qwen/Qwen3-30B-A3B-FP9 config.json" in message
+    )
+    assert (
+        "MOEPOLICY_OFFLINE is set: the hub was not asked" in message
+        and "Qwen3-30B-A3B-FP8" in message
+    )
     assert "could not be reached" not in message and hub.requests == []
 
 
@@ -105,12 +121,16 @@ def test_a_snapshot_folder_is_named_by_its_repository_not_its_hash(tmp_path):
     snapshot = fake_cache(tmp_path / "hub", "Qwen/Qwen3-30B-A3B-FP8", {"config.json": content})
     assert read_model(str(snapshot)).name == "Qwen/Qwen3-30B-A3B-FP8"
     assert read_model(str(snapshot / "config.json")).name == "Qwen/Qwen3-30B-A3B-FP8"
-    repo_folder = snapshot.parent.parent  # models--Qwen--Qwen3-30B-A3B-FP8: refs/main picks the snapshot
+    repo_folder = (
+        snapshot.parent.parent
+    )  # models--Qwen--Qwen3-30B-A3B-FP8: refs/main picks the snapshot
     assert read_model(str(repo_folder)).name == "Qwen/Qwen3-30B-A3B-FP8"
 
 
 def test_a_cached_snapshot_keeps_its_quant_config(tmp_path):
-    files = {name: (QWEN_NVFP4 / name).read_bytes() for name in ("config.json", "hf_quant_config.json")}
+    files = {
+        name: (QWEN_NVFP4 / name).read_bytes() for name in ("config.json", "hf_quant_config.json")
+    }
     snapshot = fake_cache(tmp_path / "hub", "nvidia/Qwen3-30B-A3B-NVFP4", files)
     assert read_model(str(snapshot)).sha256() == read_model("Qwen3-30B-A3B-NVFP4").sha256()
 
@@ -118,7 +138,9 @@ def test_a_cached_snapshot_keeps_its_quant_config(tmp_path):
 # ------------------------------------------------------------------------------- the hub
 def test_an_id_is_downloaded_into_the_hf_cache_then_read_from_it(hub, monkeypatch, tmp_path):
     facts = read_model("ok/nvfp4")
-    assert facts.name == "ok/nvfp4" and facts.sha256() == read_model("Qwen3-30B-A3B-NVFP4").sha256()
+    assert (
+        facts.name == "ok/nvfp4" and facts.sha256() == read_model("Qwen3-30B-A3B-NVFP4").sha256()
+    )
     snapshot = tmp_path / "hf-cache" / "models--ok--nvfp4" / "snapshots" / COMMIT
     assert (snapshot / "config.json").is_file() and (snapshot / "hf_quant_config.json").is_file()
     asked = len(hub.requests)
@@ -138,7 +160,10 @@ def test_a_revision_is_asked_for(hub):
 
 def test_not_found_is_a_404_with_did_you_mean(hub):
     message = _message("Qwen/Qwen3-30B-A3B-FP9")
-    assert "has no such repository (HTTP 404)" in message and "did you mean: Qwen3-30B-A3B-FP8" in message
+    assert (
+        "has no such repository (HTTP 404)" in message
+        and "did you mean: Qwen3-30B-A3B-FP8" in message
+    )
     assert "could not be reached" not in message
 
 
@@ -155,20 +180,26 @@ def test_gated_without_a_token_says_set_hf_token(hub):
 
 def test_gated_with_a_token_sends_it_and_says_it_has_no_access(hub, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
-    assert "is gated on the Hugging Face hub (HTTP 403, a token was sent)" in _message("gated/model")
+    assert "is gated on the Hugging Face hub (HTTP 403, a token was sent)" in _message(
+        "gated/model"
+    )
     assert all(token for _method, path, token in hub.requests if path.startswith("/gated/"))
 
 
 def test_a_401_without_a_token_says_private_gated_or_missing(hub):
     message = _message("private/model")
-    assert "refused it (HTTP 401, no token was sent)" in message and "does not say which" in message
+    assert (
+        "refused it (HTTP 401, no token was sent)" in message and "does not say which" in message
+    )
     assert "could not be reached" not in message
 
 
 def test_a_dropped_connection_is_could_not_be_reached(hub, no_backoff):
     message = _message("drop/model")
     assert f"the Hugging Face hub at {hub.endpoint} could not be reached" in message
-    assert "Remote" in message or "Connection" in message  # the client's own words: httpx or requests
+    assert (
+        "Remote" in message or "Connection" in message
+    )  # the client's own words: httpx or requests
 
 
 def test_nothing_listening_is_could_not_be_reached(hub, monkeypatch, no_backoff):
@@ -178,7 +209,9 @@ def test_nothing_listening_is_could_not_be_reached(hub, monkeypatch, no_backoff)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-    assert f"the Hugging Face hub at http://127.0.0.1:{port} could not be reached" in _message("ok/model")
+    assert f"the Hugging Face hub at http://127.0.0.1:{port} could not be reached" in _message(
+        "ok/model"
+    )
 
 
 def test_a_cached_model_is_read_when_the_hub_cannot_be_reached(hub, monkeypatch, no_backoff):
@@ -193,7 +226,11 @@ def test_a_cached_model_whose_hub_is_silent_is_read_at_once_and_said(hub, monkey
     huggingface_hub's backoff (1+2+4+8+8 s before, per missing file), no retry lines, one note."""
     from moepolicy.checkpoint.hub import fetch, parse_id
 
-    fake_cache(Path(os.environ["HF_HUB_CACHE"]), "acme/model", {"config.json": (QWEN_FP8 / "config.json").read_bytes()})
+    fake_cache(
+        Path(os.environ["HF_HUB_CACHE"]),
+        "acme/model",
+        {"config.json": (QWEN_FP8 / "config.json").read_bytes()},
+    )
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
@@ -228,7 +265,11 @@ def test_the_runtime_reads_an_id_from_the_cache_and_never_the_network(hub, tmp_p
     from moepolicy import load_policy
 
     policy_path = _policy(tmp_path)
-    fake_cache(tmp_path / "hf-cache", "org/served", {"config.json": (QWEN_FP8 / "config.json").read_bytes()})
+    fake_cache(
+        tmp_path / "hf-cache",
+        "org/served",
+        {"config.json": (QWEN_FP8 / "config.json").read_bytes()},
+    )
     policy = load_policy(policy_path, ep_size=8, model="org/served")
     assert not policy.is_fallback and policy.report["decision"] == "matched"
     absent = load_policy(policy_path, ep_size=8, model="ok/model")  # on the hub, not in the cache
@@ -238,14 +279,28 @@ def test_the_runtime_reads_an_id_from_the_cache_and_never_the_network(hub, tmp_p
 
 
 def test_the_cli_resolves_an_id_and_offline_asks_nothing(hub, tmp_path):
-    env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_HOME": str(tmp_path / "home"),
-           "MOEPOLICY_OFFLINE": ""}
-    online = run_cli("plan", "--model", "ok/model", "--ep-size", "8", "-o", str(tmp_path / "a.yaml"), env=env)
+    env = {
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
+        "HF_HOME": str(tmp_path / "home"),
+        "MOEPOLICY_OFFLINE": "",
+    }
+    online = run_cli(
+        "plan", "--model", "ok/model", "--ep-size", "8", "-o", str(tmp_path / "a.yaml"), env=env
+    )
     assert online.returncode == 0, online.stderr
     assert "name: ok/model" in (tmp_path / "a.yaml").read_text()
     hub.requests.clear()
-    offline = run_cli("plan", "--model", "ok/model", "--ep-size", "8", "-o", str(tmp_path / "b.yaml"),
-                      env={**env, "MOEPOLICY_OFFLINE": "1", "HF_HOME": str(tmp_path / "fresh-home")})
+    offline = run_cli(
+        "plan",
+        "--model",
+        "ok/model",
+        "--ep-size",
+        "8",
+        "-o",
+        str(tmp_path / "b.yaml"),
+        env={**env, "MOEPOLICY_OFFLINE": "1", "HF_HOME": str(tmp_path / "fresh-home")},
+    )
     assert offline.returncode == 0, offline.stderr
     assert hub.requests == []
     missing = run_cli("plan", "--model", "missing/model", "--ep-size", "8", env=env)
@@ -258,7 +313,11 @@ def test_huggingface_hub_is_imported_only_for_an_id_outside_the_catalog(hub, tmp
     import sys
 
     policy_path = _policy(tmp_path)
-    fake_cache(tmp_path / "hf-cache", "org/served", {"config.json": (QWEN_FP8 / "config.json").read_bytes()})
+    fake_cache(
+        tmp_path / "hf-cache",
+        "org/served",
+        {"config.json": (QWEN_FP8 / "config.json").read_bytes()},
+    )
     code = (
         "import sys\n"
         "from moepolicy import load_policy\n"
@@ -267,8 +326,13 @@ def test_huggingface_hub_is_imported_only_for_an_id_outside_the_catalog(hub, tmp
         f"assert not load_policy({str(policy_path)!r}, ep_size=8, model='org/served').is_fallback\n"
         "print(before, 'huggingface_hub' in sys.modules, [m for m in ('torch', 'optuna') if m in sys.modules])\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "hf-cache")})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "hf-cache")},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True", "[]"]
     assert hub.requests == []

@@ -23,21 +23,32 @@ def test_models_lists_catalog():
     result = run_cli("models")
     assert result.returncode == 0
     assert "deepseek-ai/DeepSeek-V3" in result.stdout and "fp8_e4m3/1x128 dynamic" in result.stdout
-    row = next(line for line in result.stdout.splitlines() if line.startswith("deepseek-ai/DeepSeek-V3 "))
+    row = next(
+        line for line in result.stdout.splitlines() if line.startswith("deepseek-ai/DeepSeek-V3 ")
+    )
     assert row.split()[-6:] == ["59", "3", "256", "8", "7168", "complete"]
 
 
 def test_plan_to_stdout_names_target_first():
-    result = run_cli("plan", "--model", "Qwen/Qwen3-30B-A3B-FP8", "--ep-size", "8", "--gpu", "h200")
+    result = run_cli(
+        "plan", "--model", "Qwen/Qwen3-30B-A3B-FP8", "--ep-size", "8", "--gpu", "h200"
+    )
     assert result.returncode == 0, result.stderr
     first = result.stderr.splitlines()[0]
     # vLLM 0.33.0 runs block fp8 with EP on SM90 on FlashInfer CUTLASS (oracle/fp8.py:122-130), whose
     # experts quantize their own input: bf16 on the wire (flashinfer_cutlass_moe.py:123-125)
-    for part in ("gpu=h200", "ep_size=8", "backend=deepep_ht", "expert_kernel=flashinfer_cutlass",
-                 "deep_ep=deepep-legacy-29d31c0"):
+    for part in (
+        "gpu=h200",
+        "ep_size=8",
+        "backend=deepep_ht",
+        "expert_kernel=flashinfer_cutlass",
+        "deep_ep=deepep-legacy-29d31c0",
+    ):
         assert part in first
     # the id is the catalog's: said, with how to read the hub's copy instead
-    assert "model: Qwen/Qwen3-30B-A3B-FP8 from moepolicy's catalog" in result.stderr.splitlines()[1]
+    assert (
+        "model: Qwen/Qwen3-30B-A3B-FP8 from moepolicy's catalog" in result.stderr.splitlines()[1]
+    )
     doc = yaml.safe_load(result.stdout)
     assert doc["schema_version"] == SCHEMA_VERSION and len(doc["layers"]) == 48
     assert doc["layers"][0]["order"] == "no_quant"
@@ -53,40 +64,123 @@ def test_plan_json_to_file(tmp_path):
 
 
 def test_plan_reports_difference_from_vllm(write_config):
-    config = {"hidden_size": 4096, "num_hidden_layers": 4, "num_experts": 64, "num_experts_per_tok": 8,
-              "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {
-                  "targets": ["Linear"],
-                  "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": False},
-                  "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}}
+    config = {
+        "hidden_size": 4096,
+        "num_hidden_layers": 4,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "config_groups": {
+                "g": {
+                    "targets": ["Linear"],
+                    "weights": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "strategy": "channel",
+                        "dynamic": False,
+                    },
+                    "input_activations": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "strategy": "token",
+                        "dynamic": True,
+                    },
+                }
+            },
+        },
+    }
     result = run_cli("plan", "--model", str(write_config(config)), "--ep-size", "8")
     assert result.returncode == 0, result.stderr
     assert "this policy differs from vLLM's own choice on 4 of 4 MoE layers" in result.stderr
-    vllm = run_cli("plan", "--model", str(write_config(config)), "--ep-size", "8", "--rules", "vllm")
+    vllm = run_cli(
+        "plan", "--model", str(write_config(config)), "--ep-size", "8", "--rules", "vllm"
+    )
     doc = yaml.safe_load(vllm.stdout)
     assert {layer["rule"] for layer in doc["layers"]} == {"vllm/ht-per-token"}
 
 
 def test_tune_ends_with_how_the_policy_differs_from_vllm(write_config, tmp_path):
-    config = {"hidden_size": 4096, "num_hidden_layers": 4, "num_experts": 64, "num_experts_per_tok": 8,
-              "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {
-                  "targets": ["Linear"],
-                  "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": False},
-                  "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}}
-    result = run_cli("tune", "--model", str(write_config(config)), "--ep-size", "8", "--bench", "model",
-                     "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "p.yaml"))
+    config = {
+        "hidden_size": 4096,
+        "num_hidden_layers": 4,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "config_groups": {
+                "g": {
+                    "targets": ["Linear"],
+                    "weights": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "strategy": "channel",
+                        "dynamic": False,
+                    },
+                    "input_activations": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "strategy": "token",
+                        "dynamic": True,
+                    },
+                }
+            },
+        },
+    }
+    result = run_cli(
+        "tune",
+        "--model",
+        str(write_config(config)),
+        "--ep-size",
+        "8",
+        "--bench",
+        "model",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "-o",
+        str(tmp_path / "p.yaml"),
+    )
     assert result.returncode == 0, result.stderr
     last = result.stderr.strip().splitlines()[-2]  # then "wrote ..."
-    assert last.startswith("this policy differs from vLLM's own choice on 4 of 4 MoE layers"), result.stderr
+    assert last.startswith("this policy differs from vLLM's own choice on 4 of 4 MoE layers"), (
+        result.stderr
+    )
     assert "DeepEP: its default configs (extrapolated)" in last
-    same = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "model", "--tokens", "128",
-                   "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "q.yaml"))
+    same = run_cli(
+        "tune",
+        "--model",
+        "Qwen3-30B-A3B-FP8",
+        "--ep-size",
+        "2",
+        "--bench",
+        "model",
+        "--tokens",
+        "128",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "-o",
+        str(tmp_path / "q.yaml"),
+    )
     assert same.returncode == 0, same.stderr
     assert "this policy matches vLLM's own choice on all 48 MoE layers; DeepEP: " in same.stderr
 
 
 def test_tune_says_when_it_resumes_a_study(tmp_path):
-    argv = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "model", "--tokens", "128,1024",
-            "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "p.yaml")]
+    argv = [
+        "tune",
+        "--model",
+        "Qwen3-30B-A3B-FP8",
+        "--ep-size",
+        "2",
+        "--bench",
+        "model",
+        "--tokens",
+        "128,1024",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "-o",
+        str(tmp_path / "p.yaml"),
+    ]
     first = run_cli(*argv)
     assert first.returncode == 0, first.stderr
     assert "resuming" not in first.stderr
@@ -106,49 +200,99 @@ def test_infeasible_exits_nonzero_with_reason():
 
 def test_a_model_without_moe_layers_gets_no_policy(write_config, tmp_path):
     """A dense model has nothing to dispatch: no policy and no expert-parallel launch for it."""
-    config = write_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-                           "num_hidden_layers": 32, "intermediate_size": 14336})
+    config = write_config(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "intermediate_size": 14336,
+        }
+    )
     out = tmp_path / "dense.yaml"
     planned = run_cli("plan", "--model", str(config), "--ep-size", "8", "-o", str(out))
     assert_one_line_error(planned, "has no MoE layers", code=5)
-    tuned = run_cli("tune", "--model", str(config), "--ep-size", "8", "-o", str(out))  # says its bench first
+    tuned = run_cli(
+        "tune", "--model", str(config), "--ep-size", "8", "-o", str(out)
+    )  # says its bench first
     assert tuned.returncode == 5 and "Traceback" not in tuned.stderr
     assert "has no MoE layers" in tuned.stderr.strip().splitlines()[-1]
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("plan", "--model", "Qwen3-30B-A3B-FP9", "--ep-size", "8"), "unknown model 'Qwen3-30B-A3B-FP9'"),
-    (("plan", "--model", "DeepSeek-V3"), "--ep-size is required"),
-    (("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--gpu", "h300"), "--gpu 'h300' is not a known profile"),
-    (("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--expert-kernel", "deepgem"), "did you mean 'deepgemm'"),
-    (("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--rules", "nope.yaml"), "--rules 'nope.yaml'"),
-    (("plan", "--model", "/no/such/config.json", "--ep-size", "8"), "no such file"),
-    (("plan", "--ep-size", "8"), "--model"),
-    (("explain", "--vocab", "--layer"), "expected one argument"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (
+            ("plan", "--model", "Qwen3-30B-A3B-FP9", "--ep-size", "8"),
+            "unknown model 'Qwen3-30B-A3B-FP9'",
+        ),
+        (("plan", "--model", "DeepSeek-V3"), "--ep-size is required"),
+        (
+            ("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--gpu", "h300"),
+            "--gpu 'h300' is not a known profile",
+        ),
+        (
+            ("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--expert-kernel", "deepgem"),
+            "did you mean 'deepgemm'",
+        ),
+        (
+            ("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--rules", "nope.yaml"),
+            "--rules 'nope.yaml'",
+        ),
+        (("plan", "--model", "/no/such/config.json", "--ep-size", "8"), "no such file"),
+        (("plan", "--ep-size", "8"), "--model"),
+        (("explain", "--vocab", "--layer"), "expected one argument"),
+    ],
+)
 def test_usage_and_input_errors_are_one_line(args, fragment):
     assert_one_line_error(run_cli(*args), fragment)
 
 
 def test_bad_config_error_names_file_and_field(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2}))
+    path.write_text(
+        json.dumps({"num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2})
+    )
     result = run_cli("plan", "--model", str(path), "--ep-size", "8")
     assert_one_line_error(result, f"{path}: missing field 'hidden_size'", code=3)
 
 
 def test_explain_from_file_and_from_model(tmp_path):
     out = tmp_path / "ds.yaml"
-    assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--expert-kernel", "deepgemm",
-                   "-o", str(out)).returncode == 0
+    assert (
+        run_cli(
+            "plan",
+            "--model",
+            "DeepSeek-V3",
+            "--ep-size",
+            "8",
+            "--expert-kernel",
+            "deepgemm",
+            "-o",
+            str(out),
+        ).returncode
+        == 0
+    )
     from_file = run_cli("explain", str(out), "--layer", "3")
     assert from_file.returncode == 0, from_file.stderr
     assert "layer 3: quant_then_dispatch" in from_file.stdout
-    assert "no        deepep/dense/none (priority 1000): layer.kind eq dense failed: saw moe" in from_file.stdout
+    assert (
+        "no        deepep/dense/none (priority 1000): layer.kind eq dense failed: saw moe"
+        in from_file.stdout
+    )
     assert "=> fired     deepep/deepep-ht/block-fp8" in from_file.stdout
-    from_model = run_cli("explain", "--model", "DeepSeek-V3", "--ep-size", "8", "--expert-kernel", "deepgemm",
-                         "--layer", "3")
+    from_model = run_cli(
+        "explain",
+        "--model",
+        "DeepSeek-V3",
+        "--ep-size",
+        "8",
+        "--expert-kernel",
+        "deepgemm",
+        "--layer",
+        "3",
+    )
     assert from_model.stdout == from_file.stdout
     missing = run_cli("explain", str(out), "--layer", "99")
     assert_one_line_error(missing, "--layer 99 is not in")
@@ -156,14 +300,21 @@ def test_explain_from_file_and_from_model(tmp_path):
 
 def test_audit_groups_fallbacks(tmp_path):
     out = tmp_path / "glm.yaml"
-    assert run_cli("plan", "--model", "GLM-4.6-FP8-dynamic", "--ep-size", "8", "-o", str(out)).returncode == 0
+    assert (
+        run_cli(
+            "plan", "--model", "GLM-4.6-FP8-dynamic", "--ep-size", "8", "-o", str(out)
+        ).returncode
+        == 0
+    )
     result = run_cli("audit", str(out))
     assert result.returncode == 0
     assert "90 fell back" in result.stdout
     assert "- 90 layer(s) [3-92] by moe/unknown-scheme" in result.stdout
     doc = yaml.safe_load(out.read_text())
     assert f"DeepEP: {doc['deepep']['num_sms']} SMs" in result.stdout
-    assert f"; {doc['deepep']['provenance']['source']}" in result.stdout  # plan writes DeepEP's defaults
+    assert (
+        f"; {doc['deepep']['provenance']['source']}" in result.stdout
+    )  # plan writes DeepEP's defaults
     assert f"  {doc['deepep']['provenance']['note']}" in result.stdout  # and says whose defaults
 
 
@@ -188,6 +339,11 @@ def test_installed_console_script_carries_its_data(tmp_path):
     result = subprocess.run([exe, "models"], cwd=tmp_path, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert "openai/gpt-oss-120b" in result.stdout
-    plan = subprocess.run([exe, "plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--gpu", "h200"],
-                          cwd=tmp_path, capture_output=True, text=True, env=env)
+    plan = subprocess.run(
+        [exe, "plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--gpu", "h200"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert plan.returncode == 0, plan.stderr

@@ -11,14 +11,33 @@ def test_quiet_leaves_only_warnings_and_errors(tmp_path):
     quiet = run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "-o", str(out), "-q")
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     warned = run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "2", "-o", str(out), "-q")
-    assert warned.returncode == 0 and warned.stderr.startswith("warning:")  # the weights do not fit
+    assert warned.returncode == 0 and warned.stderr.startswith(
+        "warning:"
+    )  # the weights do not fit
 
 
 def test_log_file_keeps_the_tunes_lines_with_times(tmp_path):
     log = tmp_path / "tune.log"
-    done = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "model", "--tokens", "1024",
-                   "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "p.yaml"), "-q",
-                   "--log-level", "info", "--log-file", str(log))
+    done = run_cli(
+        "tune",
+        "--model",
+        "Qwen3-30B-A3B-FP8",
+        "--ep-size",
+        "2",
+        "--bench",
+        "model",
+        "--tokens",
+        "1024",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "-o",
+        str(tmp_path / "p.yaml"),
+        "-q",
+        "--log-level",
+        "info",
+        "--log-file",
+        str(log),
+    )
     assert done.returncode == 0, done.stderr
     text = log.read_text()
     assert "moepolicy.tuning" in text and " INFO " in text
@@ -32,7 +51,11 @@ def test_an_unopenable_log_file_is_one_line(tmp_path):
 
 def test_help_lists_the_exit_codes():
     done = run_cli("--help")
-    assert "exit codes:" in done.stdout and "130 interrupted" in done.stdout and "  6 A policy document" in done.stdout
+    assert (
+        "exit codes:" in done.stdout
+        and "130 interrupted" in done.stdout
+        and "  6 A policy document" in done.stdout
+    )
     assert "exit codes:" in run_cli("validate", "--help").stdout
 
 

@@ -56,11 +56,30 @@ def test_a_bench_rank_that_dies_ends_the_bench_in_one_line(tmp_path):
     torch = pytest.importorskip("torch", reason="bench needs torch")  # noqa: F841
     policy = tmp_path / "p.yaml"
     assert run_cli("plan", "--model", MODEL, "--ep-size", "2", "-o", str(policy)).returncode == 0
-    bench = subprocess.Popen(cli_command("bench", str(policy), "--transport", "emulated", "--tokens", "16",
-                                         "--rounds", "200", "--reps", "5", "--routing", "uniform"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    bench = subprocess.Popen(
+        cli_command(
+            "bench",
+            str(policy),
+            "--transport",
+            "emulated",
+            "--tokens",
+            "16",
+            "--rounds",
+            "200",
+            "--reps",
+            "5",
+            "--routing",
+            "uniform",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     deadline = time.monotonic() + 120
-    while len(_spawned_ranks(bench.pid)) < 2 and time.monotonic() < deadline and bench.poll() is None:
+    while (
+        len(_spawned_ranks(bench.pid)) < 2 and time.monotonic() < deadline and bench.poll() is None
+    ):
         time.sleep(0.2)
     ranks = _spawned_ranks(bench.pid)
     assert len(ranks) == 2, "the bench did not start its ranks"
@@ -87,16 +106,43 @@ FULL_DISK = textwrap.dedent("""
 
 
 def _tune_on_a_small_disk(tmp_path, pages: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", FULL_DISK, str(pages), "tune", "--model", MODEL, "--ep-size", "2",
-                           "--gpu", "h200", "--bench", "model", "--trials", "60", "--tokens", "128,1024",
-                           "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "p.yaml")],
-                          capture_output=True, text=True, env=ENV, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            FULL_DISK,
+            str(pages),
+            "tune",
+            "--model",
+            MODEL,
+            "--ep-size",
+            "2",
+            "--gpu",
+            "h200",
+            "--bench",
+            "model",
+            "--trials",
+            "60",
+            "--tokens",
+            "128,1024",
+            "--storage",
+            f"sqlite:///{tmp_path}/s.db",
+            "-o",
+            str(tmp_path / "p.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
 
 
 def test_a_study_database_that_fills_up_mid_tune_ends_in_one_line_with_a_partial_policy(tmp_path):
     from moepolicy import load_policy
 
-    result = _tune_on_a_small_disk(tmp_path, 60)  # about 40 trials fit of the 120 asked (one SM count is calibrated at both buckets)
+    result = _tune_on_a_small_disk(
+        tmp_path, 60
+    )  # about 40 trials fit of the 120 asked (one SM count is calibrated at both buckets)
     assert result.returncode == 7, result.stderr
     line = _last_line(result.stderr)
     assert "database or disk is full" in line and "run the same command to resume" in line, line
@@ -121,17 +167,49 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("rank, sig, code, said", [
-    ("0", signal.SIGINT, 130, "interrupted"), ("0", signal.SIGTERM, 143, "terminated"),
-    ("1", signal.SIGINT, 130, "interrupted"), ("1", signal.SIGTERM, 143, "terminated")])
-def test_a_torchrun_rank_waiting_for_a_missing_peer_says_so_and_honours_signals(tmp_path, rank, sig, code, said):
+@pytest.mark.parametrize(
+    "rank, sig, code, said",
+    [
+        ("0", signal.SIGINT, 130, "interrupted"),
+        ("0", signal.SIGTERM, 143, "terminated"),
+        ("1", signal.SIGINT, 130, "interrupted"),
+        ("1", signal.SIGTERM, 143, "terminated"),
+    ],
+)
+def test_a_torchrun_rank_waiting_for_a_missing_peer_says_so_and_honours_signals(
+    tmp_path, rank, sig, code, said
+):
     pytest.importorskip("torch.distributed", reason="--launcher torchrun needs torch")
-    env = {**ENV, "RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": rank, "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port())}
-    proc = subprocess.Popen(cli_command("tune", "--launcher", "torchrun", "--bench", "model", "--model", MODEL,
-                                        "--gpu", "h200", "--trials", "1", "--storage", f"sqlite:///{tmp_path}/s.db",
-                                        "-o", str(tmp_path / "p.yaml")),
-                            stderr=subprocess.PIPE, text=True, env=env)
+    env = {
+        **ENV,
+        "RANK": rank,
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": rank,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+    proc = subprocess.Popen(
+        cli_command(
+            "tune",
+            "--launcher",
+            "torchrun",
+            "--bench",
+            "model",
+            "--model",
+            MODEL,
+            "--gpu",
+            "h200",
+            "--trials",
+            "1",
+            "--storage",
+            f"sqlite:///{tmp_path}/s.db",
+            "-o",
+            str(tmp_path / "p.yaml"),
+        ),
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     import threading
 
     silent = threading.Timer(60, proc.kill)  # a rank that says nothing for a minute fails the test
@@ -151,12 +229,38 @@ def test_a_torchrun_rank_waiting_for_a_missing_peer_says_so_and_honours_signals(
 
 def test_ctrl_c_during_a_live_tune_prints_no_traceback_from_any_rank(tmp_path):
     """A terminal sends Ctrl-C to the whole process group: the tune and every worker rank."""
-    cmd = cli_command("tune", "--model", MODEL, "--ep-size", "2", "--gpu", "h200", "--bench", "live",
-                      "--trials", "30", "--tokens", "128,1024", "--storage", f"sqlite:///{tmp_path}/s.db",
-                      "-o", str(tmp_path / "p.yaml"), fake_deepep=2)
-    for delay in (1.0, 6.0):  # while the ranks start (their interpreters importing), and while they measure
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
-                                start_new_session=True)
+    cmd = cli_command(
+        "tune",
+        "--model",
+        MODEL,
+        "--ep-size",
+        "2",
+        "--gpu",
+        "h200",
+        "--bench",
+        "live",
+        "--trials",
+        "30",
+        "--tokens",
+        "128,1024",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "-o",
+        str(tmp_path / "p.yaml"),
+        fake_deepep=2,
+    )
+    for delay in (
+        1.0,
+        6.0,
+    ):  # while the ranks start (their interpreters importing), and while they measure
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+            start_new_session=True,
+        )
         time.sleep(delay)
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)

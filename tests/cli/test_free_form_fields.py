@@ -8,19 +8,38 @@ import yaml
 from conftest import run_cli
 
 pytest.importorskip("optuna", reason="the tuned policy comes from a model-bench tune")
-pytestmark = pytest.mark.slow  # a tune and about forty commands: beside the fuzzer, in the full profile
+pytestmark = (
+    pytest.mark.slow
+)  # a tune and about forty commands: beside the fuzzer, in the full profile
 
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tuned")
     out = folder / "t.yaml"
-    result = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "model", "--trials", "1",
-                     "--tokens", "128,1024", "--storage", f"sqlite:///{folder}/s.db", "-o", str(out))
+    result = run_cli(
+        "tune",
+        "--model",
+        "Qwen3-30B-A3B-FP8",
+        "--ep-size",
+        "2",
+        "--bench",
+        "model",
+        "--trials",
+        "1",
+        "--tokens",
+        "128,1024",
+        "--storage",
+        f"sqlite:///{folder}/s.db",
+        "-o",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     from moepolicy.document.yaml_io import parse_text
 
-    return parse_text(out.read_text())  # the document tree: each layer with its facts (not their table's names)
+    return parse_text(
+        out.read_text()
+    )  # the document tree: each layer with its facts (not their table's names)
 
 
 def _write(tmp_path, doc, edit):
@@ -37,22 +56,36 @@ def _write(tmp_path, doc, edit):
 FREE_FORM_EDITS = {
     "modelled without its times": lambda d: d["deepep"]["buckets"][0]["modelled"].pop("us"),
     "a 2.1 confirm without rounds": lambda d: d["deepep"]["buckets"][0].update(
-        measured={"confirm": {"vs_engine": {"speedup": 1.1}, "median_us": {"engine": 1}}}),
-    "an overlap row of strings": lambda d: d["deepep"]["buckets"][0].update(measured={"overlapped_us": "fast"}),
+        measured={"confirm": {"vs_engine": {"speedup": 1.1}, "median_us": {"engine": 1}}}
+    ),
+    "an overlap row of strings": lambda d: d["deepep"]["buckets"][0].update(
+        measured={"overlapped_us": "fast"}
+    ),
     "an overlap row dividing by zero": lambda d: d["deepep"]["buckets"][0].update(
-        measured={"overlapped_us": 1.0, "comm_us": 0, "gemm_us": 0}),
-    "a scan of strings": lambda d: d["deepep"]["provenance"].update(scan=[{"tokens": "x", "num_sms": [], "best_us": {}}]),
+        measured={"overlapped_us": 1.0, "comm_us": 0, "gemm_us": 0}
+    ),
+    "a scan of strings": lambda d: d["deepep"]["provenance"].update(
+        scan=[{"tokens": "x", "num_sms": [], "best_us": {}}]
+    ),
     "a scan of huge numbers": lambda d: d["deepep"]["provenance"].update(
-        scan=[{"tokens": 128, "num_sms": 1e308, "best_us": float("inf")}, {"tokens": 10**30, "num_sms": 8, "best_us": 1}]),
+        scan=[
+            {"tokens": 128, "num_sms": 1e308, "best_us": float("inf")},
+            {"tokens": 10**30, "num_sms": 8, "best_us": 1},
+        ]
+    ),
     "ten thousand token buckets in the scan": lambda d: d["deepep"]["provenance"].update(
-        scan=[{"tokens": t, "num_sms": 8, "best_us": 1.0} for t in range(1, 10_001)]),
-    "overlap splits of garbage": lambda d: d["deepep"].update(overlap={"splits_us": {"x": "y", "-3": None, "24": 1e400},
-                                                                       "comm_sms": "many"}),
+        scan=[{"tokens": t, "num_sms": 8, "best_us": 1.0} for t in range(1, 10_001)]
+    ),
+    "overlap splits of garbage": lambda d: d["deepep"].update(
+        overlap={"splits_us": {"x": "y", "-3": None, "24": 1e400}, "comm_sms": "many"}
+    ),
 }
 
 
 @pytest.mark.parametrize("edit", list(FREE_FORM_EDITS))
-def test_audit_and_report_show_what_they_can_of_a_hand_edited_free_form_field(tuned, tmp_path, edit):
+def test_audit_and_report_show_what_they_can_of_a_hand_edited_free_form_field(
+    tuned, tmp_path, edit
+):
     path = _write(tmp_path, tuned, FREE_FORM_EDITS[edit])
     assert run_cli("validate", str(path)).returncode == 0  # free-form: validate accepts it
     for args in (("audit", str(path)), ("report", str(path), "--plots", str(tmp_path / "plots"))):
@@ -60,16 +93,32 @@ def test_audit_and_report_show_what_they_can_of_a_hand_edited_free_form_field(tu
         assert result.returncode == 0 and "Traceback" not in result.stderr, (args, result.stderr)
 
 
-@pytest.mark.parametrize("fact, value", [("target.layout", {}), ("target.layout", "sideways"), ("layer.top_k", "8"),
-                                         ("layer.hidden_size", None), ("target.options", "fp8"), ("layer.is_mtp", 1)])
-def test_stored_facts_the_rules_cannot_replay_are_refused_in_one_line(tuned, tmp_path, fact, value):
+@pytest.mark.parametrize(
+    "fact, value",
+    [
+        ("target.layout", {}),
+        ("target.layout", "sideways"),
+        ("layer.top_k", "8"),
+        ("layer.hidden_size", None),
+        ("target.options", "fp8"),
+        ("layer.is_mtp", 1),
+    ],
+)
+def test_stored_facts_the_rules_cannot_replay_are_refused_in_one_line(
+    tuned, tmp_path, fact, value
+):
     def edit(doc):
         for layer in doc["layers"]:
             layer["facts"] = {**layer["facts"], fact: value}
 
     path = _write(tmp_path, tuned, edit)
-    for args in (("validate",), ("validate", "--rekey"), ("explain", "--layer", "3"), ("export", "--to", "vllm"),
-                 ("bench", "--dry-run")):
+    for args in (
+        ("validate",),
+        ("validate", "--rekey"),
+        ("explain", "--layer", "3"),
+        ("export", "--to", "vllm"),
+        ("bench", "--dry-run"),
+    ):
         result = run_cli(args[0], str(path), *args[1:])
         assert result.returncode == 6 and "Traceback" not in result.stderr, (args, result.stderr)
         assert f"facts.{fact}: must be" in result.stderr.strip().splitlines()[-1]

@@ -15,9 +15,20 @@ import yaml
 from conftest import run_cli
 
 MODEL = "Qwen3-30B-A3B-FP8"
-PACK = {"pack": "mine", "version": "1", "rules": [{
-    "id": "mine/all-bf16", "priority": 10000, "when": {"fact": "layer.kind", "op": "eq", "value": "moe"},
-    "then": {"order": "dispatch_then_quant", "numerics": "exact"}, "why": "w", "source": "s"}]}
+PACK = {
+    "pack": "mine",
+    "version": "1",
+    "rules": [
+        {
+            "id": "mine/all-bf16",
+            "priority": 10000,
+            "when": {"fact": "layer.kind", "op": "eq", "value": "moe"},
+            "then": {"order": "dispatch_then_quant", "numerics": "exact"},
+            "why": "w",
+            "source": "s",
+        }
+    ],
+}
 
 
 def _one_line_refusal(result, code: int, fragment: str) -> str:
@@ -32,24 +43,51 @@ def inputs(tmp_path, write_config):
     """A local checkpoint, a rule pack, a policy and a storage file, as a user has them."""
     from moepolicy.checkpoint.catalog import lookup
 
-    folder = write_config(json.loads((lookup(MODEL).folder / "config.json").read_text()), name="ckpt")
+    folder = write_config(
+        json.loads((lookup(MODEL).folder / "config.json").read_text()), name="ckpt"
+    )
     pack = tmp_path / "mine.yaml"
     pack.write_text(yaml.safe_dump(PACK))
     policy = tmp_path / "p.yaml"
-    assert run_cli("plan", "--model", str(folder), "--ep-size", "2", "-o", str(policy)).returncode == 0
-    return {"model": folder, "config": folder / "config.json", "pack": pack, "policy": policy,
-            "db": tmp_path / "s.db", "journal": tmp_path / "s.log"}
+    assert (
+        run_cli("plan", "--model", str(folder), "--ep-size", "2", "-o", str(policy)).returncode
+        == 0
+    )
+    return {
+        "model": folder,
+        "config": folder / "config.json",
+        "pack": pack,
+        "policy": policy,
+        "db": tmp_path / "s.db",
+        "journal": tmp_path / "s.log",
+    }
 
 
 def _cases(i: dict) -> list[tuple[list[str], Path]]:
     """(command, the input its -o names)."""
     plan = ["plan", "--model", str(i["model"]), "--ep-size", "2"]
-    tune = ["tune", "--model", str(i["model"]), "--ep-size", "2", "--bench", "model", "--trials", "1"]
+    tune = [
+        "tune",
+        "--model",
+        str(i["model"]),
+        "--ep-size",
+        "2",
+        "--bench",
+        "model",
+        "--trials",
+        "1",
+    ]
     return [
         ([*plan, "-o", str(i["config"])], i["config"]),
-        ([*plan, "-o", str(i["model"] / "hf_quant_config.json")], i["model"] / "hf_quant_config.json"),
+        (
+            [*plan, "-o", str(i["model"] / "hf_quant_config.json")],
+            i["model"] / "hf_quant_config.json",
+        ),
         ([*plan, "--rules", str(i["pack"]), "-o", str(i["pack"])], i["pack"]),
-        (["plan", "--model", str(i["config"]), "--ep-size", "2", "-o", str(i["config"])], i["config"]),
+        (
+            ["plan", "--model", str(i["config"]), "--ep-size", "2", "-o", str(i["config"])],
+            i["config"],
+        ),
         ([*tune, "--storage", f"sqlite:///{i['db']}", "-o", str(i["db"])], i["db"]),
         ([*tune, "--storage", str(i["journal"]), "-o", str(i["journal"])], i["journal"]),
         ([*tune, "--storage", f"sqlite:///{i['db']}", "-o", str(i["config"])], i["config"]),
@@ -66,7 +104,9 @@ def test_an_output_that_names_the_command_s_own_input_is_refused_before_any_work
         before = victim.read_bytes() if victim.exists() else None
         result = run_cli(*command)
         _one_line_refusal(result, 8, "which this command reads")
-        assert "tuning hidden" not in result.stderr and "target:" not in result.stderr  # before any work
+        assert (
+            "tuning hidden" not in result.stderr and "target:" not in result.stderr
+        )  # before any work
         assert (victim.read_bytes() if victim.exists() else None) == before, command
 
 
@@ -76,10 +116,21 @@ def test_an_output_reaching_an_input_through_a_link_is_refused(inputs, tmp_path)
     hard = tmp_path / "hard.yaml"
     os.link(inputs["pack"], hard)
     dotted = str(inputs["model"]) + "/../ckpt/./config.json"
-    for command in (["export", str(inputs["policy"]), "--to", "vllm", "-o", str(soft)],
-                    ["plan", "--model", str(inputs["model"]), "--ep-size", "2", "--rules", str(inputs["pack"]),
-                     "-o", str(hard)],
-                    ["plan", "--model", str(inputs["model"]), "--ep-size", "2", "-o", dotted]):
+    for command in (
+        ["export", str(inputs["policy"]), "--to", "vllm", "-o", str(soft)],
+        [
+            "plan",
+            "--model",
+            str(inputs["model"]),
+            "--ep-size",
+            "2",
+            "--rules",
+            str(inputs["pack"]),
+            "-o",
+            str(hard),
+        ],
+        ["plan", "--model", str(inputs["model"]), "--ep-size", "2", "-o", dotted],
+    ):
         _one_line_refusal(run_cli(*command), 8, "which this command reads")
     assert yaml.safe_load(inputs["pack"].read_text()) == PACK
 
@@ -89,7 +140,9 @@ def test_report_never_draws_over_the_policy_it_reports(inputs, tmp_path):
     plots.mkdir()
     policy = plots / "sms.png"
     policy.write_bytes(inputs["policy"].read_bytes())
-    _one_line_refusal(run_cli("report", str(policy), "--plots", str(plots)), 8, "which this command reads")
+    _one_line_refusal(
+        run_cli("report", str(policy), "--plots", str(plots)), 8, "which this command reads"
+    )
     assert policy.read_bytes() == inputs["policy"].read_bytes()
 
 
@@ -104,15 +157,25 @@ def test_every_command_s_output_flag_is_the_same():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     for name in COMMANDS_WITH_OUTPUT:
         flags = {a.dest: a for a in sub.choices[name]._actions}
-        assert flags["output"].option_strings == ["-o", "--output"] and OUTPUT_HELP in flags["output"].help, name
+        assert (
+            flags["output"].option_strings == ["-o", "--output"]
+            and OUTPUT_HELP in flags["output"].help
+        ), name
 
 
 def test_dash_is_standard_output_and_a_file_is_said_in_every_command(inputs, tmp_path):
     policy = str(inputs["policy"])
-    for args in (("plan", "--model", MODEL, "--ep-size", "2"), ("export", policy, "--to", "vllm", "--format", "json"),
-                 ("export", policy, "--to", "sglang")):
+    for args in (
+        ("plan", "--model", MODEL, "--ep-size", "2"),
+        ("export", policy, "--to", "vllm", "--format", "json"),
+        ("export", policy, "--to", "sglang"),
+    ):
         to_stdout = run_cli(*args, "-o", "-")
-        assert to_stdout.returncode == 0 and to_stdout.stdout.strip() and not (tmp_path / "-").exists()
+        assert (
+            to_stdout.returncode == 0
+            and to_stdout.stdout.strip()
+            and not (tmp_path / "-").exists()
+        )
         target = tmp_path / f"{args[0]}.out"
         to_file = run_cli(*args, "-o", str(target))
         assert to_file.returncode == 0 and _same(target.read_text(), to_stdout.stdout)
@@ -129,7 +192,11 @@ def _same(a: str, b: str) -> bool:
 
 def test_argparse_s_messages_are_escaped_as_every_other_message():
     hostile = "--\x1b]8;;https://evil\x07x\x1b[2J\u202e"
-    for args in (("plan", "--model", "m", hostile), ("validate", "p.yaml", hostile), ("export", "p", "--to", "\x1b[31mx")):
+    for args in (
+        ("plan", "--model", "m", hostile),
+        ("validate", "p.yaml", hostile),
+        ("export", "p", "--to", "\x1b[31mx"),
+    ):
         result = run_cli(*args)
         assert result.returncode == 2
         assert not [c for c in result.stderr if c in "\x1b\x07\u202e"], result.stderr
@@ -167,7 +234,10 @@ def test_an_os_error_names_what_failed_and_only_stdout_says_standard_output(caps
         SafeStream(Full()).write("a table\n")
 
     _run(argparse.Namespace(command="models", run=printing), None)
-    assert capsys.readouterr().err.strip() == "moepolicy: cannot write to standard output (No space left on device)"
+    assert (
+        capsys.readouterr().err.strip()
+        == "moepolicy: cannot write to standard output (No space left on device)"
+    )
 
 
 # --------------------------------------------------------------------- a finished result is kept
@@ -192,13 +262,39 @@ def test_a_tune_whose_final_write_fails_keeps_the_result_and_says_where(tmp_path
     out_dir.mkdir()
     spare.mkdir()
     result = subprocess.run(
-        [sys.executable, "-c", FAIL_WRITES_UNDER, str(out_dir), "tune", "--model", MODEL, "--ep-size", "2",
-         "--bench", "model", "--trials", "1", "--tokens", "128", "--storage", f"sqlite:///{tmp_path}/s.db",
-         "-o", str(out_dir / "p.yaml")],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "MOEPOLICY_OFFLINE": "1", "TMPDIR": str(spare)})
+        [
+            sys.executable,
+            "-c",
+            FAIL_WRITES_UNDER,
+            str(out_dir),
+            "tune",
+            "--model",
+            MODEL,
+            "--ep-size",
+            "2",
+            "--bench",
+            "model",
+            "--trials",
+            "1",
+            "--tokens",
+            "128",
+            "--storage",
+            f"sqlite:///{tmp_path}/s.db",
+            "-o",
+            str(out_dir / "p.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MOEPOLICY_OFFLINE": "1", "TMPDIR": str(spare)},
+    )
     line = _one_line_refusal(result, 8, "No space left on device")
     kept = list(spare.glob("p.unsaved-*.yaml"))
-    assert len(kept) == 1 and f"kept in {kept[0]}" in line and f"mv {kept[0]} {out_dir / 'p.yaml'}" in line
+    assert (
+        len(kept) == 1
+        and f"kept in {kept[0]}" in line
+        and f"mv {kept[0]} {out_dir / 'p.yaml'}" in line
+    )
     assert run_cli("validate", str(kept[0])).returncode == 0
     assert not list(out_dir.iterdir())  # nothing half-written where the write failed
 
@@ -222,8 +318,15 @@ WRITER = textwrap.dedent("""
 
 def test_two_writers_of_one_path_never_delete_each_other_s_temporary_file(tmp_path):
     target = tmp_path / "policy.yaml"
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(target), tag, "100"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for tag in ("a", "b")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(target), tag, "100"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for tag in ("a", "b")
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [int(out.strip()) for out, _ in outs] == [0, 0], [err[-500:] for _, err in outs]
     text = target.read_text()
@@ -235,7 +338,9 @@ def test_a_killed_writer_s_temporary_file_is_removed_and_a_live_one_is_not(tmp_p
     from moepolicy.files import atomic_write
 
     target = tmp_path / "p.yaml"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     stale = tmp_path / f".p.yaml.abc123.{dead.stdout.strip()}.tmp"
     live = tmp_path / f".p.yaml.def456.{os.getppid()}.tmp"
     for path in (stale, live):
@@ -247,13 +352,34 @@ def test_a_killed_writer_s_temporary_file_is_removed_and_a_live_one_is_not(tmp_p
 # --------------------------------------------------------------------------- flags checked in one line
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "1e300"])
 def test_a_trial_timeout_that_would_turn_the_watchdog_off_is_refused(tmp_path, value):
-    result = run_cli("tune", "--model", MODEL, "--ep-size", "2", "--bench", "model", f"--trial-timeout={value}",
-                     "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "p.yaml"))
+    result = run_cli(
+        "tune",
+        "--model",
+        MODEL,
+        "--ep-size",
+        "2",
+        "--bench",
+        "model",
+        f"--trial-timeout={value}",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "-o",
+        str(tmp_path / "p.yaml"),
+    )
     _one_line_refusal(result, 2, "--trial-timeout must be")
 
 
-@pytest.mark.parametrize("flag, value", [("--ranks", "0"), ("--ranks", "-2"), ("--ranks", str(10**9)),
-                                         ("--reps", "0"), ("--reps", "-1"), ("--reps", str(10**9))])
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--ranks", "0"),
+        ("--ranks", "-2"),
+        ("--ranks", str(10**9)),
+        ("--reps", "0"),
+        ("--reps", "-1"),
+        ("--reps", str(10**9)),
+    ],
+)
 def test_bench_counts_are_checked_in_one_line(inputs, flag, value):
     result = run_cli("bench", str(inputs["policy"]), "--transport", "emulated", f"{flag}={value}")
     _one_line_refusal(result, 2, f"{flag} must be from 1 to")
@@ -264,10 +390,28 @@ def test_a_storage_that_is_a_fifo_a_device_or_a_folder_is_refused_before_it_is_o
     os.mkfifo(fifo)
     journal_fifo = tmp_path / "j.log"
     os.mkfifo(journal_fifo)
-    for storage, what in ((f"sqlite:///{fifo}", "is a FIFO"), (str(journal_fifo), "is a FIFO"),
-                          ("sqlite:////dev/zero", "is a device"), ("journal:/dev/zero", "is a device"),
-                          (f"sqlite:///{tmp_path}", "is a folder"), ("/dev/null", "expected an optuna RDB URL")):
-        result = run_cli("tune", "--model", MODEL, "--ep-size", "2", "--bench", "model", "--trials", "1",
-                         "--storage", storage, "-o", str(tmp_path / "p.yaml"))
+    for storage, what in (
+        (f"sqlite:///{fifo}", "is a FIFO"),
+        (str(journal_fifo), "is a FIFO"),
+        ("sqlite:////dev/zero", "is a device"),
+        ("journal:/dev/zero", "is a device"),
+        (f"sqlite:///{tmp_path}", "is a folder"),
+        ("/dev/null", "expected an optuna RDB URL"),
+    ):
+        result = run_cli(
+            "tune",
+            "--model",
+            MODEL,
+            "--ep-size",
+            "2",
+            "--bench",
+            "model",
+            "--trials",
+            "1",
+            "--storage",
+            storage,
+            "-o",
+            str(tmp_path / "p.yaml"),
+        )
         _one_line_refusal(result, 7, what)
     assert not (tmp_path / "p.yaml").exists()

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 # A command stand-in: the CLI's real main(), with the command's work replaced by ``WORK``.
-DRIVER = textwrap.dedent('''
+DRIVER = textwrap.dedent("""
     import argparse, sys
     import moepolicy.cli.main as cli
 
@@ -24,7 +24,7 @@ DRIVER = textwrap.dedent('''
 
     cli.build_parser = build_parser
     sys.exit(cli.main([]))
-''')
+""")
 
 
 @pytest.fixture
@@ -32,15 +32,24 @@ def run_driver(tmp_path):
     def run(work: str) -> subprocess.CompletedProcess:
         (tmp_path / "signal_driver.py").write_text(DRIVER.format(work=textwrap.dedent(work)))
         path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-        return subprocess.run([sys.executable, "-m", "signal_driver"], capture_output=True, text=True,
-                              timeout=120, env={**os.environ, "PYTHONPATH": path})
+        return subprocess.run(
+            [sys.executable, "-m", "signal_driver"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": path},
+        )
 
     return run
 
 
-@pytest.mark.parametrize("sig, code, line", [("SIGINT", 130, "moepolicy: interrupted"),
-                                             ("SIGTERM", 143, "moepolicy: terminated")])
-def test_a_signal_inside_execd_code_exits_with_its_code_not_by_the_signal(run_driver, sig, code, line):
+@pytest.mark.parametrize(
+    "sig, code, line",
+    [("SIGINT", 130, "moepolicy: interrupted"), ("SIGTERM", 143, "moepolicy: terminated")],
+)
+def test_a_signal_inside_execd_code_exits_with_its_code_not_by_the_signal(
+    run_driver, sig, code, line
+):
     """CPython ends the interpreter by SIGINT when a plain KeyboardInterrupt escaped code run by
     ``exec`` (``dataclasses`` runs exec while the commands import), even after the CLI handled it."""
     done = run_driver(f"""
@@ -52,7 +61,9 @@ def test_a_signal_inside_execd_code_exits_with_its_code_not_by_the_signal(run_dr
     assert done.stderr.strip().splitlines() == [line]
 
 
-def test_an_interrupt_turned_into_another_exception_while_importing_ends_as_the_interrupt(run_driver):
+def test_an_interrupt_turned_into_another_exception_while_importing_ends_as_the_interrupt(
+    run_driver,
+):
     """Ctrl-C inside a class body being built surfaces as RuntimeError ('Error calling
     __set_name__'), inside a compiled extension's import as its own error: still exit 130, one line."""
     done = run_driver("""

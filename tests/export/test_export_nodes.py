@@ -8,8 +8,20 @@ from conftest import run_cli
 
 def launch_line(tmp_path, ep_size: int) -> list[str]:
     policy = tmp_path / f"ds{ep_size}.yaml"
-    assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", str(ep_size), "--gpu", "h200",
-                   "-o", str(policy)).returncode == 0
+    assert (
+        run_cli(
+            "plan",
+            "--model",
+            "DeepSeek-V3",
+            "--ep-size",
+            str(ep_size),
+            "--gpu",
+            "h200",
+            "-o",
+            str(policy),
+        ).returncode
+        == 0
+    )
     done = run_cli("export", str(policy), "--to", "sglang", "--format", "launch")
     assert done.returncode == 0, done.stderr
     command = [line for line in done.stdout.splitlines() if line.startswith("python -m sglang")]
@@ -31,11 +43,27 @@ def test_one_node_has_no_node_flags(tmp_path):
 
 def vllm_launches(tmp_path, ep_size: int) -> list[list[str]]:
     policy = tmp_path / f"v{ep_size}.yaml"
-    assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", str(ep_size), "--gpu", "h200",
-                   "-o", str(policy)).returncode == 0
+    assert (
+        run_cli(
+            "plan",
+            "--model",
+            "DeepSeek-V3",
+            "--ep-size",
+            str(ep_size),
+            "--gpu",
+            "h200",
+            "-o",
+            str(policy),
+        ).returncode
+        == 0
+    )
     done = run_cli("export", str(policy), "--to", "vllm")
     assert done.returncode == 0, done.stderr
-    return [shlex.split(line, posix=False) for line in done.stdout.splitlines() if line.startswith("vllm serve")]
+    return [
+        shlex.split(line, posix=False)
+        for line in done.stdout.splitlines()
+        if line.startswith("vllm serve")
+    ]
 
 
 def test_vllm_ep_16_on_8_gpu_nodes_has_a_head_and_headless_nodes(tmp_path):
@@ -43,9 +71,16 @@ def test_vllm_ep_16_on_8_gpu_nodes_has_a_head_and_headless_nodes(tmp_path):
     for args in (head, other):
         assert args[args.index("--data-parallel-size") + 1] == "16"
         assert args[args.index("--data-parallel-size-local") + 1] == "8"
-        assert args[args.index("--data-parallel-address") + 1] == "$HEAD_ADDR"  # the shell expands it
-    assert "--headless" not in head and "--data-parallel-start-rank" not in head  # ranks 0-7, the API server
-    assert "--headless" in other and other[other.index("--data-parallel-start-rank") + 1] == "$((NODE_RANK"
+        assert (
+            args[args.index("--data-parallel-address") + 1] == "$HEAD_ADDR"
+        )  # the shell expands it
+    assert (
+        "--headless" not in head and "--data-parallel-start-rank" not in head
+    )  # ranks 0-7, the API server
+    assert (
+        "--headless" in other
+        and other[other.index("--data-parallel-start-rank") + 1] == "$((NODE_RANK"
+    )
 
 
 def test_vllm_one_node_has_one_launch_without_node_flags(tmp_path):

@@ -15,23 +15,35 @@ from moepolicy.target import TargetSpec, resolve_target
 
 
 @pytest.mark.parametrize("version", ["29d31c0", "v2-dd758ca"])
-@pytest.mark.parametrize("gpu, ep, backend", [("h200", 8, "deepep_ht"), ("b200", 8, "deepep_ht"),
-                                              ("h200", 16, "deepep_ht"), ("b200", 16, "deepep_ht"),
-                                              ("h200", 8, "deepep_ll"), ("b200", 16, "deepep_ll")])
+@pytest.mark.parametrize(
+    "gpu, ep, backend",
+    [
+        ("h200", 8, "deepep_ht"),
+        ("b200", 8, "deepep_ht"),
+        ("h200", 16, "deepep_ht"),
+        ("b200", 16, "deepep_ht"),
+        ("h200", 8, "deepep_ll"),
+        ("b200", 16, "deepep_ll"),
+    ],
+)
 def test_the_export_and_the_vllm_pack_agree_on_what_vllm_does(gpu, ep, backend, version):
     from moepolicy.export.vllm import vllm_orders
 
     checked = 0
     for entry in catalog.entries():
         facts = read_model(entry.repo_id, hub=False)
-        target = resolve_target(TargetSpec(gpu=gpu, ep_size=ep, backend=backend, deep_ep_version=version), probe=False)
+        target = resolve_target(
+            TargetSpec(gpu=gpu, ep_size=ep, backend=backend, deep_ep_version=version), probe=False
+        )
         try:
             ours = make_plan(facts, target, pack_stack())
             theirs = make_plan(facts, target, pack_stack(["vllm"]))
         except InfeasibleError:
             continue
         export_says = vllm_orders(PolicyDoc.model_validate(build_document(ours)))
-        pack_says = {lp.layer.index: lp.decision.order for lp in theirs.layers if lp.layer.kind == "moe"}
+        pack_says = {
+            lp.layer.index: lp.decision.order for lp in theirs.layers if lp.layer.kind == "moe"
+        }
         assert export_says == pack_says, entry.repo_id
         checked += 1
     assert checked >= 4
@@ -41,35 +53,68 @@ def test_the_launch_is_the_plugin_with_the_policys_ep_layout(tmp_path):
     import shlex
 
     out = tmp_path / "my policy.yaml"
-    assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out)).returncode == 0
+    assert (
+        run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out)).returncode == 0
+    )
     result = run_cli("export", str(out), "--to", "vllm")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     # into vLLM's own environment: no extra that would install or replace vLLM
-    assert lines[0].startswith("# install moepolicy into the Python environment vLLM runs in") and "[vllm]" not in lines[0]
-    assert "-m pip install /path/to/moepolicy " in lines[0] and "not on a package index" in lines[0]
+    assert (
+        lines[0].startswith("# install moepolicy into the Python environment vLLM runs in")
+        and "[vllm]" not in lines[0]
+    )
+    assert (
+        "-m pip install /path/to/moepolicy " in lines[0] and "not on a package index" in lines[0]
+    )
     assert f"export MOEPOLICY_POLICY={shlex.quote(str(out.resolve()))}" in lines
     serve = next(line for line in lines if line.startswith("vllm serve"))
     words = shlex.split(serve)
-    assert words[2] == "deepseek-ai/DeepSeek-V3"  # the catalog name's Hugging Face id: what vLLM serves
-    assert words[words.index("--data-parallel-size") + 1] == "8" and "--enable-expert-parallel" in words
+    assert (
+        words[2] == "deepseek-ai/DeepSeek-V3"
+    )  # the catalog name's Hugging Face id: what vLLM serves
+    assert (
+        words[words.index("--data-parallel-size") + 1] == "8"
+        and "--enable-expert-parallel" in words
+    )
     # the experts the policy was made for (vLLM's own pick on SM90 with EP), and what happens without them
     assert words[words.index("--moe-backend") + 1] == "flashinfer_cutlass"
     assert any("without it:" in line and "TritonOrDeepGemmExperts" in line for line in lines)
-    assert "#  - layers 3-61: bf16 on the wire; FlashInferExperts quantize it themselves, as in vLLM" in lines
+    assert (
+        "#  - layers 3-61: bf16 on the wire; FlashInferExperts quantize it themselves, as in vLLM"
+        in lines
+    )
 
 
 def test_a_policy_for_deepgemm_experts_launches_them_and_says_what_changes_without(tmp_path):
     import shlex
 
     out = tmp_path / "dg.yaml"
-    assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--expert-kernel", "deepgemm",
-                   "-o", str(out)).returncode == 0
+    assert (
+        run_cli(
+            "plan",
+            "--model",
+            "DeepSeek-V3",
+            "--ep-size",
+            "8",
+            "--expert-kernel",
+            "deepgemm",
+            "-o",
+            str(out),
+        ).returncode
+        == 0
+    )
     lines = run_cli("export", str(out), "--to", "vllm").stdout.splitlines()
-    assert "export VLLM_USE_DEEP_GEMM=1" in lines  # the fp8 oracle's switch (oracle/fp8.py:484-496)
-    assert "--moe-backend" not in shlex.split(next(line for line in lines if line.startswith("vllm serve")))
+    assert (
+        "export VLLM_USE_DEEP_GEMM=1" in lines
+    )  # the fp8 oracle's switch (oracle/fp8.py:484-496)
+    assert "--moe-backend" not in shlex.split(
+        next(line for line in lines if line.startswith("vllm serve"))
+    )
     note = next(line for line in lines if line.startswith("# VLLM_USE_DEEP_GEMM=1:"))
-    assert "without it: vLLM runs FlashInferExperts" in note and "leaves these layers to vLLM" in note
+    assert (
+        "without it: vLLM runs FlashInferExperts" in note and "leaves these layers to vLLM" in note
+    )
     assert "#  - layers 3-61: block fp8 quantized before dispatch, as in vLLM" in lines
 
 
@@ -81,17 +126,33 @@ def test_a_policy_planned_from_a_local_folder_serves_that_folder(tmp_path):
 
     folder = tmp_path / "checkpoints" / "my-qwen"
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text((data_dir("catalog") / "Qwen__Qwen3-30B-A3B-FP8" / "config.json").read_text())
+    (folder / "config.json").write_text(
+        (data_dir("catalog") / "Qwen__Qwen3-30B-A3B-FP8" / "config.json").read_text()
+    )
     out = tmp_path / "p.yaml"
-    assert run_cli("plan", "--model", str(folder), "--ep-size", "8", "-o", str(out)).returncode == 0
+    assert (
+        run_cli("plan", "--model", str(folder), "--ep-size", "8", "-o", str(out)).returncode == 0
+    )
     result = json.loads(run_cli("export", str(out), "--to", "vllm", "--format", "json").stdout)
-    assert result["model"] == str(folder.resolve())  # not the folder's basename, which vLLM cannot serve
+    assert result["model"] == str(
+        folder.resolve()
+    )  # not the folder's basename, which vLLM cannot serve
     shell = run_cli("export", str(out), "--to", "vllm").stdout
-    assert shlex.split(next(line for line in shell.splitlines() if line.startswith("vllm serve")))[2] == str(folder)
+    assert shlex.split(next(line for line in shell.splitlines() if line.startswith("vllm serve")))[
+        2
+    ] == str(folder)
     assert "matches the served model by its config's facts" in shell
     # planned with a relative path from elsewhere: nothing servable is guessed
-    relative = run_cli("plan", "--model", "my-qwen", "--ep-size", "8", "-o", str(tmp_path / "r.yaml"),
-                       cwd=folder.parent)
+    relative = run_cli(
+        "plan",
+        "--model",
+        "my-qwen",
+        "--ep-size",
+        "8",
+        "-o",
+        str(tmp_path / "r.yaml"),
+        cwd=folder.parent,
+    )
     assert relative.returncode == 0, relative.stderr
     text = run_cli("export", str(tmp_path / "r.yaml"), "--to", "vllm").stdout
     assert "<the folder of checkpoint my-qwen>" in text and "serve its folder" in text
@@ -99,14 +160,36 @@ def test_a_policy_planned_from_a_local_folder_serves_that_folder(tmp_path):
 
 def test_the_export_says_what_the_configs_are_never_tuned_when_nothing_was(tmp_path):
     out = tmp_path / "p.yaml"
-    assert run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "-o", str(out)).returncode == 0
+    assert (
+        run_cli(
+            "plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "-o", str(out)
+        ).returncode
+        == 0
+    )
     text = run_cli("export", str(out), "--to", "vllm").stdout
     assert "DeepEP's built-in defaults for this EP size" in text and "tuned" not in text
     tuned = tmp_path / "t.yaml"
-    assert run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--storage",
-                   f"sqlite:///{tmp_path}/s.db", "-o", str(tuned)).returncode == 0
-    text = run_cli("export", str(tuned), "--to", "vllm").stdout  # the model bench keeps vLLM's own configs here
-    assert "DeepEP's defaults, as vLLM runs them (the modelled tune kept them at all 3 token bucket(s)" in text
+    assert (
+        run_cli(
+            "tune",
+            "--model",
+            "Qwen3-30B-A3B-FP8",
+            "--ep-size",
+            "2",
+            "--storage",
+            f"sqlite:///{tmp_path}/s.db",
+            "-o",
+            str(tuned),
+        ).returncode
+        == 0
+    )
+    text = run_cli(
+        "export", str(tuned), "--to", "vllm"
+    ).stdout  # the model bench keeps vLLM's own configs here
+    assert (
+        "DeepEP's defaults, as vLLM runs them (the modelled tune kept them at all 3 token bucket(s)"
+        in text
+    )
     assert "tuned" not in text
 
 
@@ -115,19 +198,43 @@ def test_the_sglang_launch_carries_one_bucket_the_backend_and_one_dtype(tmp_path
     import shlex
 
     out = tmp_path / "q.yaml"
-    tuned = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--engine", "sglang", "--storage",
-                    f"sqlite:///{tmp_path}/s.db", "-o", str(out))
+    tuned = run_cli(
+        "tune",
+        "--model",
+        "Qwen3-30B-A3B-FP8",
+        "--ep-size",
+        "2",
+        "--engine",
+        "sglang",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "-o",
+        str(out),
+    )
     assert tuned.returncode == 0, tuned.stderr
-    result = run_cli("export", str(out), "--to", "sglang", "--format", "launch", "--tokens", "1024")
+    result = run_cli(
+        "export", str(out), "--to", "sglang", "--format", "launch", "--tokens", "1024"
+    )
     assert result.returncode == 0, result.stderr
-    serve = next(line for line in result.stdout.splitlines() if line.startswith("python -m sglang.launch_server"))
+    serve = next(
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith("python -m sglang.launch_server")
+    )
     words = shlex.split(serve)
     flag = dict(zip(words, words[1:]))
-    assert flag["--moe-a2a-backend"] == "deepep" and flag["--deepep-mode"] == "normal" and flag["--ep-size"] == "2"
+    assert (
+        flag["--moe-a2a-backend"] == "deepep"
+        and flag["--deepep-mode"] == "normal"
+        and flag["--ep-size"] == "2"
+    )
     assert flag["--deepep-dispatcher-output-dtype"] == "fp8"  # every MoE layer sends block-128 fp8
     config = json.loads(flag["--deepep-config"])
     plain = json.loads(run_cli("export", str(out), "--to", "sglang", "--tokens", "1024").stdout)
-    assert config == plain and config["normal_dispatch"]["num_sms"] == config["normal_combine"]["num_sms"]
+    assert (
+        config == plain
+        and config["normal_dispatch"]["num_sms"] == config["normal_combine"]["num_sms"]
+    )
     assert "not carried" in result.stdout and "> 1024" not in result.stdout
 
 
@@ -135,10 +242,22 @@ def test_the_sglang_launch_leaves_a_dtype_it_cannot_express_to_sglang(tmp_path):
     import shlex
 
     out = tmp_path / "mx.yaml"
-    assert run_cli("plan", "--model", "amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", "--ep-size", "8", "-o",
-                   str(out)).returncode == 0
+    assert (
+        run_cli(
+            "plan",
+            "--model",
+            "amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV",
+            "--ep-size",
+            "8",
+            "-o",
+            str(out),
+        ).returncode
+        == 0
+    )
     result = run_cli("export", str(out), "--to", "sglang", "--format", "launch")
-    words = shlex.split(next(line for line in result.stdout.splitlines() if line.startswith("python")))
+    words = shlex.split(
+        next(line for line in result.stdout.splitlines() if line.startswith("python"))
+    )
     assert "--deepep-dispatcher-output-dtype" not in words and "static per-tensor" in result.stdout
 
 
@@ -146,20 +265,46 @@ def test_a_v2_policy_exports_its_settings_to_vllm_and_sglang(tmp_path):
     import shlex
 
     out = tmp_path / "v2.yaml"
-    planned = run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--deep-ep-version", "v2-dd758ca", "-o", str(out))
+    planned = run_cli(
+        "plan",
+        "--model",
+        "DeepSeek-V3",
+        "--ep-size",
+        "8",
+        "--deep-ep-version",
+        "v2-dd758ca",
+        "-o",
+        str(out),
+    )
     assert planned.returncode == 0, planned.stderr
     vllm = run_cli("export", str(out), "--to", "vllm").stdout.splitlines()
-    assert "export VLLM_DEEPEP_V2_PREFER_OVERLAP=1" in vllm and "export VLLM_DEEPEP_V2_ALLOW_MULTIPLE_REDUCTION=1" in vllm
-    assert not any("VLLM_DEEPEP_BUFFER_SIZE_MB" in line for line in vllm)  # the v2 manager does not read it
+    assert (
+        "export VLLM_DEEPEP_V2_PREFER_OVERLAP=1" in vllm
+        and "export VLLM_DEEPEP_V2_ALLOW_MULTIPLE_REDUCTION=1" in vllm
+    )
+    assert not any(
+        "VLLM_DEEPEP_BUFFER_SIZE_MB" in line for line in vllm
+    )  # the v2 manager does not read it
     words = shlex.split(next(line for line in vllm if line.startswith("vllm serve")))
     assert words[words.index("--all2all-backend") + 1] == "deepep_v2"
-    sglang = run_cli("export", str(out), "--to", "sglang", "--format", "launch").stdout.splitlines()
+    sglang = run_cli(
+        "export", str(out), "--to", "sglang", "--format", "launch"
+    ).stdout.splitlines()
     assert "export SGLANG_DEEPEP_V2_NUM_SMS=0" in sglang
 
 
 def test_tune_refuses_a_v2_target_with_what_it_cannot_measure():
-    result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "8", "--deep-ep-version", "v2-dd758ca",
-                     "--bench", "model")
+    result = run_cli(
+        "tune",
+        "--model",
+        "DeepSeek-V3",
+        "--ep-size",
+        "8",
+        "--deep-ep-version",
+        "v2-dd758ca",
+        "--bench",
+        "model",
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "prefer_overlap_with_compute" in result.stderr and "unverified" in result.stderr
 
@@ -168,10 +313,26 @@ def test_the_sglang_launch_carries_nvfp4_quantized_first(tmp_path):
     import shlex
 
     out = tmp_path / "nv.yaml"
-    assert run_cli("plan", "--model", "nvidia/Qwen3-30B-A3B-NVFP4", "--gpu", "b200", "--ep-size", "8", "-o",
-                   str(out)).returncode == 0
+    assert (
+        run_cli(
+            "plan",
+            "--model",
+            "nvidia/Qwen3-30B-A3B-NVFP4",
+            "--gpu",
+            "b200",
+            "--ep-size",
+            "8",
+            "-o",
+            str(out),
+        ).returncode
+        == 0
+    )
     result = run_cli("export", str(out), "--to", "sglang", "--format", "launch")
-    words = shlex.split(next(line for line in result.stdout.splitlines() if line.startswith("python")))
+    words = shlex.split(
+        next(line for line in result.stdout.splitlines() if line.startswith("python"))
+    )
     assert words[words.index("--deepep-dispatcher-output-dtype") + 1] == "nvfp4"
     vllm = run_cli("export", str(out), "--to", "vllm").stdout
-    assert "layers 0-47: left to vLLM: the plugin sends bf16 or fp8 only" in vllm  # the plugin does not send NVFP4
+    assert (
+        "layers 0-47: left to vLLM: the plugin sends bf16 or fp8 only" in vllm
+    )  # the plugin does not send NVFP4

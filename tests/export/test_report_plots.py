@@ -17,8 +17,17 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def tuned(tmp_path_factory):
     folder = tmp_path_factory.mktemp("report")
     out = folder / "q.yaml"
-    result = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--storage",
-                     f"sqlite:///{folder}/s.db", "-o", str(out))
+    result = run_cli(
+        "tune",
+        "--model",
+        "Qwen3-30B-A3B-FP8",
+        "--ep-size",
+        "2",
+        "--storage",
+        f"sqlite:///{folder}/s.db",
+        "-o",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     return out
 
@@ -32,7 +41,10 @@ def test_a_tuned_policy_draws_its_sm_scan_and_kept_vs_defaults(tuned, tmp_path):
     result = run_cli("report", str(tuned), str(tmp_path / "plots"))
     assert result.returncode == 0, result.stderr
     files = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert files == ["kept_vs_default.png", "sms.png"]  # no orders or overlap in a modelled serial tune
+    assert files == [
+        "kept_vs_default.png",
+        "sms.png",
+    ]  # no orders or overlap in a modelled serial tune
     assert all(_is_png(tmp_path / "plots" / f) for f in files)
 
 
@@ -40,22 +52,38 @@ def test_every_figure_the_document_has_data_for(tuned, tmp_path):
     from moepolicy.export.plots import draw
 
     doc = copy.deepcopy(yaml.safe_load(tuned.read_text()))
-    doc["deepep"]["measured_orders"] = [{"tokens": 1024, "quant_then_dispatch_us": 300.0, "dispatch_then_quant_us": 320.0},
-                                        {"tokens": 4096, "quant_then_dispatch_us": 1100.0, "dispatch_then_quant_us": 900.0}]
-    doc["deepep"]["overlap"] = {"comm_sms": 32, "splits_us": {12: 900.0, 20: 850.0, 32: 800.0, 48: 870.0}}
+    doc["deepep"]["measured_orders"] = [
+        {"tokens": 1024, "quant_then_dispatch_us": 300.0, "dispatch_then_quant_us": 320.0},
+        {"tokens": 4096, "quant_then_dispatch_us": 1100.0, "dispatch_then_quant_us": 900.0},
+    ]
+    doc["deepep"]["overlap"] = {
+        "comm_sms": 32,
+        "splits_us": {12: 900.0, 20: 850.0, 32: 800.0, 48: 870.0},
+    }
     written = draw(doc, tmp_path / "all")
-    assert sorted(p.name for p in written) == ["kept_vs_default.png", "orders.png", "overlap.png", "sms.png"]
+    assert sorted(p.name for p in written) == [
+        "kept_vs_default.png",
+        "orders.png",
+        "overlap.png",
+        "sms.png",
+    ]
     assert all(_is_png(p) for p in written)
 
 
 def test_a_default_policy_has_nothing_to_draw_and_says_so(tmp_path):
     out = tmp_path / "ds.yaml"
-    assert run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out)).returncode == 0
+    assert (
+        run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out)).returncode == 0
+    )
     result = run_cli("report", str(out), str(tmp_path / "plots"))
     assert result.returncode == 1 and "nothing tuned to draw" in result.stderr
     assert not (tmp_path / "plots").exists()  # no empty folder left behind
     result = run_cli("report", str(out), "--plots", str(tmp_path / "missing" / "deeper"))
-    assert result.returncode != 0 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        result.returncode != 0
+        and "does not exist" in result.stderr
+        and "Traceback" not in result.stderr
+    )
 
 
 def test_the_folder_defaults_to_the_policys_name_beside_it(tuned, tmp_path):
@@ -65,7 +93,10 @@ def test_the_folder_defaults_to_the_policys_name_beside_it(tuned, tmp_path):
     shutil.copy(tuned, policy)
     result = run_cli("report", str(policy))
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "mine-plots").iterdir()) == ["kept_vs_default.png", "sms.png"]
+    assert sorted(p.name for p in (tmp_path / "mine-plots").iterdir()) == [
+        "kept_vs_default.png",
+        "sms.png",
+    ]
 
 
 def test_every_figure_says_which_model_target_and_tune_it_shows(tuned, tmp_path):
@@ -79,6 +110,12 @@ def test_every_figure_says_which_model_target_and_tune_it_shows(tuned, tmp_path)
     for fn in (plots._sms, plots._kept):
         fig = fn(doc["deepep"], "modelled")
         plots._caption(fig, plots._context(doc, "modelled"))
-        texts = [fig._suptitle.get_text()] + [t.get_text() for ax in fig.axes for t in (ax.title, ax.yaxis.label)]
+        texts = [fig._suptitle.get_text()] + [
+            t.get_text() for ax in fig.axes for t in (ax.title, ax.yaxis.label)
+        ]
         joined = " ".join(texts)
-        assert "Qwen/Qwen3-30B-A3B-FP8 on h200 EP2" in joined and "µs" in joined and " us" not in joined
+        assert (
+            "Qwen/Qwen3-30B-A3B-FP8 on h200 EP2" in joined
+            and "µs" in joined
+            and " us" not in joined
+        )

@@ -21,8 +21,15 @@ def ranks(request, tmp_path_factory):
     from moepolicy.testing import a2a_harness as H
 
     world = request.param
-    return world, H.spawn(world, "deepep", str(tmp_path_factory.mktemp(f"deepep{world}")), tokens=TOKENS,
-                          hidden=HIDDEN, num_experts=EXPERTS, top_k=TOPK)
+    return world, H.spawn(
+        world,
+        "deepep",
+        str(tmp_path_factory.mktemp(f"deepep{world}")),
+        tokens=TOKENS,
+        hidden=HIDDEN,
+        num_experts=EXPERTS,
+        top_k=TOPK,
+    )
 
 
 @pytest.mark.parametrize("name", ["block128", "block128_ue8m0", "token", "tensor_static"])
@@ -33,7 +40,9 @@ def test_deepep_both_orders_bit_identical(ranks, name):
 
     world, results = ranks
     for order in ("quant_then_dispatch", "dispatch_then_quant"):
-        expected = H.reference_rows(results, name, (name, order), world, TOKENS, HIDDEN, EXPERTS, TOPK)
+        expected = H.reference_rows(
+            results, name, (name, order), world, TOKENS, HIDDEN, EXPERTS, TOPK
+        )
         for r in range(world):
             got = results[r][(name, order)]
             assert got["q"].shape[0] > 0
@@ -65,7 +74,9 @@ def test_low_latency_in_kernel_quant_measured_against_reference(tmp_path, record
     from moepolicy.testing import a2a_harness as H
 
     tokens, hidden, experts, topk = 64, 2048, 16, 4
-    rows = H.spawn_low_latency(WORLD, str(tmp_path), tokens=tokens, hidden=hidden, num_experts=experts, top_k=topk)
+    rows = H.spawn_low_latency(
+        WORLD, str(tmp_path), tokens=tokens, hidden=hidden, num_experts=experts, top_k=topk
+    )
     refs = {}
     for s in range(WORLD):
         x, _, _ = H.make_inputs(s, tokens, hidden, experts, topk, "cpu")
@@ -82,11 +93,15 @@ def test_low_latency_in_kernel_quant_measured_against_reference(tmp_path, record
     fraction = mismatched_bytes / total
     record_property("ll_fp8_mismatch_fraction", fraction)
     record_property("ll_fp8_worst_scale_rel_diff", worst_scale)
-    print(f"low-latency in-kernel fp8 vs reference: {fraction:.6f} of bytes differ, worst scale rel diff {worst_scale:.3e}")
+    print(
+        f"low-latency in-kernel fp8 vs reference: {fraction:.6f} of bytes differ, worst scale rel diff {worst_scale:.3e}"
+    )
     label = {r.id: r.then.numerics for r in builtin_pack("deepep").rules}["deepep-ll/block-fp8"]
     identical = mismatched_bytes == 0 and worst_scale == 0
     if not identical:
-        assert label == "approximate", "in-kernel quantization differs from the reference: label approximate"
+        assert label == "approximate", (
+            "in-kernel quantization differs from the reference: label approximate"
+        )
     if label == "exact":
         assert identical, "labelled exact, so it must be bit-identical to the reference"
     assert fraction < 0.05 and worst_scale < 1e-3  # the same 1x128 scheme at worst

@@ -22,8 +22,13 @@ def _compare_regions(rank: int, world: int, rendezvous: str, out_dir: str) -> No
 
     device, buffer = join_rank(rank, world, rendezvous, 1 << 30)
     work = make_workload(TOKENS, HIDDEN, EXPERTS, TOPK, rank, device)
-    ops = DeepEPOps(buffer, work, deep_ep.Config(20, 24, 256, 6, 128), deep_ep.Config(20, 10, 256, 6, 128))
-    (full_x, full_s), (nw_x, nw_s) = ops.dispatch_only("fp8", "full"), ops.dispatch_only("fp8", "no-wait")
+    ops = DeepEPOps(
+        buffer, work, deep_ep.Config(20, 24, 256, 6, 128), deep_ep.Config(20, 10, 256, 6, 128)
+    )
+    (full_x, full_s), (nw_x, nw_s) = (
+        ops.dispatch_only("fp8", "full"),
+        ops.dispatch_only("fp8", "no-wait"),
+    )
     rows = full_x.shape[0]
     try:
         ops.dispatch_only("fp8", "sideways")
@@ -31,9 +36,15 @@ def _compare_regions(rank: int, world: int, rendezvous: str, out_dir: str) -> No
     except ValueError as exc:
         refused = str(exc)
     torch.cuda.synchronize(device)
-    result = {"rows": rows, "expected_rows": ops.received_rows, "worst": nw_x.shape[0],
-              "worst_tokens": ops.worst_tokens, "same_x": bool(torch.equal(full_x, nw_x[:rows])),
-              "same_scales": bool(torch.equal(full_s, nw_s[:rows])), "refused": refused}
+    result = {
+        "rows": rows,
+        "expected_rows": ops.received_rows,
+        "worst": nw_x.shape[0],
+        "worst_tokens": ops.worst_tokens,
+        "same_x": bool(torch.equal(full_x, nw_x[:rows])),
+        "same_scales": bool(torch.equal(full_s, nw_s[:rows])),
+        "refused": refused,
+    }
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump(result, f)
     dist.barrier()
@@ -46,7 +57,10 @@ def test_no_wait_dispatch_delivers_what_the_full_dispatch_does(tmp_path):
 
     rendezvous = tempfile.mktemp(prefix="moepolicy-ops-")
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_compare_regions, args=(r, WORLD, rendezvous, str(tmp_path))) for r in range(WORLD)]
+    procs = [
+        ctx.Process(target=_compare_regions, args=(r, WORLD, rendezvous, str(tmp_path)))
+        for r in range(WORLD)
+    ]
     for p in procs:
         p.start()
     for p in procs:

@@ -23,8 +23,14 @@ def test_the_nvl_buffer_formula_equals_deepeps_hint(world, hidden):
     for num_sms in (8, 20, 24, 48):
         for nvl_recv in (128, 256, 512):
             config = deep_ep.Config(num_sms, 6, nvl_recv, 6, 128)
-            assert nvl_bytes_hint(num_sms, nvl_recv, hidden * 2, world) == \
-                config.get_nvl_buffer_size_hint(hidden * 2, world), (world, hidden, num_sms, nvl_recv)
+            assert nvl_bytes_hint(
+                num_sms, nvl_recv, hidden * 2, world
+            ) == config.get_nvl_buffer_size_hint(hidden * 2, world), (
+                world,
+                hidden,
+                num_sms,
+                nvl_recv,
+            )
 
 
 @pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"ep{w}")
@@ -40,8 +46,15 @@ def test_the_sheets_default_configs_are_the_installed_deepeps(world):
     sheet = matching_sheet(imported_features(), datasheets.deepep_sheets())
     assert sheet is not None, "the installed deep_ep matches no capability sheet"
     assert default_num_sms(sheet) == deep_ep.Buffer.num_sms
-    for part, fn in (("dispatch", deep_ep.Buffer.get_dispatch_config), ("combine", deep_ep.Buffer.get_combine_config)):
-        table = {int(n): tuple(int(v) for v in args.split(","))
-                 for n, args in re.findall(r"(\d+): Config\(Buffer\.num_sms, ([\d, ]+)\)", inspect.getsource(fn))}
+    for part, fn in (
+        ("dispatch", deep_ep.Buffer.get_dispatch_config),
+        ("combine", deep_ep.Buffer.get_combine_config),
+    ):
+        table = {
+            int(n): tuple(int(v) for v in args.split(","))
+            for n, args in re.findall(
+                r"(\d+): Config\(Buffer\.num_sms, ([\d, ]+)\)", inspect.getsource(fn)
+            )
+        }
         mine = default_configs(sheet, world)[0 if part == "dispatch" else 1]
         assert mine == ChunkConfig(*table[world]).effective(), (part, world)

@@ -29,6 +29,13 @@ def _results(factory, world):
     if world not in _CACHE:
         from moepolicy.testing import a2a_harness as H
 
-        _CACHE[world] = H.spawn_packed(world, str(factory.mktemp(f"packed{world}")), tokens=TOKENS, hidden=HIDDEN,
-                                       num_experts=EXPERTS, top_k=TOPK, transport_kind="deepep")
+        _CACHE[world] = H.spawn_packed(
+            world,
+            str(factory.mktemp(f"packed{world}")),
+            tokens=TOKENS,
+            hidden=HIDDEN,
+            num_experts=EXPERTS,
+            top_k=TOPK,
+            transport_kind="deepep",
+        )
     return _CACHE[world]

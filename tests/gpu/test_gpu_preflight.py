@@ -13,7 +13,9 @@ MODELS = ("Qwen3-30B-A3B-FP8", "DeepSeek-V3", "nvidia/Qwen3-30B-A3B-NVFP4")
 
 def plan(tmp_path, model: str, ep_size: int):
     out = tmp_path / f"{model.replace('/', '_')}-ep{ep_size}.yaml"
-    done = run_cli("plan", "--model", model, "--ep-size", str(ep_size), "--gpu", "h200", "-o", str(out))
+    done = run_cli(
+        "plan", "--model", model, "--ep-size", str(ep_size), "--gpu", "h200", "-o", str(out)
+    )
     assert done.returncode == 0, done.stderr
     return out
 
@@ -23,8 +25,13 @@ def run_live(*paths, timeout=900):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "moepolicy", "validate", *map(str, paths), "--live"],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "MOEPOLICY_OFFLINE": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "moepolicy", "validate", *map(str, paths), "--live"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "MOEPOLICY_OFFLINE": "1"},
+    )
 
 
 @pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"ep{w}")
@@ -48,7 +55,7 @@ def test_a_byte_changed_after_deepeps_dispatch_fails_its_case(tmp_path):
     from moepolicy.testing.preflight_links import CorruptingDeepEPLink
 
     live = plan_preflight(str(plan(tmp_path, "Qwen3-30B-A3B-FP8", 2)))
-    report, = run_preflight([live], visible_placement(2), link=CorruptingDeepEPLink())
+    (report,) = run_preflight([live], visible_placement(2), link=CorruptingDeepEPLink())
     failed = [r for r in report.rows if r.status == "failed"]
     assert failed and all("rank 1" in r.detail for r in failed), report.rows
     assert "differ" in describe_failure(report)

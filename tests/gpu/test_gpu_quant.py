@@ -12,7 +12,9 @@ def _need_gpu():
     require(1)
 
 
-@pytest.mark.parametrize("tokens, hidden", [(1, 128), (7, 2880), (333, 2048), (1024, 7168), (64, 7000)])
+@pytest.mark.parametrize(
+    "tokens, hidden", [(1, 128), (7, 2880), (333, 2048), (1024, 7168), (64, 7000)]
+)
 @pytest.mark.parametrize("ue8m0", [False, True])
 def test_group_quant_bit_identical(tokens, hidden, ue8m0):
     import torch
@@ -40,5 +42,7 @@ def test_token_and_static_quant_bit_identical():
     q, s = triton_kernels.per_token(x)
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
     scale = torch.tensor([0.037], device="cuda")
-    assert torch.equal(triton_kernels.per_tensor_static(x, scale).view(torch.uint8),
-                       reference.per_tensor_static(x, scale).view(torch.uint8))
+    assert torch.equal(
+        triton_kernels.per_tensor_static(x, scale).view(torch.uint8),
+        reference.per_tensor_static(x, scale).view(torch.uint8),
+    )

@@ -24,10 +24,36 @@ def test_a_shared_rank_tune_runs_the_whole_protocol_and_is_labelled(tmp_path, wo
         pytest.skip(f"{world} GPUs visible: this is the shared-ranks check")
     out = tmp_path / "policy.yaml"
     env = {**os.environ, "MOEPOLICY_OFFLINE": "1", "MOEPOLICY_FUNCTIONAL_SHARED_RANKS": "1"}
-    done = subprocess.run([sys.executable, "-m", "moepolicy", "tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size",
-                           str(world), "--gpu", "h200", "--bench", "live", "--sms", "20,24", "--tokens", "512",
-                           "--trials", "3", "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(out)],
-                          capture_output=True, text=True, timeout=1200, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moepolicy",
+            "tune",
+            "--model",
+            "Qwen3-30B-A3B-FP8",
+            "--ep-size",
+            str(world),
+            "--gpu",
+            "h200",
+            "--bench",
+            "live",
+            "--sms",
+            "20,24",
+            "--tokens",
+            "512",
+            "--trials",
+            "3",
+            "--storage",
+            f"sqlite:///{tmp_path}/s.db",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert "ranks share a GPU: functional only" in done.stderr
     assert "re-measuring" in done.stderr  # the protocol's selection and report ran
@@ -38,6 +64,11 @@ def test_a_shared_rank_tune_runs_the_whole_protocol_and_is_labelled(tmp_path, wo
     assert doc.deepep.partial is not None and "functional run" in doc.deepep.partial.reason
     policy = load_policy(out, ep_size=world)
     assert policy.is_fallback and policy.deepep.is_default  # never served with these configs
-    check = subprocess.run([sys.executable, "-m", "moepolicy", "validate", str(out)], capture_output=True, text=True,
-                           env=env, timeout=120)
+    check = subprocess.run(
+        [sys.executable, "-m", "moepolicy", "validate", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert check.returncode == 6 and "functional run" in check.stderr

@@ -10,29 +10,54 @@ import pytest
 
 from moepolicy.export import vllm_actions as actions
 from moepolicy.integrations.vllm import report, strict_from_env
-from moepolicy.integrations.vllm.serving import ServingPlan, Vote, digest, digest_fields, policy_index, verdict
+from moepolicy.integrations.vllm.serving import (
+    ServingPlan,
+    Vote,
+    digest,
+    digest_fields,
+    policy_index,
+    verdict,
+)
 from moepolicy.runtime.policy import PolicyTarget
 
 
 def target(**kw):
-    base = dict(backend="deepep_ht", deepep_api="legacy", ep_size=8, arch="sm90", expert_kernel="deepgemm",
-                schedule="serial", content_key="c" * 64, num_hidden_layers=61,
-                layer_kernels={i: "deepgemm" for i in range(3, 62)}, mtp_layers=frozenset({61}))
+    base = dict(
+        backend="deepep_ht",
+        deepep_api="legacy",
+        ep_size=8,
+        arch="sm90",
+        expert_kernel="deepgemm",
+        schedule="serial",
+        content_key="c" * 64,
+        num_hidden_layers=61,
+        layer_kernels={i: "deepgemm" for i in range(3, 62)},
+        mtp_layers=frozenset({61}),
+    )
     return PolicyTarget(**{**base, **kw})
 
 
-@pytest.mark.parametrize("prefix, index", [
-    ("model.layers.3.mlp.experts", 3),
-    ("language_model.model.layers.7.mlp.experts", 7),
-    ("model.language_model.layers.60.mlp.experts", 60),
-    ("model.layers.61.mtp_block.mlp.experts", 61),  # DeepSeek's MTP module (deepseek_mtp.py:157-158)
-    ("mtp.layers.0.mlp.experts", 61),  # Qwen3-Next's naming, mapped to the policy's first MTP layer
-    ("model.layers.61.mlp.experts", None),  # a decoder name for the policy's MTP index
-    ("model.layers.1.mlp.experts", None),  # dense in the policy
-    ("model.layers.99.mlp.experts", None),
-    ("draft_model.model.layers.0.mlp.experts", None),
-    ("model.layers.62.mtp_block.mlp.experts", None),
-])
+@pytest.mark.parametrize(
+    "prefix, index",
+    [
+        ("model.layers.3.mlp.experts", 3),
+        ("language_model.model.layers.7.mlp.experts", 7),
+        ("model.language_model.layers.60.mlp.experts", 60),
+        (
+            "model.layers.61.mtp_block.mlp.experts",
+            61,
+        ),  # DeepSeek's MTP module (deepseek_mtp.py:157-158)
+        (
+            "mtp.layers.0.mlp.experts",
+            61,
+        ),  # Qwen3-Next's naming, mapped to the policy's first MTP layer
+        ("model.layers.61.mlp.experts", None),  # a decoder name for the policy's MTP index
+        ("model.layers.1.mlp.experts", None),  # dense in the policy
+        ("model.layers.99.mlp.experts", None),
+        ("draft_model.model.layers.0.mlp.experts", None),
+        ("model.layers.62.mtp_block.mlp.experts", None),
+    ],
+)
 def test_a_vllm_module_maps_to_a_policy_layer_by_its_prefix(prefix, index):
     found, why = policy_index(prefix, target())
     assert found == index and (why == "") == (index is not None)
@@ -43,18 +68,31 @@ def test_a_layer_table_joins_its_order_buckets_and_deepeps():
     from moepolicy.deepep.configs import ChunkConfig
 
     chunk = lambda n: ChunkConfig(n, 256, 6, 128)  # noqa: E731
-    deepep = DeepEPSettings(num_sms=24, num_nvl_bytes=1, num_rdma_bytes=0, source="modelled",
-                            buckets=(Bucket(128, chunk(4), chunk(2)), Bucket(None, chunk(8), chunk(3))))
+    deepep = DeepEPSettings(
+        num_sms=24,
+        num_nvl_bytes=1,
+        num_rdma_bytes=0,
+        source="modelled",
+        buckets=(Bucket(128, chunk(4), chunk(2)), Bucket(None, chunk(8), chunk(3))),
+    )
     policy = types.SimpleNamespace(deepep=deepep)
     plan = ServingPlan(policy, lambda *a: a, dbo_num_sms=16)
     first = actions.Action(actions.VLLM, "small")
     second = actions.Action(actions.BF16_THEN_QUANT, "large")
     table = plan.table([actions.BucketAction(1000, first), actions.BucketAction(None, second)])
     assert table.bounds == (128, 1000)
-    assert table.entry(100).serial == ((24, 4, 256, 6, 128), (24, 2, 256, 6, 128)) and table.entry(100).action == first
-    assert table.entry(128).serial[0][1] == 4 and table.entry(129).serial[0][1] == 8  # up to max_tokens, inclusive
+    assert (
+        table.entry(100).serial == ((24, 4, 256, 6, 128), (24, 2, 256, 6, 128))
+        and table.entry(100).action == first
+    )
+    assert (
+        table.entry(128).serial[0][1] == 4 and table.entry(129).serial[0][1] == 8
+    )  # up to max_tokens, inclusive
     assert table.entry(500).action == first and table.entry(1001).action == second
-    assert table.entry(5000).dbo == ((16, 8, 256, 6, 128), (16, 3, 256, 6, 128))  # vLLM's DBO SM split
+    assert table.entry(5000).dbo == (
+        (16, 8, 256, 6, 128),
+        (16, 3, 256, 6, 128),
+    )  # vLLM's DBO SM split
 
 
 def _policy(tmp_path, mutate=None):
@@ -66,8 +104,13 @@ def _policy(tmp_path, mutate=None):
     from moepolicy.rules.packs import pack_stack
     from moepolicy.target import TargetSpec, resolve_target
 
-    doc = build_document(make_plan(read_model("DeepSeek-V3"), resolve_target(TargetSpec(gpu="h200", ep_size=8),
-                                                                                probe=False), pack_stack()))
+    doc = build_document(
+        make_plan(
+            read_model("DeepSeek-V3"),
+            resolve_target(TargetSpec(gpu="h200", ep_size=8), probe=False),
+            pack_stack(),
+        )
+    )
     if mutate:
         mutate(doc)
         doc["key"] = compute_keys(doc)
@@ -78,15 +121,33 @@ def _policy(tmp_path, mutate=None):
 
 def test_the_digest_covers_what_the_ranks_must_share(tmp_path):
     base = _policy(tmp_path)
-    fields = lambda p, **kw: digest_fields(p, {"nvl": p.deepep.num_nvl_bytes, "rdma": 0}, kw.get("dbo"),  # noqa: E731
-                                           kw.get("versions", {"moepolicy": "1"}))
+    fields = lambda p, **kw: digest_fields(
+        p,
+        {"nvl": p.deepep.num_nvl_bytes, "rdma": 0},
+        kw.get("dbo"),  # noqa: E731
+        kw.get("versions", {"moepolicy": "1"}),
+    )
     same = digest(fields(base))
     assert same == digest(fields(_policy(tmp_path))) and len(same) == 16
     changed = [
-        digest(fields(_policy(tmp_path, lambda d: d["deepep"].update(num_sms=24, num_nvl_bytes=2**30)))),
-        digest(fields(_policy(tmp_path, lambda d: d["deepep"]["buckets"][0]["dispatch"].update(
-            num_max_nvl_chunked_send_tokens=8)))),
-        digest(fields(_policy(tmp_path, lambda d: d["layers"][5].update(order="dispatch_then_quant")))),
+        digest(
+            fields(
+                _policy(tmp_path, lambda d: d["deepep"].update(num_sms=24, num_nvl_bytes=2**30))
+            )
+        ),
+        digest(
+            fields(
+                _policy(
+                    tmp_path,
+                    lambda d: d["deepep"]["buckets"][0]["dispatch"].update(
+                        num_max_nvl_chunked_send_tokens=8
+                    ),
+                )
+            )
+        ),
+        digest(
+            fields(_policy(tmp_path, lambda d: d["layers"][5].update(order="dispatch_then_quant")))
+        ),
         digest(fields(base, dbo=16)),
         digest(fields(base, versions={"moepolicy": "2"})),
     ]
@@ -97,7 +158,8 @@ def test_the_verdict_is_unanimity():
     agree = [Vote(0, True, "abc"), Vote(1, True, "abc")]
     assert verdict(agree) == ""
     assert "rank(s) 1 of 2 would not apply it (rank 1: missing file)" in verdict(
-        [Vote(0, True, "abc"), Vote(1, False, "", "missing file")])
+        [Vote(0, True, "abc"), Vote(1, False, "", "missing file")]
+    )
     assert "digests differ" in verdict([Vote(0, True, "abc"), Vote(1, True, "abd")])
     assert verdict([Vote(0, False, ""), Vote(1, False, "")]) != ""
 
@@ -114,24 +176,115 @@ def test_votes_travel_as_plain_dicts():
     assert [v.applied for v in votes] == [True, True, False] and votes[2].reason
 
 
-@pytest.mark.parametrize("order, wire, scale, layer, kind, applied", [
-    ("quant_then_dispatch", "fp8_e4m3", "block", dict(block=True, experts="TritonOrDeepGemmExperts"), actions.VLLM, True),
-    ("quant_then_dispatch", "fp8_e4m3", "token", dict(per_token=True, experts="TritonExperts"), actions.TOKEN_FIRST, True),
-    ("quant_then_dispatch", "fp8_e4m3", "token", dict(per_token=True, experts="FlashInferExperts"), actions.VLLM, False),
-    ("quant_then_dispatch", "fp8_e4m3", None, dict(static=True, experts="FlashInferExperts"), actions.TENSOR_FIRST, True),
-    ("quant_then_dispatch", "fp8_e4m3", None, dict(experts="TritonExperts"), actions.VLLM, False),  # no static scale
-    ("dispatch_then_quant", "bf16", None, dict(block=True, experts="TritonExperts"), actions.BF16_THEN_QUANT, True),
-    ("dispatch_then_quant", "bf16", None, dict(per_token=True, experts="TritonExperts"), actions.BF16_THEN_QUANT, True),
-    ("dispatch_then_quant", "bf16", None, dict(static=True, experts="TritonExperts"), actions.VLLM, True),
-    ("no_quant", "bf16", None, dict(block=True, experts="FlashInferExperts", defer_input_quant=True), actions.VLLM, True),
-    ("quant_then_dispatch", "fp8_e4m3", "block",
-     dict(block=True, experts="FlashInferExperts", defer_input_quant=True), actions.VLLM, False),
-    ("quant_then_dispatch", "fp8_e4m3", "block",
-     dict(block=True, experts="FlashInferExperts", policy_kernel="deepgemm"), actions.VLLM, False),
-    ("quant_then_dispatch", "fp8_e4m3", "token", dict(per_token=True, experts="TritonExperts", deepep_v2=True),
-     actions.VLLM, False),
-    ("quant_then_dispatch", "nvfp4", None, dict(fp8=False, experts="FlashInferExperts"), actions.VLLM, False),
-])
+@pytest.mark.parametrize(
+    "order, wire, scale, layer, kind, applied",
+    [
+        (
+            "quant_then_dispatch",
+            "fp8_e4m3",
+            "block",
+            dict(block=True, experts="TritonOrDeepGemmExperts"),
+            actions.VLLM,
+            True,
+        ),
+        (
+            "quant_then_dispatch",
+            "fp8_e4m3",
+            "token",
+            dict(per_token=True, experts="TritonExperts"),
+            actions.TOKEN_FIRST,
+            True,
+        ),
+        (
+            "quant_then_dispatch",
+            "fp8_e4m3",
+            "token",
+            dict(per_token=True, experts="FlashInferExperts"),
+            actions.VLLM,
+            False,
+        ),
+        (
+            "quant_then_dispatch",
+            "fp8_e4m3",
+            None,
+            dict(static=True, experts="FlashInferExperts"),
+            actions.TENSOR_FIRST,
+            True,
+        ),
+        (
+            "quant_then_dispatch",
+            "fp8_e4m3",
+            None,
+            dict(experts="TritonExperts"),
+            actions.VLLM,
+            False,
+        ),  # no static scale
+        (
+            "dispatch_then_quant",
+            "bf16",
+            None,
+            dict(block=True, experts="TritonExperts"),
+            actions.BF16_THEN_QUANT,
+            True,
+        ),
+        (
+            "dispatch_then_quant",
+            "bf16",
+            None,
+            dict(per_token=True, experts="TritonExperts"),
+            actions.BF16_THEN_QUANT,
+            True,
+        ),
+        (
+            "dispatch_then_quant",
+            "bf16",
+            None,
+            dict(static=True, experts="TritonExperts"),
+            actions.VLLM,
+            True,
+        ),
+        (
+            "no_quant",
+            "bf16",
+            None,
+            dict(block=True, experts="FlashInferExperts", defer_input_quant=True),
+            actions.VLLM,
+            True,
+        ),
+        (
+            "quant_then_dispatch",
+            "fp8_e4m3",
+            "block",
+            dict(block=True, experts="FlashInferExperts", defer_input_quant=True),
+            actions.VLLM,
+            False,
+        ),
+        (
+            "quant_then_dispatch",
+            "fp8_e4m3",
+            "block",
+            dict(block=True, experts="FlashInferExperts", policy_kernel="deepgemm"),
+            actions.VLLM,
+            False,
+        ),
+        (
+            "quant_then_dispatch",
+            "fp8_e4m3",
+            "token",
+            dict(per_token=True, experts="TritonExperts", deepep_v2=True),
+            actions.VLLM,
+            False,
+        ),
+        (
+            "quant_then_dispatch",
+            "nvfp4",
+            None,
+            dict(fp8=False, experts="FlashInferExperts"),
+            actions.VLLM,
+            False,
+        ),
+    ],
+)
 def test_the_action_for_a_layer(order, wire, scale, layer, kind, applied):
     quant = actions.LayerQuant(**{"fp8": True, "block": False, "per_token": False, **layer})
     action = actions.action_for(order, wire, scale, quant)
@@ -147,10 +300,16 @@ def test_layer_lines_and_the_summary():
     applied, left_lines = actions.layer_lines(per_layer)
     assert applied == ["layers 0-3: bf16 on the wire, as in vLLM"]
     assert left_lines[0] == "layers 4: left to vLLM: the experts differ"
-    assert left_lines[1].startswith("layers 5: per token bucket: <=64 tokens: bf16") and ">64 tokens: left" in left_lines[1]
+    assert (
+        left_lines[1].startswith("layers 5: per token bucket: <=64 tokens: bf16")
+        and ">64 tokens: left" in left_lines[1]
+    )
     bound = {f"model.layers.{i}.mlp.experts": i < 4 for i in range(6)}
     line = actions.summary_line(bound, per_layer, {"draft_model.x": "a draft model's module"})
-    assert line.startswith("4/7 MoE layers applied; 3 left to vLLM: ") and "a draft model's module" in line
+    assert (
+        line.startswith("4/7 MoE layers applied; 3 left to vLLM: ")
+        and "a draft model's module" in line
+    )
 
 
 def test_the_configs_line_never_says_tuned_when_nothing_was():
@@ -158,14 +317,34 @@ def test_the_configs_line_never_says_tuned_when_nothing_was():
     assert "modelled, not measured" in actions.configs_line("modelled", 3)
     assert "measured on the target" in actions.configs_line("measured", 3)
     assert "extrapolated" in actions.configs_line("extrapolated", 2)
-    assert all("tuned" not in actions.configs_line(s, 1) for s in ("default", "modelled", "extrapolated"))
-    kept_engine = actions.configs_line("modelled", 3, ["engine"] * 3)  # the tune kept vLLM's own at every bucket
-    assert "DeepEP's defaults, as vLLM runs them" in kept_engine and "chosen with" not in kept_engine
-    assert "chosen with the model bench" in actions.configs_line("modelled", 2, ["engine", "search"])
+    assert all(
+        "tuned" not in actions.configs_line(s, 1) for s in ("default", "modelled", "extrapolated")
+    )
+    kept_engine = actions.configs_line(
+        "modelled", 3, ["engine"] * 3
+    )  # the tune kept vLLM's own at every bucket
+    assert (
+        "DeepEP's defaults, as vLLM runs them" in kept_engine and "chosen with" not in kept_engine
+    )
+    assert "chosen with the model bench" in actions.configs_line(
+        "modelled", 2, ["engine", "search"]
+    )
 
 
-@pytest.mark.parametrize("value, strict", [("1", True), ("TRUE", True), (" yes ", True), ("On", True),
-                                           ("0", False), ("False", False), ("", False), ("no", False), ("OFF", False)])
+@pytest.mark.parametrize(
+    "value, strict",
+    [
+        ("1", True),
+        ("TRUE", True),
+        (" yes ", True),
+        ("On", True),
+        ("0", False),
+        ("False", False),
+        ("", False),
+        ("no", False),
+        ("OFF", False),
+    ],
+)
 def test_strict_spellings(value, strict):
     assert strict_from_env({"MOEPOLICY_STRICT": value}) is strict
 
@@ -176,7 +355,11 @@ def test_strict_refuses_other_values_in_one_line():
     with pytest.raises(UsageError) as err:
         strict_from_env({"MOEPOLICY_STRICT": "sure\x1b[31m"})
     message = str(err.value)
-    assert "\n" not in message and "\x1b" not in message and "'sure\\x1b[31m' is not one of 1/true/yes/on" in message
+    assert (
+        "\n" not in message
+        and "\x1b" not in message
+        and "'sure\\x1b[31m' is not one of 1/true/yes/on" in message
+    )
 
 
 def test_log_text_is_one_escaped_line():
@@ -196,8 +379,13 @@ def test_the_served_folder_comes_from_the_hugging_face_cache(tmp_path, monkeypat
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     served = served_model(types.SimpleNamespace(model="acme/m", revision=None, hf_config=None))
     assert served.folder == str(repo / "snapshots" / "abc123")
-    missing = served_model(types.SimpleNamespace(model="acme/other", revision=None,
-                                                 hf_config=types.SimpleNamespace(to_dict=lambda: {"a": 1})))
+    missing = served_model(
+        types.SimpleNamespace(
+            model="acme/other",
+            revision=None,
+            hf_config=types.SimpleNamespace(to_dict=lambda: {"a": 1}),
+        )
+    )
     assert missing.folder is None and missing.config == {"a": 1}
 
 
@@ -210,7 +398,13 @@ def test_a_layer_whose_binding_fails_is_left_to_vllm_with_the_reason(tmp_path):
     def broken(experts, kernel):
         raise AttributeError("no quant_config")
 
-    table = run._layer_table("model.layers.3.mlp.experts", types.SimpleNamespace(fused_experts=None), broken)
+    table = run._layer_table(
+        "model.layers.3.mlp.experts", types.SimpleNamespace(fused_experts=None), broken
+    )
     action = table.entry(10).action
-    assert action.kind == actions.VLLM and not action.applied and "AttributeError: no quant_config" in action.why
+    assert (
+        action.kind == actions.VLLM
+        and not action.applied
+        and "AttributeError: no quant_config" in action.why
+    )
     assert run.unmatched == {"model.layers.3.mlp.experts": "AttributeError: no quant_config"}

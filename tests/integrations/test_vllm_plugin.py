@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("vllm", reason="vLLM 0.33.0 is installed by .ci/run into its own environment (.venv-vllm-ci); run this file with that python")
+pytest.importorskip(
+    "vllm",
+    reason="vLLM 0.33.0 is installed by .ci/run into its own environment (.venv-vllm-ci); run this file with that python",
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_harness as h  # noqa: E402
@@ -42,7 +45,9 @@ PLUGIN_LOG = "vllm.moepolicy"
 @pytest.fixture
 def vllm_env(monkeypatch, caplog):
     """vLLM's DeepEP modules over the stand-in deep_ep; the plugin uninstalled afterwards."""
-    monkeypatch.setitem(sys.modules, "deep_ep", h.fake_deep_ep())  # CPU: the stand-in, even where DeepEP is installed
+    monkeypatch.setitem(
+        sys.modules, "deep_ep", h.fake_deep_ep()
+    )  # CPU: the stand-in, even where DeepEP is installed
     h.Buffer.num_sms = 20
     h.cpu_runtime(monkeypatch)
     h.torch_fp8_ops(monkeypatch)
@@ -55,8 +60,10 @@ def vllm_env(monkeypatch, caplog):
 def plan_file(tmp_path, model, ep=2, name=None, mutate=None, **target):
     """A policy planned in process (``moepolicy plan``'s document), optionally edited and re-keyed."""
     spec = TargetSpec(gpu=target.pop("gpu", "h200"), ep_size=ep, **target)
-    doc = build_document(make_plan(read_model(str(model)), resolve_target(spec, probe=False), pack_stack()),
-                         command=f"moepolicy plan --model {model}")
+    doc = build_document(
+        make_plan(read_model(str(model)), resolve_target(spec, probe=False), pack_stack()),
+        command=f"moepolicy plan --model {model}",
+    )
     if mutate is not None:
         mutate(doc)
         doc["key"] = compute_keys(doc)
@@ -67,11 +74,17 @@ def plan_file(tmp_path, model, ep=2, name=None, mutate=None, **target):
 
 def with_buckets(doc):
     """Three DeepEP buckets whose chunks differ (and buffers that fit the largest)."""
-    chunk = lambda send, recv: {"num_max_nvl_chunked_send_tokens": send, "num_max_nvl_chunked_recv_tokens": recv,  # noqa: E731
-                                "num_max_rdma_chunked_send_tokens": 6, "num_max_rdma_chunked_recv_tokens": 132}
-    doc["deepep"]["buckets"] = [{"max_tokens": 128, "dispatch": chunk(4, 256), "combine": chunk(2, 256)},
-                                {"max_tokens": 1024, "dispatch": chunk(8, 256), "combine": chunk(3, 256)},
-                                {"max_tokens": None, "dispatch": chunk(12, 512), "combine": chunk(5, 512)}]
+    chunk = lambda send, recv: {
+        "num_max_nvl_chunked_send_tokens": send,
+        "num_max_nvl_chunked_recv_tokens": recv,  # noqa: E731
+        "num_max_rdma_chunked_send_tokens": 6,
+        "num_max_rdma_chunked_recv_tokens": 132,
+    }
+    doc["deepep"]["buckets"] = [
+        {"max_tokens": 128, "dispatch": chunk(4, 256), "combine": chunk(2, 256)},
+        {"max_tokens": 1024, "dispatch": chunk(8, 256), "combine": chunk(3, 256)},
+        {"max_tokens": None, "dispatch": chunk(12, 512), "combine": chunk(5, 512)},
+    ]
     doc["deepep"]["num_sms"] = 24
     doc["deepep"]["num_nvl_bytes"] = 2**30
     doc["deepep"]["provenance"] = {"source": "modelled", "note": "test buckets"}
@@ -94,12 +107,29 @@ def per_token_checkpoint(tmp_path, name="qwen3-fp8-dynamic"):
     """Qwen3-30B-A3B's shape with FP8-dynamic weights (per-channel weights, per-token dynamic activations)."""
     config = json.loads((CATALOG / "Qwen__Qwen3-30B-A3B-FP8" / "config.json").read_text())
     config["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
-        "config_groups": {"group_0": {"targets": ["Linear"],
-                                      "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
-                                                  "dynamic": False, "symmetric": True},
-                                      "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
-                                                            "dynamic": True, "symmetric": True}}}}
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "ignore": ["lm_head"],
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {
+                    "num_bits": 8,
+                    "type": "float",
+                    "strategy": "channel",
+                    "dynamic": False,
+                    "symmetric": True,
+                },
+                "input_activations": {
+                    "num_bits": 8,
+                    "type": "float",
+                    "strategy": "token",
+                    "dynamic": True,
+                    "symmetric": True,
+                },
+            }
+        },
+    }
     folder = tmp_path / name
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
@@ -113,9 +143,20 @@ def start(monkeypatch, path, ep=2, model=QWEN, strict=False, group=None, backend
     return h.make_manager(monkeypatch, group or h.CpuGroup(ep), backend=backend)
 
 
-def layer(manager, monkeypatch, scheme="block", hidden=2048, ep=2, moe_backend="auto", prefix="model.layers.3.mlp.experts",
-          tokens_across_dp=None, **ctx):
-    kernel = h.make_kernel(manager, monkeypatch, scheme, h.moe_config(hidden, ep, moe_backend=moe_backend))
+def layer(
+    manager,
+    monkeypatch,
+    scheme="block",
+    hidden=2048,
+    ep=2,
+    moe_backend="auto",
+    prefix="model.layers.3.mlp.experts",
+    tokens_across_dp=None,
+    **ctx,
+):
+    kernel = h.make_kernel(
+        manager, monkeypatch, scheme, h.moe_config(hidden, ep, moe_backend=moe_backend)
+    )
     h.forward_context(monkeypatch, {prefix: kernel}, tokens_across_dp=tokens_across_dp, **ctx)
     return kernel
 
@@ -125,13 +166,28 @@ def messages(caplog, level=logging.DEBUG):
 
 
 # ----------------------------------------------------- vLLM's own expert selection, as the sheet says
-@pytest.mark.parametrize("scheme, flashinfer, deep_gemm, experts", [
-    ("block", True, False, "FlashInferExperts"),          # oracle/fp8.py:122-130
-    ("block", False, True, "TritonOrDeepGemmExperts"),    # no FlashInfer: DEEPGEMM next
-    ("token", True, False, "TritonExperts"),              # CUTLASS refuses DeepEP HT: cutlass_moe.py:416-425
-    ("static", True, False, "FlashInferExperts"),         # static per-tensor on 9.0+: flashinfer_cutlass_moe.py:154-162
-])
-def test_the_expert_sheet_says_which_experts_vllm_builds(vllm_env, monkeypatch, scheme, flashinfer, deep_gemm, experts):
+@pytest.mark.parametrize(
+    "scheme, flashinfer, deep_gemm, experts",
+    [
+        ("block", True, False, "FlashInferExperts"),  # oracle/fp8.py:122-130
+        ("block", False, True, "TritonOrDeepGemmExperts"),  # no FlashInfer: DEEPGEMM next
+        (
+            "token",
+            True,
+            False,
+            "TritonExperts",
+        ),  # CUTLASS refuses DeepEP HT: cutlass_moe.py:416-425
+        (
+            "static",
+            True,
+            False,
+            "FlashInferExperts",
+        ),  # static per-tensor on 9.0+: flashinfer_cutlass_moe.py:154-162
+    ],
+)
+def test_the_expert_sheet_says_which_experts_vllm_builds(
+    vllm_env, monkeypatch, scheme, flashinfer, deep_gemm, experts
+):
     """The sheet's default kernel for a scheme on SM90 with DeepEP HT is the class vLLM's own oracle
     picks (with FlashInfer installed, as vLLM 0.33.0 installs it)."""
     from moepolicy.expert_kernel import Deployment, default_kernel
@@ -142,12 +198,22 @@ def test_the_expert_sheet_says_which_experts_vllm_builds(vllm_env, monkeypatch, 
     manager = start(monkeypatch, None)
     kernel = h.make_kernel(manager, monkeypatch, scheme, h.moe_config(2048, 2))
     assert type(kernel.fused_experts).__name__ == experts
-    acts = {"block": ("fp8_e4m3", "group", "dynamic"), "token": ("fp8_e4m3", "token", "dynamic"),
-            "static": ("fp8_e4m3", "tensor", "static")}[scheme]
+    acts = {
+        "block": ("fp8_e4m3", "group", "dynamic"),
+        "token": ("fp8_e4m3", "token", "dynamic"),
+        "static": ("fp8_e4m3", "tensor", "static"),
+    }[scheme]
     weights = {"block": "block", "token": "channel", "static": "tensor"}[scheme]
-    facts = LayerFacts(index=0, kind="moe", hidden_size=2048, weights=TensorQuant(dtype="fp8_e4m3", granularity=weights),
-                       activations=TensorQuant(dtype=acts[0], granularity=acts[1], dynamic=acts[2], group=128))
-    modelled = experts_for(default_kernel(facts, "sm90", Deployment("vllm", "deepep_ht", "legacy")), "fp8_e4m3")
+    facts = LayerFacts(
+        index=0,
+        kind="moe",
+        hidden_size=2048,
+        weights=TensorQuant(dtype="fp8_e4m3", granularity=weights),
+        activations=TensorQuant(dtype=acts[0], granularity=acts[1], dynamic=acts[2], group=128),
+    )
+    modelled = experts_for(
+        default_kernel(facts, "sm90", Deployment("vllm", "deepep_ht", "legacy")), "fp8_e4m3"
+    )
     if flashinfer:
         assert modelled == experts
 
@@ -160,16 +226,22 @@ def test_vllm_use_deep_gemm_builds_triton_or_deepgemm_experts(vllm_env, monkeypa
     monkeypatch.setattr(envs, "is_set", lambda name: name in os.environ)
     manager = start(monkeypatch, None)
     kernel = h.make_kernel(manager, monkeypatch, "block", h.moe_config(2048, 2))
-    assert type(kernel.fused_experts).__name__ == "TritonOrDeepGemmExperts"  # oracle/fp8.py:484-496
+    assert (
+        type(kernel.fused_experts).__name__ == "TritonOrDeepGemmExperts"
+    )  # oracle/fp8.py:484-496
 
 
 # ---------------------------------------------------------------------- what reaches DeepEP and the experts
-def test_default_h200_policy_sends_bf16_to_flashinfer_experts_with_its_configs(vllm_env, tmp_path, monkeypatch):
+def test_default_h200_policy_sends_bf16_to_flashinfer_experts_with_its_configs(
+    vllm_env, tmp_path, monkeypatch
+):
     path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", mutate=with_buckets)
     manager = start(monkeypatch, path)
     assert manager.num_sms == 24  # above vLLM's fixed 20
     assert manager._make_all2all_kwargs()["num_nvl_bytes"] == 2**30
-    kernel = layer(manager, monkeypatch, moe_backend="flashinfer_cutlass", tokens_across_dp=[100, 3000])
+    kernel = layer(
+        manager, monkeypatch, moe_backend="flashinfer_cutlass", tokens_across_dp=[100, 3000]
+    )
     h.run_kernel(kernel, 100, 2048)
     sent = h.dispatched(kernel)
     assert sent["wire"] == ("torch.bfloat16", None)  # FlashInferExperts quantize their own input
@@ -179,18 +251,24 @@ def test_default_h200_policy_sends_bf16_to_flashinfer_experts_with_its_configs(v
     assert kernel.fused_experts.received[-1]["x"].dtype == torch.bfloat16
 
 
-def test_two_ranks_with_different_local_counts_pick_the_same_bucket(vllm_env, tmp_path, monkeypatch):
+def test_two_ranks_with_different_local_counts_pick_the_same_bucket(
+    vllm_env, tmp_path, monkeypatch
+):
     path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", mutate=with_buckets)
     manager = start(monkeypatch, path)
     configs = []
     for local in (100, 3000):
-        kernel = layer(manager, monkeypatch, moe_backend="flashinfer_cutlass", tokens_across_dp=[100, 3000])
+        kernel = layer(
+            manager, monkeypatch, moe_backend="flashinfer_cutlass", tokens_across_dp=[100, 3000]
+        )
         h.run_kernel(kernel, local, 2048)
         configs.append(h.dispatched(kernel)["config"].key())
     assert configs[0] == configs[1]
 
 
-def test_a_deepgemm_policy_sends_block_fp8_as_vllm_does_with_its_configs(vllm_env, tmp_path, monkeypatch):
+def test_a_deepgemm_policy_sends_block_fp8_as_vllm_does_with_its_configs(
+    vllm_env, tmp_path, monkeypatch
+):
     path = plan_file(tmp_path, "DeepSeek-V3", expert_kernel="deepgemm", mutate=with_buckets)
     h.cuda_platform(monkeypatch, flashinfer=False, deep_gemm=True)
     manager = start(monkeypatch, path, model=DEEPSEEK)
@@ -203,26 +281,33 @@ def test_a_deepgemm_policy_sends_block_fp8_as_vllm_does_with_its_configs(vllm_en
     assert kernel.fused_experts.received[-1]["scale"].shape == (40, 56)
 
 
-def test_per_token_fp8_reaches_triton_experts_with_n1_scales_and_is_not_quantized_again(vllm_env, tmp_path,
-                                                                                     monkeypatch):
+def test_per_token_fp8_reaches_triton_experts_with_n1_scales_and_is_not_quantized_again(
+    vllm_env, tmp_path, monkeypatch
+):
     from moepolicy.quant import reference
 
     folder = per_token_checkpoint(tmp_path)
     path = plan_file(tmp_path, folder)
     manager = start(monkeypatch, path, model=str(folder))
     kernel = layer(manager, monkeypatch, scheme="token", tokens_across_dp=[64, 64])
-    assert type(kernel.fused_experts).__name__ == "TritonExperts"  # vLLM's pick on HT (the sheet's too)
+    assert (
+        type(kernel.fused_experts).__name__ == "TritonExperts"
+    )  # vLLM's pick on HT (the sheet's too)
     a1, _ = h.run_kernel(kernel, 64, 2048)
     x, scales = h.dispatched(kernel)["x"]
     ref_q, ref_s = reference.per_token(a1)
     assert x.dtype == torch.float8_e4m3fn and scales.shape == (64, 1)
     assert torch.equal(x.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(scales, ref_s)
     received = kernel.fused_experts.received[-1]
-    assert received["x"] is x and received["scale"].shape == (64, 1)  # as sent: no second quantization
+    assert received["x"] is x and received["scale"].shape == (
+        64,
+        1,
+    )  # as sent: no second quantization
 
 
-def test_static_per_tensor_fp8_goes_bare_and_reaches_the_experts_as_vllms_own_path_would(vllm_env, tmp_path,
-                                                                                       monkeypatch):
+def test_static_per_tensor_fp8_goes_bare_and_reaches_the_experts_as_vllms_own_path_would(
+    vllm_env, tmp_path, monkeypatch
+):
     path = plan_file(tmp_path, "amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV")
     model = "amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV"
     manager = start(monkeypatch, path, model=model)
@@ -257,7 +342,9 @@ def test_bf16_for_a_block_layer_is_quantized_on_receive(vllm_env, tmp_path, monk
     assert received["x"].dtype == torch.float8_e4m3fn and received["scale"].shape == (32, 56)
 
 
-def test_experts_other_than_the_policys_leave_the_layer_to_vllm(vllm_env, tmp_path, monkeypatch, caplog):
+def test_experts_other_than_the_policys_leave_the_layer_to_vllm(
+    vllm_env, tmp_path, monkeypatch, caplog
+):
     """A policy made for FlashInfer's experts, on a node without FlashInfer (vLLM builds
     TritonOrDeepGemmExperts): vLLM's own wire, and the summary says why."""
     path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8")
@@ -267,28 +354,39 @@ def test_experts_other_than_the_policys_leave_the_layer_to_vllm(vllm_env, tmp_pa
     h.run_kernel(kernel, 8, 2048)
     assert h.dispatched(kernel)["wire"] == ("torch.float8_e4m3fn", 16)  # vLLM's block fp8 first
     summary = next(m for m in messages(caplog, logging.INFO) if "applied (digest" in m)
-    assert "0/1 MoE layers applied; 1 left to vLLM: the policy was made for flashinfer_cutlass experts; " \
-           "vLLM runs TritonOrDeepGemmExperts" in summary
+    assert (
+        "0/1 MoE layers applied; 1 left to vLLM: the policy was made for flashinfer_cutlass experts; "
+        "vLLM runs TritonOrDeepGemmExperts" in summary
+    )
 
 
 # -------------------------------------------------------------------------------- layers by module prefix
-def test_layers_are_matched_by_prefix_and_what_the_policy_lacks_is_left_to_vllm(vllm_env, tmp_path, monkeypatch,
-                                                                                caplog):
+def test_layers_are_matched_by_prefix_and_what_the_policy_lacks_is_left_to_vllm(
+    vllm_env, tmp_path, monkeypatch, caplog
+):
     path = plan_file(tmp_path, "DeepSeek-V3", expert_kernel="deepgemm")
     h.cuda_platform(monkeypatch, flashinfer=False, deep_gemm=True)
     manager = start(monkeypatch, path, model=DEEPSEEK)
     moe = h.moe_config(7168, 2)
-    prefixes = ["model.layers.3.mlp.experts", "model.layers.61.mtp_block.mlp.experts",  # the MTP layer, mapped
-                "language_model.model.layers.4.mlp.experts", "draft_model.model.layers.0.mlp.experts",
-                "model.layers.99.mlp.experts", "model.layers.61.mlp.experts"]  # 61: the policy's MTP layer
+    prefixes = [
+        "model.layers.3.mlp.experts",
+        "model.layers.61.mtp_block.mlp.experts",  # the MTP layer, mapped
+        "language_model.model.layers.4.mlp.experts",
+        "draft_model.model.layers.0.mlp.experts",
+        "model.layers.99.mlp.experts",
+        "model.layers.61.mlp.experts",
+    ]  # 61: the policy's MTP layer
     kernels = {p: h.make_kernel(manager, monkeypatch, "block", moe) for p in prefixes}
     h.forward_context(monkeypatch, kernels, tokens_across_dp=[8, 8])
     for kernel in kernels.values():
         h.run_kernel(kernel, 8, 7168)
     tables = {p: k.prepare_finalize._moepolicy_table for p, k in kernels.items()}
     applied = {p for p, t in tables.items() if all(b.action.applied for b in t.bucket_actions)}
-    assert applied == {"model.layers.3.mlp.experts", "model.layers.61.mtp_block.mlp.experts",
-                       "language_model.model.layers.4.mlp.experts"}
+    assert applied == {
+        "model.layers.3.mlp.experts",
+        "model.layers.61.mtp_block.mlp.experts",
+        "language_model.model.layers.4.mlp.experts",
+    }
     summary = next(m for m in messages(caplog, logging.INFO) if "applied (digest" in m)
     assert "3/6 MoE layers applied; 3 left to vLLM" in summary and "draft model" in summary
     assert "does not hold" in summary and "holds this index as an MTP layer" in summary
@@ -314,15 +412,23 @@ def _dbo(monkeypatch, ubatch):
     for module in (classes, deepep_ht, modular_kernel):
         monkeypatch.setattr(module, "dbo_enabled", lambda: True, raising=False)
         monkeypatch.setattr(module, "dbo_current_ubatch_id", lambda: ubatch[0], raising=False)
-    for name in ("dbo_get_previous_event", "dbo_yield_and_switch_from_compute_to_comm", "dbo_switch_to_compute_sync",
-                 "dbo_switch_to_comm", "dbo_switch_to_compute", "dbo_yield_and_switch_from_comm_to_compute",
-                 "_dbo_record_stream"):
+    for name in (
+        "dbo_get_previous_event",
+        "dbo_yield_and_switch_from_compute_to_comm",
+        "dbo_switch_to_compute_sync",
+        "dbo_switch_to_comm",
+        "dbo_switch_to_compute",
+        "dbo_yield_and_switch_from_comm_to_compute",
+        "_dbo_record_stream",
+    ):
         monkeypatch.setattr(deepep_ht, name, lambda *a, **k: None)
     for name in ("dbo_maybe_run_recv_hook", "dbo_register_recv_hook", "dbo_yield"):
         monkeypatch.setattr(modular_kernel, name, lambda *a, **k: None)
 
 
-def test_dbo_micro_batches_use_vllms_sm_split_and_their_own_buckets(vllm_env, tmp_path, monkeypatch):
+def test_dbo_micro_batches_use_vllms_sm_split_and_their_own_buckets(
+    vllm_env, tmp_path, monkeypatch
+):
     def overlapped(doc):
         with_buckets(doc)
         doc["deepep"]["schedule"] = "overlapped"
@@ -338,19 +444,33 @@ def test_dbo_micro_batches_use_vllms_sm_split_and_their_own_buckets(vllm_env, tm
     results = {}
     for ub, tokens in ((0, 64), (1, 2000)):  # both micro-batches dispatch before either combines
         ubatch[0] = ub
-        h.forward_context(monkeypatch, {"model.layers.3.mlp.experts": kernel}, tokens_across_dp=[tokens, tokens])
+        h.forward_context(
+            monkeypatch, {"model.layers.3.mlp.experts": kernel}, tokens_across_dp=[tokens, tokens]
+        )
         a1 = torch.randn(tokens, 2048).to(torch.bfloat16)
         ids, weights = torch.randint(0, 8, (tokens, 2)), torch.rand(tokens, 2)
         results[ub] = (a1, ids, weights, impl._prepare(a1, weights, ids, 8, None, False))
     for ub in (0, 1):
         ubatch[0] = ub
         a1, ids, weights, prepared = results[ub]
-        impl._finalize(torch.empty_like(a1), prepared[0].to(torch.bfloat16), a1, weights, ids, False, None, None)
+        impl._finalize(
+            torch.empty_like(a1),
+            prepared[0].to(torch.bfloat16),
+            a1,
+            weights,
+            ids,
+            False,
+            None,
+            None,
+        )
     dispatched = [d["config"].key() for d in pf.buffer.dispatched[-2:]]
     combined = [c["config"].key() for c in pf.buffer.combined[-2:]]
-    for (tokens, d, c) in zip((64, 2000), dispatched, combined):
+    for tokens, d, c in zip((64, 2000), dispatched, combined):
         dispatch, combine = bucket_chunks(path, tokens)
-        assert d == (16, *effective(dispatch)) and c == (16, *effective(combine))  # vLLM's split: 16 SMs
+        assert d == (16, *effective(dispatch)) and c == (
+            16,
+            *effective(combine),
+        )  # vLLM's split: 16 SMs
 
 
 def test_a_serial_policy_under_dbo_is_refused_in_one_line(vllm_env, tmp_path, monkeypatch, caplog):
@@ -368,28 +488,46 @@ def test_sequence_parallel_moe_buckets_on_the_local_sizes(vllm_env, tmp_path, mo
     manager = start(monkeypatch, path)
     kernel = layer(manager, monkeypatch, moe_backend="flashinfer_cutlass")
     dp = DPMetadata(torch.tensor([2000, 2000]))
-    with dp.sp_local_sizes(4):  # vLLM's own split: each of 4 SP ranks holds ceil(2000 / 4) = 500 tokens
-        h.forward_context(monkeypatch, {"model.layers.3.mlp.experts": kernel}, tokens_across_dp=[2000, 2000],
-                          local_sizes=dp.local_sizes)
+    with dp.sp_local_sizes(
+        4
+    ):  # vLLM's own split: each of 4 SP ranks holds ceil(2000 / 4) = 500 tokens
+        h.forward_context(
+            monkeypatch,
+            {"model.layers.3.mlp.experts": kernel},
+            tokens_across_dp=[2000, 2000],
+            local_sizes=dp.local_sizes,
+        )
         h.run_kernel(kernel, 500, 2048)
     assert h.dispatched(kernel)["config"].key() == (24, *effective(bucket_chunks(path, 500)[0]))
     assert bucket_chunks(path, 500) != bucket_chunks(path, 2000)
 
 
 # --------------------------------------------------------------------------------- agreement and state
-def test_a_rank_that_would_not_apply_makes_every_rank_keep_vllms_behaviour(vllm_env, tmp_path, monkeypatch, caplog):
+def test_a_rank_that_would_not_apply_makes_every_rank_keep_vllms_behaviour(
+    vllm_env, tmp_path, monkeypatch, caplog
+):
     path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", mutate=with_buckets)
     group = h.CpuGroup(2, peer_vote={"applied": False, "digest": "", "reason": "no such file"})
     manager = start(monkeypatch, path, group=group)
     assert not manager._moepolicy.applied and manager.num_sms == 20
-    assert manager._make_all2all_kwargs()["num_nvl_bytes"] == 1024 * 1024 * 1024  # VLLM_DEEPEP_BUFFER_SIZE_MB
-    kernel = layer(manager, monkeypatch, moe_backend="flashinfer_cutlass", tokens_across_dp=[100, 100])
+    assert (
+        manager._make_all2all_kwargs()["num_nvl_bytes"] == 1024 * 1024 * 1024
+    )  # VLLM_DEEPEP_BUFFER_SIZE_MB
+    kernel = layer(
+        manager, monkeypatch, moe_backend="flashinfer_cutlass", tokens_across_dp=[100, 100]
+    )
     h.run_kernel(kernel, 100, 2048)
-    assert h.dispatched(kernel)["config"].key() == h.Buffer.get_dispatch_config(2).key()  # vLLM's table
-    assert any("rank(s) 1 of 2 would not apply it (rank 1: no such file)" in m for m in messages(caplog))
+    assert (
+        h.dispatched(kernel)["config"].key() == h.Buffer.get_dispatch_config(2).key()
+    )  # vLLM's table
+    assert any(
+        "rank(s) 1 of 2 would not apply it (rank 1: no such file)" in m for m in messages(caplog)
+    )
 
 
-def test_ranks_with_different_digests_all_keep_vllms_behaviour(vllm_env, tmp_path, monkeypatch, caplog):
+def test_ranks_with_different_digests_all_keep_vllms_behaviour(
+    vllm_env, tmp_path, monkeypatch, caplog
+):
     path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8")
     group = h.CpuGroup(2, peer_vote={"applied": True, "digest": "0123456789abcdef"})
     manager = start(monkeypatch, path, group=group)
@@ -408,7 +546,10 @@ def test_a_recreated_manager_starts_afresh(vllm_env, tmp_path, monkeypatch):
 
     second = all2all.DeepEPHTAll2AllManager(h.CpuGroup(4))
     assert second._moepolicy is not first._moepolicy and not second._moepolicy.applied
-    assert second.num_sms == 20 and second._make_all2all_kwargs()["num_nvl_bytes"] == 1024 * 1024 * 1024
+    assert (
+        second.num_sms == 20
+        and second._make_all2all_kwargs()["num_nvl_bytes"] == 1024 * 1024 * 1024
+    )
     third = all2all.DeepEPHTAll2AllManager(h.CpuGroup(2))
     assert third._moepolicy.applied and third.num_sms == 24
 
@@ -430,7 +571,9 @@ def test_strict_refuses_an_unchecked_vllm_release(vllm_env, tmp_path, monkeypatc
     from moepolicy.integrations.vllm import patches
 
     real = importlib.metadata.version
-    monkeypatch.setattr(patches.importlib.metadata, "version", lambda n: "0.34.0" if n == "vllm" else real(n))
+    monkeypatch.setattr(
+        patches.importlib.metadata, "version", lambda n: "0.34.0" if n == "vllm" else real(n)
+    )
     with pytest.raises(PolicyError, match="vLLM 0.34.0 is not a release"):
         patches.install(str(plan_file(tmp_path, "Qwen3-30B-A3B-FP8")), strict=True)
 
@@ -452,13 +595,26 @@ def test_strict_refuses_when_vllms_deepep_modules_do_not_import(vllm_env, tmp_pa
     import moepolicy.integrations.vllm as plugin
 
     monkeypatch.delattr(plugin, "classes", raising=False)
-    monkeypatch.setitem(sys.modules, "moepolicy.integrations.vllm.classes", None)  # as if deep_ep were missing
+    monkeypatch.setitem(
+        sys.modules, "moepolicy.integrations.vllm.classes", None
+    )  # as if deep_ep were missing
     with pytest.raises(PolicyError, match="DeepEP modules do not import"):
         patches.install(str(plan_file(tmp_path, "Qwen3-30B-A3B-FP8")), strict=True)
 
 
-@pytest.mark.parametrize("branch", ["cudagraphs", "key mismatch", "no buffer sizes", "other backend",
-                                    "unknown keys", "ranks disagree", "load error", "serial policy under dbo"])
+@pytest.mark.parametrize(
+    "branch",
+    [
+        "cudagraphs",
+        "key mismatch",
+        "no buffer sizes",
+        "other backend",
+        "unknown keys",
+        "ranks disagree",
+        "load error",
+        "serial policy under dbo",
+    ],
+)
 def test_strict_refuses_every_not_applied_branch_at_start(vllm_env, tmp_path, monkeypatch, branch):
     from moepolicy.errors import PolicyError
 
@@ -475,14 +631,23 @@ def test_strict_refuses_every_not_applied_branch_at_start(vllm_env, tmp_path, mo
 
         def no_buffers(*a, **k):
             policy = real(*a, **k)
-            policy.deepep = type(policy.deepep)(**{**policy.deepep.__dict__, "num_nvl_bytes": None})
+            policy.deepep = type(policy.deepep)(
+                **{**policy.deepep.__dict__, "num_nvl_bytes": None}
+            )
             return policy
 
         monkeypatch.setattr(moepolicy, "load_policy", no_buffers)
     elif branch == "other backend":
-        path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", name="v2.yaml", deep_ep_version="v2-dd758ca")
+        path = plan_file(
+            tmp_path, "Qwen3-30B-A3B-FP8", name="v2.yaml", deep_ep_version="v2-dd758ca"
+        )
     elif branch == "unknown keys":
-        path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", name="x.yaml", mutate=lambda d: d["target"].update(extra_key=1))
+        path = plan_file(
+            tmp_path,
+            "Qwen3-30B-A3B-FP8",
+            name="x.yaml",
+            mutate=lambda d: d["target"].update(extra_key=1),
+        )
     elif branch == "ranks disagree":
         group = h.CpuGroup(2, peer_vote={"applied": False, "reason": "strict elsewhere"})
     elif branch == "load error":
@@ -493,21 +658,30 @@ def test_strict_refuses_every_not_applied_branch_at_start(vllm_env, tmp_path, mo
         start(monkeypatch, path, strict=True, group=group, **kwargs)
 
 
-def test_strict_refuses_deepep_v2_source_drift_when_vllm_builds_a_v2_manager(vllm_env, tmp_path, monkeypatch):
+def test_strict_refuses_deepep_v2_source_drift_when_vllm_builds_a_v2_manager(
+    vllm_env, tmp_path, monkeypatch
+):
     from moepolicy.errors import PolicyError
     from moepolicy.integrations.vllm import pins
 
     h.with_deep_ep_v2(monkeypatch)
     monkeypatch.setitem(pins.PINNED_V2, next(iter(pins.PINNED_V2)), "0" * 16)
     path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", deep_ep_version="v2-dd758ca")
-    with pytest.raises(PolicyError, match="MOEPOLICY_STRICT: DeepEP v2: vLLM's deepep_v2.DeepEPV2PrepareAndFinalize"):
+    with pytest.raises(
+        PolicyError,
+        match="MOEPOLICY_STRICT: DeepEP v2: vLLM's deepep_v2.DeepEPV2PrepareAndFinalize",
+    ):
         start(monkeypatch, path, strict=True, backend="v2")
     from vllm.distributed.device_communicators import all2all
 
-    assert all2all.DeepEPHTAll2AllManager.__name__ == "PolicyDeepEPHTAll2AllManager"  # HT is still installed
+    assert (
+        all2all.DeepEPHTAll2AllManager.__name__ == "PolicyDeepEPHTAll2AllManager"
+    )  # HT is still installed
 
 
-def test_strict_refuses_policy_layers_left_to_vllm_at_the_first_dispatch(vllm_env, tmp_path, monkeypatch):
+def test_strict_refuses_policy_layers_left_to_vllm_at_the_first_dispatch(
+    vllm_env, tmp_path, monkeypatch
+):
     from moepolicy.errors import PolicyError
 
     path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8")
@@ -518,8 +692,19 @@ def test_strict_refuses_policy_layers_left_to_vllm_at_the_first_dispatch(vllm_en
         h.run_kernel(kernel, 8, 2048)
 
 
-@pytest.mark.parametrize("value, strict", [("1", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False),
-                                           ("false", False), ("", False), ("off", False)])
+@pytest.mark.parametrize(
+    "value, strict",
+    [
+        ("1", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("On", True),
+        ("0", False),
+        ("false", False),
+        ("", False),
+        ("off", False),
+    ],
+)
 def test_strict_accepts_the_usual_spellings(value, strict):
     from moepolicy.integrations.vllm import strict_from_env
 
@@ -527,11 +712,20 @@ def test_strict_accepts_the_usual_spellings(value, strict):
 
 
 def test_strict_refuses_another_spelling_in_one_line(monkeypatch, tmp_path):
-    env = {**os.environ, "MOEPOLICY_POLICY": str(tmp_path / "p.yaml"), "MOEPOLICY_STRICT": "maybe\x1b[2J"}
+    env = {
+        **os.environ,
+        "MOEPOLICY_POLICY": str(tmp_path / "p.yaml"),
+        "MOEPOLICY_STRICT": "maybe\x1b[2J",
+    }
     code = "from moepolicy.integrations.vllm import register; register()"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode != 0
-    assert "MOEPOLICY_STRICT='maybe\\x1b[2J' is not one of 1/true/yes/on or 0/false/no/off" in out.stderr
+    assert (
+        "MOEPOLICY_STRICT='maybe\\x1b[2J' is not one of 1/true/yes/on or 0/false/no/off"
+        in out.stderr
+    )
     assert "\x1b" not in out.stderr
 
 
@@ -552,7 +746,9 @@ def _hf_cache(tmp_path, repo_id, config):
     return cache
 
 
-def test_a_non_catalog_hugging_face_id_served_from_the_hf_cache_applies(vllm_env, tmp_path, monkeypatch):
+def test_a_non_catalog_hugging_face_id_served_from_the_hf_cache_applies(
+    vllm_env, tmp_path, monkeypatch
+):
     folder = per_token_checkpoint(tmp_path, name="acme-qwen3-ft")
     path = plan_file(tmp_path, folder)
     config = json.loads((folder / "config.json").read_text())
@@ -564,12 +760,16 @@ def test_a_non_catalog_hugging_face_id_served_from_the_hf_cache_applies(vllm_env
     assert manager._moepolicy.facts.model.folder.startswith(str(cache))
 
 
-def test_without_the_cache_the_same_id_is_not_applied_and_says_why(vllm_env, tmp_path, monkeypatch, caplog):
+def test_without_the_cache_the_same_id_is_not_applied_and_says_why(
+    vllm_env, tmp_path, monkeypatch, caplog
+):
     folder = per_token_checkpoint(tmp_path, name="acme-qwen3-ft")
     path = plan_file(tmp_path, folder)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
     manager = start(monkeypatch, path, model="acme/qwen3-moe-finetune")
-    assert not manager._moepolicy.applied and "model could not be read" in manager._moepolicy.reason
+    assert (
+        not manager._moepolicy.applied and "model could not be read" in manager._moepolicy.reason
+    )
 
 
 def test_the_config_vllm_loaded_is_used_when_no_folder_holds_it(vllm_env, tmp_path, monkeypatch):
@@ -577,16 +777,22 @@ def test_the_config_vllm_loaded_is_used_when_no_folder_holds_it(vllm_env, tmp_pa
     path = plan_file(tmp_path, folder)
     config = json.loads((folder / "config.json").read_text())
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
-    hf_config = types.SimpleNamespace(to_dict=lambda: dict(config))  # what transformers' PretrainedConfig gives
+    hf_config = types.SimpleNamespace(
+        to_dict=lambda: dict(config)
+    )  # what transformers' PretrainedConfig gives
     manager = start(monkeypatch, path, model="s3://bucket/acme-qwen3", hf_config=hf_config)
     assert manager._moepolicy.applied, manager._moepolicy.reason
 
 
 # ------------------------------------------------------------------------------------------------ logging
-def test_applied_is_said_once_at_the_first_dispatch_and_never_without_one(vllm_env, tmp_path, monkeypatch, caplog):
+def test_applied_is_said_once_at_the_first_dispatch_and_never_without_one(
+    vllm_env, tmp_path, monkeypatch, caplog
+):
     path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8")
     manager = start(monkeypatch, path)
-    assert not [m for m in messages(caplog, logging.INFO) if "applied (digest" in m]  # no dispatch yet
+    assert not [
+        m for m in messages(caplog, logging.INFO) if "applied (digest" in m
+    ]  # no dispatch yet
     kernel = layer(manager, monkeypatch, moe_backend="flashinfer_cutlass", tokens_across_dp=[8, 8])
     for _ in range(3):
         h.run_kernel(kernel, 8, 2048)
@@ -596,20 +802,30 @@ def test_applied_is_said_once_at_the_first_dispatch_and_never_without_one(vllm_e
 
 def test_the_plugin_logs_through_vllms_handler_once():
     """With vLLM's logging configured (as ``vllm serve`` does), each line appears once, in vLLM's format."""
-    code = ("from vllm.logger import _configure_vllm_root_logger; _configure_vllm_root_logger()\n"
-            "from moepolicy.integrations.vllm import report\n"
-            "report.say('one summary'); report.warn('one refusal'); report.debug('a detail')\n")
+    code = (
+        "from vllm.logger import _configure_vllm_root_logger; _configure_vllm_root_logger()\n"
+        "from moepolicy.integrations.vllm import report\n"
+        "report.say('one summary'); report.warn('one refusal'); report.debug('a detail')\n"
+    )
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "VLLM_CONFIGURE_LOGGING": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     lines = [line for line in (out.stdout + out.stderr).splitlines() if "moepolicy:" in line]
     assert len(lines) == 2, out.stdout + out.stderr
-    assert "INFO" in lines[0] and "one summary" in lines[0] and "WARNING" in lines[1]  # vLLM's format: the level
+    assert (
+        "INFO" in lines[0] and "one summary" in lines[0] and "WARNING" in lines[1]
+    )  # vLLM's format: the level
 
 
 def test_policy_text_reaches_the_log_escaped(vllm_env, tmp_path, monkeypatch, caplog):
     hostile = "evil\x1b]0;pwned\x07\u202egpj.exe\nINFO fake line"
-    path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", mutate=lambda d: d["model"].update(name=hostile))
-    start(monkeypatch, path, model=DEEPSEEK)  # a facts mismatch: the reason names the policy's model
+    path = plan_file(
+        tmp_path, "Qwen3-30B-A3B-FP8", mutate=lambda d: d["model"].update(name=hostile)
+    )
+    start(
+        monkeypatch, path, model=DEEPSEEK
+    )  # a facts mismatch: the reason names the policy's model
     lines = messages(caplog)
     refused = next(m for m in lines if "not applied" in m)
     assert "\\x1b]0;pwned\\x07\\u202egpj.exe\\nINFO fake line" in refused
@@ -619,22 +835,33 @@ def test_policy_text_reaches_the_log_escaped(vllm_env, tmp_path, monkeypatch, ca
 def test_the_entry_point_does_nothing_without_the_variable_outside_vllm():
     from importlib.metadata import entry_points
 
-    assert any(ep.value == "moepolicy.integrations.vllm:register" for ep in entry_points(group="vllm.general_plugins"))
-    code = ("import sys; from moepolicy.integrations.vllm import register; register(); "
-            "print('torch' in sys.modules, 'vllm' in sys.modules)")
+    assert any(
+        ep.value == "moepolicy.integrations.vllm:register"
+        for ep in entry_points(group="vllm.general_plugins")
+    )
+    code = (
+        "import sys; from moepolicy.integrations.vllm import register; register(); "
+        "print('torch' in sys.modules, 'vllm' in sys.modules)"
+    )
     env = {k: v for k, v in os.environ.items() if k != "MOEPOLICY_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert out.stdout.split() == ["False", "False"], out.stderr
 
 
 def test_without_the_variable_even_inside_vllm_nothing_is_installed():
     """A moepolicy installed into vLLM's environment but not asked for changes nothing, also in a
     process where vLLM is imported: vLLM's own classes stay in place."""
-    code = ("import vllm.distributed.device_communicators.all2all as a; before = a.DeepEPHTAll2AllManager; "
-            "from moepolicy.integrations.vllm import register; register(); "
-            "print(a.DeepEPHTAll2AllManager is before, 'moepolicy.integrations.vllm.patches' in __import__('sys').modules)")
+    code = (
+        "import vllm.distributed.device_communicators.all2all as a; before = a.DeepEPHTAll2AllManager; "
+        "from moepolicy.integrations.vllm import register; register(); "
+        "print(a.DeepEPHTAll2AllManager is before, 'moepolicy.integrations.vllm.patches' in __import__('sys').modules)"
+    )
     env = {k: v for k, v in os.environ.items() if k != "MOEPOLICY_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert out.stdout.split()[-2:] == ["True", "False"], out.stderr[-2000:]
 
 
@@ -646,8 +873,22 @@ def _two_ranks(tmp_path, policies):
     for rank, (policy, local) in enumerate(zip(policies, (100, 3000))):
         out = tmp_path / f"rank{rank}.json"
         outs.append(out)
-        procs.append(subprocess.Popen([sys.executable, str(script), str(rank), str(init), str(policy), str(out),
-                                       str(local)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(script),
+                    str(rank),
+                    str(init),
+                    str(policy),
+                    str(out),
+                    str(local),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     logs = [p.communicate(timeout=500)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
     return [json.loads(out.read_text()) for out in outs]
@@ -658,7 +899,11 @@ def test_two_ranks_over_gloo_apply_equal_configs_and_wire(vllm_env, tmp_path):
     path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", mutate=with_buckets)
     ranks = _two_ranks(tmp_path, [path, path])
     assert all(r["applied"] for r in ranks) and ranks[0]["digest"] == ranks[1]["digest"]
-    assert ranks[0]["dispatch"] == ranks[1]["dispatch"] == [24, *effective(bucket_chunks(path, 3000)[0])]
+    assert (
+        ranks[0]["dispatch"]
+        == ranks[1]["dispatch"]
+        == [24, *effective(bucket_chunks(path, 3000)[0])]
+    )
     assert ranks[0]["wire"] == ranks[1]["wire"] == ["torch.bfloat16", None]
     assert ranks[0]["combine"] == ranks[1]["combine"]
 
@@ -666,36 +911,58 @@ def test_two_ranks_over_gloo_apply_equal_configs_and_wire(vllm_env, tmp_path):
 @pytest.mark.slow
 def test_over_gloo_a_rank_with_another_policy_makes_both_keep_vllms_behaviour(vllm_env, tmp_path):
     mine = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", mutate=with_buckets)
-    other = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", name="other.yaml")  # DeepEP's defaults at 20 SMs
+    other = plan_file(
+        tmp_path, "Qwen3-30B-A3B-FP8", name="other.yaml"
+    )  # DeepEP's defaults at 20 SMs
     ranks = _two_ranks(tmp_path, [mine, other])
     assert not any(r["applied"] for r in ranks) and all(r["num_sms"] == 20 for r in ranks)
     assert "digests differ" in ranks[0]["reason"]
-    assert ranks[0]["dispatch"] == ranks[1]["dispatch"] == list(h.Buffer.get_dispatch_config(2).key())
+    assert (
+        ranks[0]["dispatch"] == ranks[1]["dispatch"] == list(h.Buffer.get_dispatch_config(2).key())
+    )
 
 
 # ------------------------------------------------------------------------------------------- DeepEP v2
 def test_a_v2_policy_reaches_vllms_deepep_v2_path(vllm_env, tmp_path, monkeypatch, caplog):
     def settings(doc):
-        doc["deepep"]["v2"] = {"num_sms": 24, "prefer_overlap_with_compute": False, "allow_multiple_reduction": False}
+        doc["deepep"]["v2"] = {
+            "num_sms": 24,
+            "prefer_overlap_with_compute": False,
+            "allow_multiple_reduction": False,
+        }
 
     h.with_deep_ep_v2(monkeypatch)
     path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", deep_ep_version="v2-dd758ca", mutate=settings)
     manager = start(monkeypatch, path, backend="v2")
-    assert type(manager).__name__ == "PolicyDeepEPV2All2AllManager" and manager._moepolicy.applied, \
-        manager._moepolicy.reason
-    kernel = h.make_kernel(manager, monkeypatch, "block", h.moe_config(2048, 2, moe_backend="flashinfer_cutlass",
-                                                                       all2all_backend="deepep_v2"))
-    h.forward_context(monkeypatch, {"model.layers.3.mlp.experts": kernel}, tokens_across_dp=[16, 16])
+    assert (
+        type(manager).__name__ == "PolicyDeepEPV2All2AllManager" and manager._moepolicy.applied
+    ), manager._moepolicy.reason
+    kernel = h.make_kernel(
+        manager,
+        monkeypatch,
+        "block",
+        h.moe_config(2048, 2, moe_backend="flashinfer_cutlass", all2all_backend="deepep_v2"),
+    )
+    h.forward_context(
+        monkeypatch, {"model.layers.3.mlp.experts": kernel}, tokens_across_dp=[16, 16]
+    )
     assert type(kernel.prepare_finalize).__name__ == "PolicyDeepEPV2PrepareAndFinalize"
     h.run_kernel(kernel, 16, 2048)
     buffer = h.ElasticBuffer.instances[-1]
-    assert buffer.kwargs["prefer_overlap_with_compute"] is False and buffer.kwargs["allow_multiple_reduction"] is False
-    assert buffer.dispatched[-1]["num_sms"] == 24  # vLLM alone passes none (DeepEP's analytical count)
+    assert (
+        buffer.kwargs["prefer_overlap_with_compute"] is False
+        and buffer.kwargs["allow_multiple_reduction"] is False
+    )
+    assert (
+        buffer.dispatched[-1]["num_sms"] == 24
+    )  # vLLM alone passes none (DeepEP's analytical count)
     assert manager.max_sms_used() == 24  # what vLLM's DBO split reads
     assert any("1/1 MoE layers applied" in m for m in messages(caplog, logging.INFO))
 
 
-def test_on_v2_a_block_layer_may_go_bf16_and_is_quantized_on_receive(vllm_env, tmp_path, monkeypatch):
+def test_on_v2_a_block_layer_may_go_bf16_and_is_quantized_on_receive(
+    vllm_env, tmp_path, monkeypatch
+):
     def bf16(doc):
         for entry in doc["layers"]:
             if entry["kind"] == "moe":
@@ -703,14 +970,24 @@ def test_on_v2_a_block_layer_may_go_bf16_and_is_quantized_on_receive(vllm_env, t
 
     h.with_deep_ep_v2(monkeypatch)
     h.cuda_platform(monkeypatch, flashinfer=False, deep_gemm=True)
-    path = plan_file(tmp_path, "DeepSeek-V3", deep_ep_version="v2-dd758ca", expert_kernel="deepgemm", mutate=bf16)
+    path = plan_file(
+        tmp_path,
+        "DeepSeek-V3",
+        deep_ep_version="v2-dd758ca",
+        expert_kernel="deepgemm",
+        mutate=bf16,
+    )
     manager = start(monkeypatch, path, model=DEEPSEEK, backend="v2")
     assert manager._moepolicy.applied, manager._moepolicy.reason
-    kernel = h.make_kernel(manager, monkeypatch, "block", h.moe_config(7168, 2, all2all_backend="deepep_v2"))
+    kernel = h.make_kernel(
+        manager, monkeypatch, "block", h.moe_config(7168, 2, all2all_backend="deepep_v2")
+    )
     h.forward_context(monkeypatch, {"model.layers.3.mlp.experts": kernel}, tokens_across_dp=[8, 8])
     h.run_kernel(kernel, 8, 7168)
     buffer = h.ElasticBuffer.instances[-1]
-    assert buffer.kwargs["use_fp8_dispatch"] is False  # room for bf16 rows (vLLM sizes block layers for fp8)
+    assert (
+        buffer.kwargs["use_fp8_dispatch"] is False
+    )  # room for bf16 rows (vLLM sizes block layers for fp8)
     sent = buffer.dispatched[-1]["x"]
     assert isinstance(sent, torch.Tensor) and sent.dtype == torch.bfloat16
     received = kernel.fused_experts.received[-1]
@@ -726,8 +1003,9 @@ def _vllm_prefix(index: int, num_hidden_layers: int) -> str:
 
 
 @pytest.mark.parametrize("model", ["Qwen3-30B-A3B-FP8", "DeepSeek-V3"])
-def test_the_exports_launch_and_applies_lines_are_what_the_plugin_logs(vllm_env, tmp_path, monkeypatch, caplog,
-                                                                        model):
+def test_the_exports_launch_and_applies_lines_are_what_the_plugin_logs(
+    vllm_env, tmp_path, monkeypatch, caplog, model
+):
     """The default H200 target, EP 8: the plugin, set up as the export's launch says (model, EP size,
     --moe-backend, environment), logs the export's per-layer lines word for word."""
     from conftest import run_cli
@@ -739,28 +1017,52 @@ def test_the_exports_launch_and_applies_lines_are_what_the_plugin_logs(vllm_env,
     assert exported.returncode == 0, exported.stderr
     result = json.loads(exported.stdout)
     flags = dict(zip(result["args"], result["args"][1:]))
-    serve = next(line for line in render_shell(result, model).splitlines() if line.startswith("vllm serve"))
-    assert serve.split()[2] == result["model"] == {"Qwen3-30B-A3B-FP8": QWEN, "DeepSeek-V3": DEEPSEEK}[model]
+    serve = next(
+        line for line in render_shell(result, model).splitlines() if line.startswith("vllm serve")
+    )
+    assert (
+        serve.split()[2]
+        == result["model"]
+        == {"Qwen3-30B-A3B-FP8": QWEN, "DeepSeek-V3": DEEPSEEK}[model]
+    )
     for name, value in result["env"].items():
         monkeypatch.setenv(name, value)
     ep = int(flags["--data-parallel-size"])
     manager = start(monkeypatch, result["env"]["MOEPOLICY_POLICY"], ep=ep, model=result["model"])
     assert manager._moepolicy.applied, manager._moepolicy.reason
-    doc = json.loads(json.dumps(parse_text(path.read_text())))  # the tree: each layer with its facts
+    doc = json.loads(
+        json.dumps(parse_text(path.read_text()))
+    )  # the tree: each layer with its facts
     hidden, layers = doc["model"]["hidden_size"], doc["model"]["num_layers"]
     moe = h.moe_config(hidden, ep, moe_backend=flags.get("--moe-backend", "auto"))
-    kernels = {_vllm_prefix(e["index"], layers): h.make_kernel(manager, monkeypatch, h.scheme_of(e["facts"]), moe)
-               for e in doc["layers"] if e["kind"] == "moe"}
+    kernels = {
+        _vllm_prefix(e["index"], layers): h.make_kernel(
+            manager, monkeypatch, h.scheme_of(e["facts"]), moe
+        )
+        for e in doc["layers"]
+        if e["kind"] == "moe"
+    }
     h.forward_context(monkeypatch, kernels, tokens_across_dp=[4] * ep)
     h.run_kernel(next(iter(kernels.values())), 4, hidden)
-    logged = [m.removeprefix("moepolicy: ") for m in messages(caplog) if m.startswith("moepolicy: layers ")]
-    exported_lines = [line for line in result["applied"] + result["cannot_express"] if line.startswith("layers ")]
+    logged = [
+        m.removeprefix("moepolicy: ")
+        for m in messages(caplog)
+        if m.startswith("moepolicy: layers ")
+    ]
+    exported_lines = [
+        line for line in result["applied"] + result["cannot_express"] if line.startswith("layers ")
+    ]
     assert logged == exported_lines and logged
     summary = next(m for m in messages(caplog, logging.INFO) if "applied (digest" in m)
-    assert f"for {result['model']} (EP {ep})" in summary and f"{len(kernels)}/{len(kernels)} MoE layers applied" in summary
+    assert (
+        f"for {result['model']} (EP {ep})" in summary
+        and f"{len(kernels)}/{len(kernels)} MoE layers applied" in summary
+    )
 
 
-def test_the_vllm_pack_says_what_vllms_own_code_does_for_every_catalog_model(vllm_env, tmp_path, monkeypatch):
+def test_the_vllm_pack_says_what_vllms_own_code_does_for_every_catalog_model(
+    vllm_env, tmp_path, monkeypatch
+):
     """vLLM's real expert selection (SM90, FlashInfer installed) and prepare, without the plugin,
     decide whether DeepEP is handed fp8 or bf16; the ``vllm`` pack on each catalog model's facts (H200,
     EP 8, high-throughput) must say the same, and the expert sheet must name the experts vLLM built."""
@@ -783,11 +1085,18 @@ def test_the_vllm_pack_says_what_vllms_own_code_does_for_every_catalog_model(vll
         hidden = plan.model.hidden_size
         kernel = h.make_kernel(manager, monkeypatch, scheme, h.moe_config(hidden, 2))
         if scheme != "none":
-            assert type(kernel.fused_experts).__name__ == experts_for(first["facts"]["kernel.name"], "fp8_e4m3"), \
-                entry.repo_id
-        h.forward_context(monkeypatch, {"model.layers.0.mlp.experts": kernel}, tokens_across_dp=[16, 16])
+            assert type(kernel.fused_experts).__name__ == experts_for(
+                first["facts"]["kernel.name"], "fp8_e4m3"
+            ), entry.repo_id
+        h.forward_context(
+            monkeypatch, {"model.layers.0.mlp.experts": kernel}, tokens_across_dp=[16, 16]
+        )
         h.run_kernel(kernel, 16, hidden)
         vllm_sends_fp8 = h.dispatched(kernel)["wire"][0] == "torch.float8_e4m3fn"
-        assert vllm_sends_fp8 == (first["order"] == "quant_then_dispatch"), (entry.repo_id, first["order"], first["rule"])
+        assert vllm_sends_fp8 == (first["order"] == "quant_then_dispatch"), (
+            entry.repo_id,
+            first["order"],
+            first["rule"],
+        )
         checked.append(entry.repo_id)
     assert len(checked) >= 8, checked

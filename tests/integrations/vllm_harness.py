@@ -78,13 +78,26 @@ class Buffer:
     num_sms = 20
     instances: list = []
 
-    exchange_over = None  # a gloo group: ranks exchange what they hand DeepEP (the two-rank test sets it)
+    exchange_over = (
+        None  # a gloo group: ranks exchange what they hand DeepEP (the two-rank test sets it)
+    )
 
-    def __init__(self, group=None, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, num_qps_per_rank=24,
-                 explicitly_destroy=False, enable_shrink=False):
+    def __init__(
+        self,
+        group=None,
+        num_nvl_bytes=0,
+        num_rdma_bytes=0,
+        low_latency_mode=False,
+        num_qps_per_rank=24,
+        explicitly_destroy=False,
+        enable_shrink=False,
+    ):
         self.group = group if group is not None and group is Buffer.exchange_over else None
-        self.kwargs = dict(num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes,
-                           num_qps_per_rank=num_qps_per_rank)
+        self.kwargs = dict(
+            num_nvl_bytes=num_nvl_bytes,
+            num_rdma_bytes=num_rdma_bytes,
+            num_qps_per_rank=num_qps_per_rank,
+        )
         self.dispatched, self.combined = [], []
         Buffer.instances.append(self)
 
@@ -120,14 +133,29 @@ class Buffer:
         dist.all_gather_object(seen, what, group=self.group)
         assert all(s == seen[0] for s in seen), f"ranks disagree in DeepEP: {seen}"
 
-    def dispatch(self, x, handle=None, topk_idx=None, topk_weights=None, config=None, num_tokens_per_expert=None, **_):
+    def dispatch(
+        self,
+        x,
+        handle=None,
+        topk_idx=None,
+        topk_weights=None,
+        config=None,
+        num_tokens_per_expert=None,
+        **_,
+    ):
         tokens, scales = x if isinstance(x, tuple) else (x, None)
         assert tokens.dim() == 2 and tokens.is_contiguous(), "x: 2-D, contiguous"
         if scales is not None:
-            assert tokens.element_size() == 1 and scales.dtype in (torch.float32, torch.int32), "x_scales dtype"
-            assert scales.dim() == 2 and scales.size(0) == tokens.size(0), "x_scales: [num_tokens, num_scales]"
+            assert tokens.element_size() == 1 and scales.dtype in (torch.float32, torch.int32), (
+                "x_scales dtype"
+            )
+            assert scales.dim() == 2 and scales.size(0) == tokens.size(0), (
+                "x_scales: [num_tokens, num_scales]"
+            )
         if config is not None:
-            assert isinstance(config, Config) and config.num_sms % 2 == 0, f"dispatch config {config!r}"
+            assert isinstance(config, Config) and config.num_sms % 2 == 0, (
+                f"dispatch config {config!r}"
+            )
         wire = (str(tokens.dtype), None if scales is None else scales.size(1))
         self._agree(("dispatch", None if config is None else config.key(), wire))
         self.dispatched.append({"x": x, "config": config, "wire": wire})
@@ -136,7 +164,9 @@ class Buffer:
     def combine(self, x, handle=None, topk_weights=None, config=None, **_):
         assert x.dtype == torch.bfloat16, "combine: bf16 only"
         if config is not None:
-            assert isinstance(config, Config) and config.num_sms % 2 == 0, f"combine config {config!r}"
+            assert isinstance(config, Config) and config.num_sms % 2 == 0, (
+                f"combine config {config!r}"
+            )
         self._agree(("combine", None if config is None else config.key()))
         self.combined.append({"config": config})
         return x, None, EventOverlap()
@@ -160,8 +190,19 @@ class ElasticBuffer:
     def get_theoretical_num_sms(self, num_experts, num_topk):
         return 24
 
-    def dispatch(self, x, topk_idx=None, topk_weights=None, num_experts=None, num_max_tokens_per_rank=None,
-                 do_expand=True, do_cpu_sync=True, async_with_compute_stream=False, num_sms=0, **_):
+    def dispatch(
+        self,
+        x,
+        topk_idx=None,
+        topk_weights=None,
+        num_experts=None,
+        num_max_tokens_per_rank=None,
+        do_expand=True,
+        do_cpu_sync=True,
+        async_with_compute_stream=False,
+        num_sms=0,
+        **_,
+    ):
         tokens = x[0] if isinstance(x, tuple) else x
         self.dispatched.append({"x": x, "num_sms": num_sms})
         return x, None, topk_weights[:, 0].contiguous(), EPHandle(tokens.size(0)), EventOverlap()
@@ -198,7 +239,9 @@ def with_deep_ep_v2(monkeypatch) -> None:
     monkeypatch.setattr(module, "ElasticBuffer", ElasticBuffer, raising=False)
     monkeypatch.setattr(module, "EPHandle", EPHandle, raising=False)
     monkeypatch.setattr(all2all, "has_deep_ep_v2", lambda: True)
-    monkeypatch.setattr(all2all.DeepEPV2All2AllManager, "_check_gin_support", lambda self, group: None)
+    monkeypatch.setattr(
+        all2all.DeepEPV2All2AllManager, "_check_gin_support", lambda self, group: None
+    )
 
 
 def cpu_runtime(monkeypatch) -> None:
@@ -243,12 +286,19 @@ def cuda_platform(monkeypatch, capability=(9, 0), flashinfer=True, deep_gemm=Fal
     from vllm.platforms.interface import DeviceCapability
 
     cls = type(current_platform)
-    monkeypatch.setattr(cls, "get_device_capability",
-                        classmethod(lambda c, device_id=0: DeviceCapability(*capability)))
+    monkeypatch.setattr(
+        cls,
+        "get_device_capability",
+        classmethod(lambda c, device_id=0: DeviceCapability(*capability)),
+    )
     monkeypatch.setattr(cls, "is_cuda", lambda self: True)
     monkeypatch.setattr(cls, "is_cuda_alike", lambda self: True)
-    monkeypatch.setattr(cls, "supports_fp8", classmethod(lambda c: True))  # CudaPlatform: capability >= 8.9
-    monkeypatch.setattr(flashinfer_cutlass_moe, "has_flashinfer_cutlass_fused_moe", lambda: flashinfer)
+    monkeypatch.setattr(
+        cls, "supports_fp8", classmethod(lambda c: True)
+    )  # CudaPlatform: capability >= 8.9
+    monkeypatch.setattr(
+        flashinfer_cutlass_moe, "has_flashinfer_cutlass_fused_moe", lambda: flashinfer
+    )
     monkeypatch.setattr(deep_gemm_moe, "is_deep_gemm_supported", lambda: deep_gemm)
 
 
@@ -256,16 +306,31 @@ class VllmConfigStandIn(types.SimpleNamespace):
     """The parts of VllmConfig the plugin and the oracle read."""
 
 
-def vllm_config(monkeypatch, model="Qwen/Qwen3-30B-A3B-FP8", hf_config=None, dbo=False, cudagraph_mode=None,
-                download_dir=None) -> VllmConfigStandIn:
+def vllm_config(
+    monkeypatch,
+    model="Qwen/Qwen3-30B-A3B-FP8",
+    hf_config=None,
+    dbo=False,
+    cudagraph_mode=None,
+    download_dir=None,
+) -> VllmConfigStandIn:
     import vllm.config
     from vllm.model_executor.layers.fused_moe.oracle import fp8 as oracle
 
     cfg = VllmConfigStandIn(
-        model_config=types.SimpleNamespace(model=model, revision=None, hf_config=hf_config, enforce_eager=True,
-                                           hf_text_config=types.SimpleNamespace(model_type="qwen3_moe")),
-        compilation_config=types.SimpleNamespace(cudagraph_mode=cudagraph_mode, static_forward_context={}),
-        parallel_config=types.SimpleNamespace(enable_dbo=dbo), load_config=types.SimpleNamespace(download_dir=download_dir))
+        model_config=types.SimpleNamespace(
+            model=model,
+            revision=None,
+            hf_config=hf_config,
+            enforce_eager=True,
+            hf_text_config=types.SimpleNamespace(model_type="qwen3_moe"),
+        ),
+        compilation_config=types.SimpleNamespace(
+            cudagraph_mode=cudagraph_mode, static_forward_context={}
+        ),
+        parallel_config=types.SimpleNamespace(enable_dbo=dbo),
+        load_config=types.SimpleNamespace(download_dir=download_dir),
+    )
     monkeypatch.setattr(vllm.config, "get_current_vllm_config", lambda: cfg)
     monkeypatch.setattr(oracle, "get_current_vllm_config", lambda: cfg)
     from vllm.model_executor.layers.fused_moe import all2all_utils
@@ -289,9 +354,12 @@ class CpuGroup:
         return self._size
 
     def all_gather_obj(self, mine):
-        peers = [dict(mine, rank=r) if self.peer_vote is None else dict(self.peer_vote, rank=r)
-                 for r in range(self._size) if r != self._rank]
-        out = peers[:self._rank] + [mine] + peers[self._rank:]
+        peers = [
+            dict(mine, rank=r) if self.peer_vote is None else dict(self.peer_vote, rank=r)
+            for r in range(self._size)
+            if r != self._rank
+        ]
+        out = peers[: self._rank] + [mine] + peers[self._rank :]
         self.gathered.append(out)
         return out
 
@@ -299,8 +367,12 @@ class CpuGroup:
 def parallel_state(monkeypatch, ep_size: int) -> None:
     from vllm.distributed import parallel_state as ps
 
-    monkeypatch.setattr(ps, "get_dp_group", lambda: types.SimpleNamespace(rank_in_group=0, world_size=ep_size))
-    monkeypatch.setattr(ps, "get_tp_group", lambda: types.SimpleNamespace(rank_in_group=0, world_size=1))
+    monkeypatch.setattr(
+        ps, "get_dp_group", lambda: types.SimpleNamespace(rank_in_group=0, world_size=ep_size)
+    )
+    monkeypatch.setattr(
+        ps, "get_tp_group", lambda: types.SimpleNamespace(rank_in_group=0, world_size=1)
+    )
     monkeypatch.setattr(ps, "in_the_same_node_as", lambda g, source_rank=0: [True] * g.size())
 
 
@@ -315,25 +387,56 @@ def make_manager(monkeypatch, group, backend="ht"):
     return all2all.DeepEPHTAll2AllManager(group)
 
 
-def moe_config(hidden: int, ep_size: int, moe_backend="auto", num_experts=8, intermediate=256, sp_size=1,
-               all2all_backend="deepep_high_throughput"):
+def moe_config(
+    hidden: int,
+    ep_size: int,
+    moe_backend="auto",
+    num_experts=8,
+    intermediate=256,
+    sp_size=1,
+    all2all_backend="deepep_high_throughput",
+):
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig, FusedMoEParallelConfig
     from vllm.model_executor.layers.fused_moe.config import RoutingMethodType
 
-    parallel = FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=ep_size, ep_size=ep_size, tp_rank=0, pcp_rank=0,
-                                      dp_rank=0, ep_rank=0, sp_size=sp_size, use_ep=True,
-                                      all2all_backend=all2all_backend, enable_eplb=False)
-    return FusedMoEConfig(num_experts=num_experts, experts_per_token=2, hidden_dim=hidden,
-                          intermediate_size=intermediate, num_local_experts=num_experts // ep_size,
-                          num_logical_experts=num_experts, activation=MoEActivation.SILU, device="cpu",
-                          routing_method=RoutingMethodType.Renormalize, moe_parallel_config=parallel,
-                          in_dtype=torch.bfloat16, moe_backend=moe_backend)
+    parallel = FusedMoEParallelConfig(
+        tp_size=1,
+        pcp_size=1,
+        dp_size=ep_size,
+        ep_size=ep_size,
+        tp_rank=0,
+        pcp_rank=0,
+        dp_rank=0,
+        ep_rank=0,
+        sp_size=sp_size,
+        use_ep=True,
+        all2all_backend=all2all_backend,
+        enable_eplb=False,
+    )
+    return FusedMoEConfig(
+        num_experts=num_experts,
+        experts_per_token=2,
+        hidden_dim=hidden,
+        intermediate_size=intermediate,
+        num_local_experts=num_experts // ep_size,
+        num_logical_experts=num_experts,
+        activation=MoEActivation.SILU,
+        device="cpu",
+        routing_method=RoutingMethodType.Renormalize,
+        moe_parallel_config=parallel,
+        in_dtype=torch.bfloat16,
+        moe_backend=moe_backend,
+    )
 
 
 SCHEMES = {  # (weight key, activation key, quant config kwargs) as vLLM's fp8 methods build them
     "block": ("kFp8Static128BlockSym", "kFp8Dynamic128Sym", {"block_shape": [128, 128]}),
-    "token": ("kFp8StaticChannelSym", "kFp8DynamicTokenSym", {"per_act_token_quant": True, "per_out_ch_quant": True}),
+    "token": (
+        "kFp8StaticChannelSym",
+        "kFp8DynamicTokenSym",
+        {"per_act_token_quant": True, "per_out_ch_quant": True},
+    ),
     "static": ("kFp8StaticTensorSym", "kFp8StaticTensorSym", {"static": True}),
     "dynamic_tensor": ("kFp8StaticTensorSym", "kFp8DynamicTensorSym", {}),
 }
@@ -346,7 +449,11 @@ def scheme_of(facts: dict) -> Optional[str]:
     if facts.get("ckpt.weight_dtype") != "fp8_e4m3" or facts.get("ckpt.act_dtype") != "fp8_e4m3":
         return None
     granularity, dynamic = facts.get("ckpt.act_granularity"), facts.get("ckpt.act_dynamic")
-    if granularity == "group" and facts.get("ckpt.act_group") == 128 and facts.get("ckpt.weight_granularity") == "block":
+    if (
+        granularity == "group"
+        and facts.get("ckpt.act_group") == 128
+        and facts.get("ckpt.weight_granularity") == "block"
+    ):
         return "block"
     if granularity == "token" and dynamic == "dynamic":
         return "token"
@@ -368,18 +475,25 @@ def make_kernel(manager, monkeypatch, scheme: str, moe) -> Any:
         from vllm.model_executor.layers.fused_moe.oracle import unquantized
 
         backend, experts_cls = unquantized.select_unquantized_moe_backend(moe)
-        kernel = unquantized.make_unquantized_moe_kernel(FUSED_MOE_UNQUANTIZED_CONFIG, moe, backend, experts_cls)
+        kernel = unquantized.make_unquantized_moe_kernel(
+            FUSED_MOE_UNQUANTIZED_CONFIG, moe, backend, experts_cls
+        )
         record_experts(kernel.fused_experts, monkeypatch)
         return kernel
     weight_key, act_key, extra = SCHEMES[scheme]
-    backend, experts_cls = oracle.select_fp8_moe_backend(moe, getattr(quant_utils, weight_key),
-                                                         getattr(quant_utils, act_key),
-                                                         allow_vllm_cutlass=scheme == "token")
+    backend, experts_cls = oracle.select_fp8_moe_backend(
+        moe,
+        getattr(quant_utils, weight_key),
+        getattr(quant_utils, act_key),
+        allow_vllm_cutlass=scheme == "token",
+    )
     one = torch.ones(moe.num_local_experts)
     extra = dict(extra)
     static = extra.pop("static", False)
     scale = torch.tensor(0.02) if static else None
-    qc = oracle.make_fp8_moe_quant_config(backend, w1_scale=one, w2_scale=one, a1_scale=scale, a2_scale=scale, **extra)
+    qc = oracle.make_fp8_moe_quant_config(
+        backend, w1_scale=one, w2_scale=one, a1_scale=scale, a2_scale=scale, **extra
+    )
     kernel = oracle.make_fp8_moe_kernel(qc, moe, experts_cls, backend)
     record_experts(kernel.fused_experts, monkeypatch)
     return kernel
@@ -389,8 +503,23 @@ def record_experts(experts, monkeypatch) -> None:
     """The experts' GEMMs: what reached them is recorded; they write zeros."""
     experts.received = []
 
-    def apply(output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts, expert_map,
-              a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta, apply_router_weight_on_input):
+    def apply(
+        output,
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        activation,
+        global_num_experts,
+        expert_map,
+        a1q_scale,
+        a2_scale,
+        workspace13,
+        workspace2,
+        expert_tokens_meta,
+        apply_router_weight_on_input,
+    ):
         experts.received.append({"x": hidden_states, "scale": a1q_scale})
         output.zero_()
 
@@ -402,8 +531,14 @@ def forward_context(monkeypatch, kernels: dict, tokens_across_dp=None, local_siz
     routed_experts.quant_method.moe_kernel), the DP metadata."""
     import vllm.forward_context as fc
 
-    layers = {prefix: types.SimpleNamespace(routed_experts=types.SimpleNamespace(
-        quant_method=types.SimpleNamespace(moe_kernel=kernel))) for prefix, kernel in kernels.items()}
+    layers = {
+        prefix: types.SimpleNamespace(
+            routed_experts=types.SimpleNamespace(
+                quant_method=types.SimpleNamespace(moe_kernel=kernel)
+            )
+        )
+        for prefix, kernel in kernels.items()
+    }
     dp = None
     if tokens_across_dp is not None:
         dp = fc.DPMetadata(torch.tensor(tokens_across_dp))

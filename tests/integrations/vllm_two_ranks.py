@@ -29,14 +29,25 @@ def main(rank: int, init_file: str, policy: str, out: str, local_tokens: int) ->
     h.install_plugin(policy if policy != "-" else None)
     h.vllm_config(mp, model="Qwen/Qwen3-30B-A3B-FP8")
     manager = h.make_manager(mp, group)
-    kernel = h.make_kernel(manager, mp, "block", h.moe_config(2048, 2, moe_backend="flashinfer_cutlass"))
+    kernel = h.make_kernel(
+        manager, mp, "block", h.moe_config(2048, 2, moe_backend="flashinfer_cutlass")
+    )
     h.forward_context(mp, {"model.layers.3.mlp.experts": kernel}, tokens_across_dp=[100, 3000])
     h.run_kernel(kernel, local_tokens, 2048, seed=rank)
     buffer = kernel.prepare_finalize.buffer
-    Path(out).write_text(json.dumps({
-        "applied": manager._moepolicy.applied, "reason": manager._moepolicy.reason, "num_sms": manager.num_sms,
-        "digest": manager._moepolicy.digest, "dispatch": buffer.dispatched[-1]["config"].key(),
-        "wire": buffer.dispatched[-1]["wire"], "combine": buffer.combined[-1]["config"].key()}))
+    Path(out).write_text(
+        json.dumps(
+            {
+                "applied": manager._moepolicy.applied,
+                "reason": manager._moepolicy.reason,
+                "num_sms": manager.num_sms,
+                "digest": manager._moepolicy.digest,
+                "dispatch": buffer.dispatched[-1]["config"].key(),
+                "wire": buffer.dispatched[-1]["wire"],
+                "combine": buffer.combined[-1]["config"].key(),
+            }
+        )
+    )
     dist.barrier(group)
     dist.destroy_process_group()
 

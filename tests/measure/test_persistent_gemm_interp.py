@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton", reason="Triton is not installed (its CPU interpreter runs this check)")
+pytest.importorskip(
+    "triton", reason="Triton is not installed (its CPU interpreter runs this check)"
+)
 
 SCRIPT = r"""
 import torch
@@ -52,6 +54,10 @@ print("ok")
 
 
 def test_kernel_matches_reference_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(Path(__file__).resolve().parents[2])
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

@@ -46,7 +46,12 @@ def test_the_rotation_keeps_the_first_in_line_from_always_paying_the_pause():
     assert timer.calls[:6] == ["a", "b", "c", "b", "c", "a"]
     assert fastest(rounds) == ("a", true)  # each was first in at most 2 of 5 rounds
     # one timing each, as the pick did before: the penalty on the first in line picks the wrong one
-    assert fastest(rotated_rounds(["a", "b", "c"], ScriptedTimer(true, first_penalty=20.0), rounds=1))[0] == "c"
+    assert (
+        fastest(
+            rotated_rounds(["a", "b", "c"], ScriptedTimer(true, first_penalty=20.0), rounds=1)
+        )[0]
+        == "c"
+    )
 
 
 def test_bad_arguments_say_what_was_wrong():
@@ -65,7 +70,9 @@ def test_the_slowest_rank_is_taken_per_repetition_not_per_median():
     out = slowest_per_rep([rank0, rank1])
     assert out == {"comm": [55.0, 60.0, 55.0, 60.0], "gemm": [140.0, 140.0, 150.0, 150.0]}
     # the median of the per-repetition maxima (145) is above either rank's median (125 and 120)
-    assert statistics.median(out["gemm"]) > max(statistics.median(rank0["gemm"]), statistics.median(rank1["gemm"]))
+    assert statistics.median(out["gemm"]) > max(
+        statistics.median(rank0["gemm"]), statistics.median(rank1["gemm"])
+    )
 
 
 def test_ranks_that_timed_different_repetitions_are_refused():

@@ -27,23 +27,49 @@ def test_the_arms_carry_the_policy_and_the_vllm_pack_decisions(mixtral_policy):
     doc = read_policy(mixtral_policy).doc
     policy, vllm, default = build_arms(doc)
     assert [k.order for k in policy.kinds] == ["quant_then_dispatch"]
-    assert [k.order for k in vllm.kinds] == ["dispatch_then_quant"]  # vLLM 0.33 sends per-tensor fp8 as bf16
+    assert [k.order for k in vllm.kinds] == [
+        "dispatch_then_quant"
+    ]  # vLLM 0.33 sends per-tensor fp8 as bf16
     assert dict(vllm.kinds[0].wire)["dtype"] == "bf16"
-    assert policy.kinds[0].consumes == vllm.kinds[0].consumes  # the same experts, fed the same format
+    assert (
+        policy.kinds[0].consumes == vllm.kinds[0].consumes
+    )  # the same experts, fed the same format
     assert vllm.num_sms == 20 and default.kinds == policy.kinds
-    assert sum(k.count for k in policy.kinds) == sum(1 for layer in doc.layers if layer.kind == "moe")
+    assert sum(k.count for k in policy.kinds) == sum(
+        1 for layer in doc.layers if layer.kind == "moe"
+    )
 
 
 def test_bench_runs_the_moe_step_end_to_end_on_the_emulated_transport(mixtral_policy, tmp_path):
     out = tmp_path / "bench.json"
-    result = run_cli("bench", str(mixtral_policy), "--tokens", "16", "--routing", "uniform,zipf", "--rounds", "2",
-                     "--reps", "1", "-o", str(out))
+    result = run_cli(
+        "bench",
+        str(mixtral_policy),
+        "--tokens",
+        "16",
+        "--routing",
+        "uniform,zipf",
+        "--rounds",
+        "2",
+        "--reps",
+        "1",
+        "-o",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("plumbing ok") and "plumbing only" in result.stderr
-    assert " us" not in result.stdout and "faster" not in result.stdout and "x1." not in result.stdout  # no ratio
-    assert "bench: 1/2 uniform routing, 16 tokens: 2 rounds in" in result.stderr  # progress per bucket
+    assert (
+        " us" not in result.stdout and "faster" not in result.stdout and "x1." not in result.stdout
+    )  # no ratio
+    assert (
+        "bench: 1/2 uniform routing, 16 tokens: 2 rounds in" in result.stderr
+    )  # progress per bucket
     raw = json.loads(out.read_text())
-    assert raw["transport"] == "emulated" and set(raw["arms"]) == {"policy", "vllm", "deepep-default"}
+    assert raw["transport"] == "emulated" and set(raw["arms"]) == {
+        "policy",
+        "vllm",
+        "deepep-default",
+    }
     assert raw["comparison"] == []  # the emulated transport compares nothing
     for routing in ("uniform", "zipf"):
         assert all(len(xs) == 2 for xs in raw["times_us"][routing]["16"].values())
@@ -54,16 +80,27 @@ def _times(rounds, policy_gain=1.0, seed=0, sigma=0.03):
     import random
 
     rng = random.Random(seed)
-    return {r: {str(t): {"policy": [100.0 / policy_gain * math.exp(rng.gauss(0, sigma)) for _ in range(rounds)],
-                         "vllm": [100.0 * math.exp(rng.gauss(0, sigma)) for _ in range(rounds)],
-                         "deepep-default": [100.0 * math.exp(rng.gauss(0, sigma)) for _ in range(rounds)]}
-                for t in (128, 1024, 4096)} for r in ("uniform", "zipf")}
+    return {
+        r: {
+            str(t): {
+                "policy": [
+                    100.0 / policy_gain * math.exp(rng.gauss(0, sigma)) for _ in range(rounds)
+                ],
+                "vllm": [100.0 * math.exp(rng.gauss(0, sigma)) for _ in range(rounds)],
+                "deepep-default": [100.0 * math.exp(rng.gauss(0, sigma)) for _ in range(rounds)],
+            }
+            for t in (128, 1024, 4096)
+        }
+        for r in ("uniform", "zipf")
+    }
 
 
 def test_one_round_claims_nothing_and_says_it_cannot_test():
     from moepolicy.cli.bench import comparison
 
-    rows = comparison(_times(1, policy_gain=1.37))  # one round: a zero-width interval said "x1.37 beyond noise"
+    rows = comparison(
+        _times(1, policy_gain=1.37)
+    )  # one round: a zero-width interval said "x1.37 beyond noise"
     for row in rows:
         for base in ("vs_vllm", "vs_deepep-default"):
             assert row[base]["verdict"].startswith("untested: 1 rounds cannot test 12 comparisons")
@@ -73,21 +110,35 @@ def test_one_round_claims_nothing_and_says_it_cannot_test():
 def test_the_runs_comparisons_are_tested_together_and_a_loss_is_printed_as_one(capsys):
     from moepolicy.cli.bench import comparison, render
 
-    rows = comparison(_times(15, policy_gain=1.0 / 1.2, sigma=0.02))  # the policy 1.2x slower everywhere
+    rows = comparison(
+        _times(15, policy_gain=1.0 / 1.2, sigma=0.02)
+    )  # the policy 1.2x slower everywhere
     assert all(row["vs_vllm"]["verdict"] == "slower" for row in rows)
     assert rows[0]["vs_vllm"]["correction"] == "Holm over 12 comparisons of this run"
     render(rows, functional="", rounds=15)
     out = capsys.readouterr().out
     assert "x1.200 slower, a loss beyond noise" in out or "slower, a loss beyond noise" in out
     equal = comparison(_times(15, seed=3))
-    assert sum(row[b]["verdict"] in ("faster", "slower") for row in equal for b in ("vs_vllm", "vs_deepep-default")) == 0
+    assert (
+        sum(
+            row[b]["verdict"] in ("faster", "slower")
+            for row in equal
+            for b in ("vs_vllm", "vs_deepep-default")
+        )
+        == 0
+    )
 
 
 def test_bench_refuses_what_it_cannot_run_in_one_line(mixtral_policy):
-    for args, what in ((("--routing", "bursty"), "--routing"), (("--tokens", "0"), "--tokens"),
-                       (("--ranks", "3"), "do not divide")):
+    for args, what in (
+        (("--routing", "bursty"), "--routing"),
+        (("--tokens", "0"), "--tokens"),
+        (("--ranks", "3"), "do not divide"),
+    ):
         result = run_cli("bench", str(mixtral_policy), *args)
-        assert result.returncode != 0 and "Traceback" not in result.stderr and what in result.stderr
+        assert (
+            result.returncode != 0 and "Traceback" not in result.stderr and what in result.stderr
+        )
 
 
 def test_zipf_routing_is_skewed_and_uniform_is_not():

@@ -29,18 +29,21 @@ EXPECTED = {
     "Qwen__Qwen3-30B-A3B-FP8": ({NOQ: 48}, {QTD_UE8M0: 48}),
     "amd__Mixtral-8x7B-Instruct-v0.1-FP8-KV": (
         {("quant_then_dispatch", "deepep-ht/static-tensor-global-scale"): 32},
-        {("quant_then_dispatch", "deepep-ht/static-tensor-global-scale"): 32}),
+        {("quant_then_dispatch", "deepep-ht/static-tensor-global-scale"): 32},
+    ),
     "deepseek-ai__DeepSeek-R1": ({DENSE: 3, NOQ: 59}, {DENSE: 3, QTD_UE8M0: 59}),
     "deepseek-ai__DeepSeek-V3": ({DENSE: 3, NOQ: 59}, {DENSE: 3, QTD_UE8M0: 59}),
     "inference-optimization__GLM-4.6-FP8-dynamic": (
         {DENSE: 3, ("dispatch_then_quant", "moe/unknown-scheme"): 90},
-        {DENSE: 3, ("dispatch_then_quant", "moe/unknown-scheme"): 90}),
+        {DENSE: 3, ("dispatch_then_quant", "moe/unknown-scheme"): 90},
+    ),
     "meta-llama__Llama-4-Scout-17B-16E-Instruct": ({NOQ: 48}, {NOQ: 48}),
     "mistralai__Mixtral-8x7B-Instruct-v0.1": ({NOQ: 32}, {NOQ: 32}),
     "moonshotai__Kimi-K2.5": ({DENSE: 1, NOQ: 60}, {DENSE: 1, NOQ: 60}),
     "nvidia__DeepSeek-V3-0324-FP4": (
         {DENSE: 3, NOQ: 58, ("no_quant", "moe/experts-ignored"): 1},
-        {DENSE: 3, NVFP4: 58, ("no_quant", "moe/experts-ignored"): 1}),
+        {DENSE: 3, NVFP4: 58, ("no_quant", "moe/experts-ignored"): 1},
+    ),
     "nvidia__Qwen3-30B-A3B-NVFP4": ({NOQ: 48}, {NVFP4: 48}),
     "openai__gpt-oss-120b": ({NOQ: 36}, {NOQ: 36}),
 }
@@ -89,7 +92,11 @@ def _ht_capability(wire: dict) -> str:
     if scale["granularity"] == "tensor":
         return "ht.dispatch.tensor_scale_expand"
     if scale["dtype"] == "ue8m0":
-        return "ht.dispatch.mxfp8_ue8m0_g32" if scale.get("group") == 32 else "ht.dispatch.ue8m0_int32"
+        return (
+            "ht.dispatch.mxfp8_ue8m0_g32"
+            if scale.get("group") == 32
+            else "ht.dispatch.ue8m0_int32"
+        )
     return "ht.dispatch.block_scales_f32"
 
 
@@ -99,7 +106,11 @@ def runnable_problem(lp, target) -> str:
     if d.order in ("none", "no_quant", "dispatch_then_quant"):
         return "" if wire["dtype"] in ("bf16", "none") else f"{d.order} with wire {wire}"
     if d.order == "fused":
-        return "" if facts["kernel.fuses_communication"] else "fused order for a kernel that does not fuse"
+        return (
+            ""
+            if facts["kernel.fuses_communication"]
+            else "fused order for a kernel that does not fuse"
+        )
     if wire["dtype"] != facts["kernel.act_dtype"]:
         return f"wire {wire['dtype']} but the kernel reads {facts['kernel.act_dtype']}"
     if target.arch == "sm80":
@@ -107,13 +118,23 @@ def runnable_problem(lp, target) -> str:
     ll = target.backend == "deepep_ll"
     if d.order == "in_kernel_quant":
         ue8m0 = wire["scale"]["dtype"] == "ue8m0"
-        return "" if ll and _has(target, "ll.dispatch.in_kernel_ue8m0" if ue8m0 else "ll.dispatch.in_kernel_fp8") \
+        return (
+            ""
+            if ll
+            and _has(
+                target, "ll.dispatch.in_kernel_ue8m0" if ue8m0 else "ll.dispatch.in_kernel_fp8"
+            )
             else "in-kernel quantization the build does not have"
+        )
     if ll and wire.get("scale") is None:
         sizes = target.deepep.limits.ll_hidden_sizes
         if sizes and lp.layer.hidden_size // 2 not in sizes:
             return "bare fp8 viewed as bf16 of a hidden the kernels do not take"
-        return "" if _has(target, "ll.dispatch.bytes_as_bf16") else "bare fp8 through low-latency dispatch"
+        return (
+            ""
+            if _has(target, "ll.dispatch.bytes_as_bf16")
+            else "bare fp8 through low-latency dispatch"
+        )
     if ll and not _has(target, "ll.dispatch.prequantized"):
         return "a pre-quantized payload through low-latency dispatch that takes bf16 only"
     cap = _ht_capability(wire)
@@ -128,12 +149,17 @@ def test_no_layer_gets_an_order_its_target_cannot_run(gpu, ep_size, backend, ver
     planned = 0
     for folder in sorted(EXPECTED):
         facts = read_model(str(CATALOG / folder))
-        target = resolve_target(TargetSpec(gpu=gpu, ep_size=ep_size, backend=backend, deep_ep_version=version), probe=False)
+        target = resolve_target(
+            TargetSpec(gpu=gpu, ep_size=ep_size, backend=backend, deep_ep_version=version),
+            probe=False,
+        )
         try:
             plan = make_plan(facts, target, pack_stack())
         except InfeasibleError:
             continue
         planned += 1
-        problems = {(lp.layer.index, lp.decision.rule): runnable_problem(lp, target) for lp in plan.layers}
+        problems = {
+            (lp.layer.index, lp.decision.rule): runnable_problem(lp, target) for lp in plan.layers
+        }
         assert not {k: v for k, v in problems.items() if v}, folder
     assert planned >= 5  # most of the catalog plans on every target kind

@@ -3,7 +3,9 @@
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the quantization tests need torch (pip install torch)")
+torch = pytest.importorskip(
+    "torch", reason="the quantization tests need torch (pip install torch)"
+)
 
 from moepolicy.testing import a2a_harness as H  # noqa: E402
 
@@ -13,8 +15,16 @@ WORLD, TOKENS, HIDDEN, EXPERTS, TOPK = 2, 96, 512, 16, 4
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("a2a")
-    return H.spawn(WORLD, "emulated", str(out), tokens=TOKENS, hidden=HIDDEN, num_experts=EXPERTS,
-                   top_k=TOPK, backend="torch")
+    return H.spawn(
+        WORLD,
+        "emulated",
+        str(out),
+        tokens=TOKENS,
+        hidden=HIDDEN,
+        num_experts=EXPERTS,
+        top_k=TOPK,
+        backend="torch",
+    )
 
 
 def ref(results, name, order):
@@ -70,7 +80,12 @@ def test_received_rows_follow_routing(results):
         expected = []
         for s in range(WORLD):
             _, idx, _ = H.make_inputs(s, TOKENS, HIDDEN, EXPERTS, TOPK, "cpu")
-            expected += [(s, t) for t in torch.nonzero(destination_mask(idx, EXPERTS, WORLD)[:, r]).flatten().tolist()]
+            expected += [
+                (s, t)
+                for t in torch.nonzero(destination_mask(idx, EXPERTS, WORLD)[:, r])
+                .flatten()
+                .tolist()
+            ]
         assert list(zip(got["src_rank"].tolist(), got["src_token"].tolist())) == expected
         local = got["topk_idx"]
         assert int(local.max()) < EXPERTS // WORLD and int(local.min()) >= -1

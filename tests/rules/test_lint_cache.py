@@ -32,17 +32,25 @@ def test_the_cache_holds_the_lints_findings_and_is_read_back(tmp_path):
 def test_a_changed_pack_is_linted_afresh(tmp_path):
     packs = [_pack(tmp_path)]
     lint_packs_cached(packs, tmp_path / "cache")
-    changed = [_pack(tmp_path, PACK.replace("priority: 5", "priority: 11"))]  # mine/group-128 now first
+    changed = [
+        _pack(tmp_path, PACK.replace("priority: 5", "priority: 11"))
+    ]  # mine/group-128 now first
     assert lint_key(changed) != lint_key(packs)
-    assert lint_packs_cached(changed, tmp_path / "cache") == lint_packs(changed) != lint_packs(packs)
+    assert (
+        lint_packs_cached(changed, tmp_path / "cache") == lint_packs(changed) != lint_packs(packs)
+    )
 
 
 def test_a_damaged_cache_file_is_linted_afresh_and_rewritten(tmp_path):
     packs = [_pack(tmp_path)]
     path = tmp_path / "cache" / "lint" / f"{lint_key(packs)}.json"
     path.parent.mkdir(parents=True)
-    for damage in ("{not json", json.dumps({"key": lint_key(packs), "findings": [[1, 2]]}),
-                   json.dumps({"key": "another", "findings": []}), json.dumps([])):
+    for damage in (
+        "{not json",
+        json.dumps({"key": lint_key(packs), "findings": [[1, 2]]}),
+        json.dumps({"key": "another", "findings": []}),
+        json.dumps([]),
+    ):
         path.write_text(damage)
         assert lint_packs_cached(packs, tmp_path / "cache") == lint_packs(packs)
     assert json.loads(path.read_text())["key"] == lint_key(packs)
@@ -57,7 +65,12 @@ def test_an_unwritable_cache_still_lints(tmp_path):
 
 def test_audit_prints_the_same_lint_from_the_cache(tmp_path):
     policy = tmp_path / "p.yaml"
-    assert run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "-o", str(policy)).returncode == 0
+    assert (
+        run_cli(
+            "plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "-o", str(policy)
+        ).returncode
+        == 0
+    )
     env = {"MOEPOLICY_CACHE_DIR": str(tmp_path / "cache")}
     first, second = (run_cli("audit", str(policy), env=env) for _ in range(2))
     assert first.returncode == second.returncode == 0 and first.stdout == second.stdout

@@ -33,25 +33,61 @@ rules:
 """
 
 
-@pytest.mark.parametrize("mutation, fragment", [
-    (("ckpt.act_granularity", "ckpt.act_granularty"),
-     "rule 'mine/override' at rules[0].when.fact: unknown fact 'ckpt.act_granularty' (did you mean 'ckpt.act_granularity'?)"),
-    (("op: eq", "op: eqq"), "operator 'eqq' does not apply to ckpt.act_granularity (enum) (did you mean 'eq'?)"),
-    (("value: group", "value: groups"), "'groups' is not a value of ckpt.act_granularity (did you mean 'group'?)"),
-    (("order: dispatch_then_quant", "order: dispatch_then_quantize"), "did you mean 'dispatch_then_quant'?"),
-    (("priority: 10", "priority: high"), "rules[0].priority: expected an integer"),
-    (("why: Test.", "whyy: Test."), "unknown key 'whyy' (did you mean 'why'?)"),
-    (("{fact: ckpt.act_granularity, op: eq, value: group}", "{fact: layer.hidden_size, op: contains, value: x}"),
-     "operator 'contains' does not apply to layer.hidden_size (int)"),
-    (("{fact: ckpt.act_granularity, op: eq, value: group}", "{fact: layer.hidden_size, op: gt, value: '7168'}"),
-     "layer.hidden_size is int, got '7168'"),
-    (("{fact: ckpt.act_granularity, op: eq, value: group}", "{any: {fact: layer.kind, op: eq, value: moe}}"),
-     "when.any: expected a list of conditions"),
-    (("    source: test\n", "    source: test\n    requires: [ht.dispatch.token_scale]\n"),
-     "unknown capability 'ht.dispatch.token_scale' (did you mean 'ht.dispatch.token_scales'?)"),
-    (("then: {order: dispatch_then_quant, numerics: exact}", "then: {order: quant_then_dispatch}"),
-     "order quant_then_dispatch needs a wire"),
-])
+@pytest.mark.parametrize(
+    "mutation, fragment",
+    [
+        (
+            ("ckpt.act_granularity", "ckpt.act_granularty"),
+            "rule 'mine/override' at rules[0].when.fact: unknown fact 'ckpt.act_granularty' (did you mean 'ckpt.act_granularity'?)",
+        ),
+        (
+            ("op: eq", "op: eqq"),
+            "operator 'eqq' does not apply to ckpt.act_granularity (enum) (did you mean 'eq'?)",
+        ),
+        (
+            ("value: group", "value: groups"),
+            "'groups' is not a value of ckpt.act_granularity (did you mean 'group'?)",
+        ),
+        (
+            ("order: dispatch_then_quant", "order: dispatch_then_quantize"),
+            "did you mean 'dispatch_then_quant'?",
+        ),
+        (("priority: 10", "priority: high"), "rules[0].priority: expected an integer"),
+        (("why: Test.", "whyy: Test."), "unknown key 'whyy' (did you mean 'why'?)"),
+        (
+            (
+                "{fact: ckpt.act_granularity, op: eq, value: group}",
+                "{fact: layer.hidden_size, op: contains, value: x}",
+            ),
+            "operator 'contains' does not apply to layer.hidden_size (int)",
+        ),
+        (
+            (
+                "{fact: ckpt.act_granularity, op: eq, value: group}",
+                "{fact: layer.hidden_size, op: gt, value: '7168'}",
+            ),
+            "layer.hidden_size is int, got '7168'",
+        ),
+        (
+            (
+                "{fact: ckpt.act_granularity, op: eq, value: group}",
+                "{any: {fact: layer.kind, op: eq, value: moe}}",
+            ),
+            "when.any: expected a list of conditions",
+        ),
+        (
+            ("    source: test\n", "    source: test\n    requires: [ht.dispatch.token_scale]\n"),
+            "unknown capability 'ht.dispatch.token_scale' (did you mean 'ht.dispatch.token_scales'?)",
+        ),
+        (
+            (
+                "then: {order: dispatch_then_quant, numerics: exact}",
+                "then: {order: quant_then_dispatch}",
+            ),
+            "order quant_then_dispatch needs a wire",
+        ),
+    ],
+)
 def test_pack_errors_name_file_rule_path_and_nearest(tmp_path, mutation, fragment):
     old, new = mutation
     assert old in GOOD_RULE
@@ -70,7 +106,9 @@ def test_good_pack_loads_and_outranks_builtin(tmp_path):
 
 
 def test_pack_yaml_cannot_run_code(tmp_path):
-    path = write_pack(tmp_path, "pack: !!python/object/apply:os.system ['echo pwned']\nrules: []\n")
+    path = write_pack(
+        tmp_path, "pack: !!python/object/apply:os.system ['echo pwned']\nrules: []\n"
+    )
     with pytest.raises(RulePackError, match="invalid YAML"):
         load_pack(path, known_capabilities())
 
@@ -86,13 +124,18 @@ def test_layer_ranges_override(tmp_path):
     pack = load_pack(write_pack(tmp_path, body), known_capabilities())
     sheet = deepep_sheet("deepep-legacy-29d31c0")
     base = {"ckpt.act_granularity": "group", "target.layout": "intranode"}
-    chosen = {i: decide({**base, "layer.index": i}, [pack, builtin_pack("deepep")], sheet,
-                        lambda t, f: None).rule for i in (2, 3, 5, 6, 9)}
+    chosen = {
+        i: decide(
+            {**base, "layer.index": i}, [pack, builtin_pack("deepep")], sheet, lambda t, f: None
+        ).rule
+        for i in (2, 3, 5, 6, 9)
+    }
     assert chosen[3] == chosen[5] == chosen[9] == "mine/override"
     assert chosen[2] != "mine/override" and chosen[6] != "mine/override"
 
 
 # --- property tests: total and deterministic over generated facts ------------------------------
+
 
 def _values(name):
     ftype = VOCABULARY[name]
@@ -103,8 +146,12 @@ def _values(name):
     if ftype.kind == "int":
         return st.integers(min_value=0, max_value=20000)
     if ftype.kind == "set":
-        return st.lists(st.sampled_from(["group", "token", "tensor", "per-sender-scales",
-                                         "inferred-capabilities"]), unique=True)
+        return st.lists(
+            st.sampled_from(
+                ["group", "token", "tensor", "per-sender-scales", "inferred-capabilities"]
+            ),
+            unique=True,
+        )
     return st.sampled_from(["deepgemm", "cutlass", "triton", "marlin", "h200", "fp8", "x"])
 
 
@@ -131,8 +178,9 @@ def test_engine_is_total_and_deterministic(facts, inferred):
 def test_an_infeasible_wire_never_wins(facts):
     packs = [builtin_pack("deepep")]
     sheet = deepep_sheet("deepep-legacy-29d31c0")
-    decision = decide(facts, packs, sheet,
-                      lambda then, f: "no fp8" if then.wire.dtype == "fp8_e4m3" else None)
+    decision = decide(
+        facts, packs, sheet, lambda then, f: "no fp8" if then.wire.dtype == "fp8_e4m3" else None
+    )
     assert decision.wire.dtype != "fp8_e4m3"
 
 
@@ -145,11 +193,18 @@ def test_a_failed_any_reports_every_branch():
     from moepolicy.rules.engine import evaluate
     from moepolicy.rules.grammar import AnyOf, Leaf
 
-    cond = AnyOf((Leaf("ckpt.act_granularity", "eq", "group", "when.any[0]"),
-                   Leaf("target.ep_size", "ge", 4, "when.any[1]")), "when")
+    cond = AnyOf(
+        (
+            Leaf("ckpt.act_granularity", "eq", "group", "when.any[0]"),
+            Leaf("target.ep_size", "ge", 4, "when.any[1]"),
+        ),
+        "when",
+    )
     failure = evaluate(cond, {"ckpt.act_granularity": "token", "target.ep_size": 2})
-    assert failure.render() == ("none of any held: ckpt.act_granularity eq group failed: saw token | "
-                                "target.ep_size ge 4 failed: saw 2")
+    assert failure.render() == (
+        "none of any held: ckpt.act_granularity eq group failed: saw token | "
+        "target.ep_size ge 4 failed: saw 2"
+    )
     assert evaluate(cond, {"ckpt.act_granularity": "token", "target.ep_size": 8}) is None
 
 
@@ -176,19 +231,42 @@ rules:
 """
 
 
-@pytest.mark.parametrize("backend, version, combine, rule", [
-    ("deepep_ll", "29d31c0", "logfmt", "lowcombine/ll-block-fp8-logfmt"),
-    ("deepep_ht", "29d31c0", "bf16", "deepep-ht/block-fp8"),      # LogFMT is low-latency only: infeasible
-    ("deepep_ll", "v2-dd758ca", "bf16", "deepep-v2-ll/block-fp8-prequantized"),  # v2 has no LogFMT combine
-])
-def test_a_rule_may_choose_a_low_precision_combine_where_the_sheet_has_it(tmp_path, backend, version, combine, rule):
+@pytest.mark.parametrize(
+    "backend, version, combine, rule",
+    [
+        ("deepep_ll", "29d31c0", "logfmt", "lowcombine/ll-block-fp8-logfmt"),
+        (
+            "deepep_ht",
+            "29d31c0",
+            "bf16",
+            "deepep-ht/block-fp8",
+        ),  # LogFMT is low-latency only: infeasible
+        (
+            "deepep_ll",
+            "v2-dd758ca",
+            "bf16",
+            "deepep-v2-ll/block-fp8-prequantized",
+        ),  # v2 has no LogFMT combine
+    ],
+)
+def test_a_rule_may_choose_a_low_precision_combine_where_the_sheet_has_it(
+    tmp_path, backend, version, combine, rule
+):
     from moepolicy.checkpoint import read_model
     from moepolicy.planner import build_document, make_plan
     from moepolicy.target import TargetSpec, resolve_target
 
     path = write_pack(tmp_path, LOGFMT_PACK)
-    target = resolve_target(TargetSpec(gpu="h200", ep_size=8, backend=backend, deep_ep_version=version,
-                                       expert_kernel="deepgemm"), probe=False)  # experts that take block fp8
+    target = resolve_target(
+        TargetSpec(
+            gpu="h200",
+            ep_size=8,
+            backend=backend,
+            deep_ep_version=version,
+            expert_kernel="deepgemm",
+        ),
+        probe=False,
+    )  # experts that take block fp8
     plan = make_plan(read_model("DeepSeek-V3"), target, pack_stack([str(path)]))
     decision = plan.layers[3].decision
     assert (decision.rule, decision.combine) == (rule, combine)

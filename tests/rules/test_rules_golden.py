@@ -12,8 +12,15 @@ from moepolicy.planner import OrderTiming, make_plan, with_measurements
 from moepolicy.rules.packs import pack_stack
 from moepolicy.target import TargetSpec, resolve_target
 
-CASES = yaml.safe_load((Path(__file__).parent / "golden" / "deepep_cases.yaml").read_text())["cases"]
-INLINE_BASE = {"hidden_size": 4096, "num_hidden_layers": 2, "num_experts": 64, "num_experts_per_tok": 8}
+CASES = yaml.safe_load((Path(__file__).parent / "golden" / "deepep_cases.yaml").read_text())[
+    "cases"
+]
+INLINE_BASE = {
+    "hidden_size": 4096,
+    "num_hidden_layers": 2,
+    "num_experts": 64,
+    "num_experts_per_tok": 8,
+}
 
 
 def _model(spec, tmp_path):
@@ -44,8 +51,10 @@ def test_golden(case, tmp_path):
             make_plan(facts, target, pack_stack())
         assert case["infeasible"] in str(err.value)
         return
-    plan = with_measurements(make_plan(facts, target, pack_stack()),
-                             [OrderTiming(*timing) for timing in case.get("measured", ())])
+    plan = with_measurements(
+        make_plan(facts, target, pack_stack()),
+        [OrderTiming(*timing) for timing in case.get("measured", ())],
+    )
     layer = next(lp for lp in plan.layers if lp.layer.index == case["layer"])
     d = layer.decision
     assert (d.order, d.rule) == (case["order"], case["rule"])

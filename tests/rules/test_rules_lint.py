@@ -72,8 +72,10 @@ def _pack(tmp_path):
 def test_lint_finds_the_shadowed_rule_and_the_overlap_only(tmp_path):
     _, pack = _pack(tmp_path)
     findings = {(f.kind, f.rule, f.other) for f in lint_packs([pack])}
-    assert findings == {("shadowed", "mine/group-128", "mine/group"),
-                        ("same-priority-overlap", "mine/hopper", "mine/fp8-acts")}
+    assert findings == {
+        ("shadowed", "mine/group-128", "mine/group"),
+        ("same-priority-overlap", "mine/hopper", "mine/fp8-acts"),
+    }
 
 
 def test_builtin_packs_lint_clean():
@@ -83,7 +85,8 @@ def test_builtin_packs_lint_clean():
 
 def test_a_user_catch_all_shadows_the_builtin_pack(tmp_path):
     path = tmp_path / "all.yaml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         pack: all-bf16
         version: "1"
         rules:
@@ -93,28 +96,50 @@ def test_a_user_catch_all_shadows_the_builtin_pack(tmp_path):
             then: {order: dispatch_then_quant, numerics: exact}
             why: bf16 everywhere.
             source: test
-    """))
+    """)
+    )
     findings = lint_packs([load_pack(path, known_capabilities()), builtin_pack("deepep")])
     shadowed = {f.rule for f in findings if f.kind == "shadowed"}
     moe_rules = {r.id for r in builtin_pack("deepep").rules if r.then.order != "none"}
-    assert shadowed == moe_rules  # every built-in rule for MoE layers; dense layers still get theirs
+    assert (
+        shadowed == moe_rules
+    )  # every built-in rule for MoE layers; dense layers still get theirs
     assert all(f.other == "all-bf16/everything" for f in findings)
 
 
 def test_audit_prints_the_lint(tmp_path):
     pack_path, _ = _pack(tmp_path)
     (tmp_path / "out").mkdir()
-    policy = tmp_path / "out" / "p.yaml"  # not beside the pack: audit finds it only where it is told
-    planned = run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--rules", str(pack_path), "-o", str(policy))
+    policy = (
+        tmp_path / "out" / "p.yaml"
+    )  # not beside the pack: audit finds it only where it is told
+    planned = run_cli(
+        "plan",
+        "--model",
+        "DeepSeek-V3",
+        "--ep-size",
+        "8",
+        "--rules",
+        str(pack_path),
+        "-o",
+        str(policy),
+    )
     assert planned.returncode == 0, planned.stderr
     import yaml
 
     layers = yaml.safe_load(policy.read_text())["layers"]
     dense = [layer for layer in layers if layer["kind"] == "dense"]
     # mine/hopper (no layer.kind in its condition) holds for dense layers too, but its order cannot apply
-    assert dense and all(layer["order"] == "none" and layer["rule"] == "dense/none" for layer in dense)
-    explained = run_cli("explain", str(policy), "--layer", str(dense[0]["index"]), "--rules", str(pack_path))
-    assert "n/a" in explained.stdout and "order no_quant does not apply to a dense layer" in explained.stdout
+    assert dense and all(
+        layer["order"] == "none" and layer["rule"] == "dense/none" for layer in dense
+    )
+    explained = run_cli(
+        "explain", str(policy), "--layer", str(dense[0]["index"]), "--rules", str(pack_path)
+    )
+    assert (
+        "n/a" in explained.stdout
+        and "order no_quant does not apply to a dense layer" in explained.stdout
+    )
     result = run_cli("audit", str(policy), "--rules", str(pack_path))
     assert result.returncode == 0, result.stderr
     assert "rule packs (mine, deepep): " in result.stdout

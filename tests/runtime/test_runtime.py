@@ -23,7 +23,11 @@ from moepolicy.target import TargetSpec, resolve_target
 def plan_doc(model="DeepSeek-V3", **target):
     # the experts that read block fp8 (vLLM 0.33.0's default on SM90 with EP, FlashInfer CUTLASS, takes bf16)
     target = {"gpu": "h200", "ep_size": 8, "expert_kernel": "deepgemm", **target}
-    return build_document(make_plan(read_model(model), resolve_target(TargetSpec(**target), probe=False), pack_stack()))
+    return build_document(
+        make_plan(
+            read_model(model), resolve_target(TargetSpec(**target), probe=False), pack_stack()
+        )
+    )
 
 
 @pytest.fixture
@@ -90,11 +94,24 @@ def test_model_facts_mismatch_gives_safe_policy(ds_policy, caplog):
 
 
 def test_trimmed_catalog_copy_matches_real_checkpoint(ds_policy, tmp_path):
-    raw = json.loads((Path(read_model("DeepSeek-V3").source.split(":", 1)[0] and
-                           __import__("moepolicy.checkpoint.catalog", fromlist=["x"]).lookup("DeepSeek-V3").folder
-                           / "config.json")).read_text())
-    real = {**raw, "vocab_size": 129280, "rope_theta": 10000, "torch_dtype": "bfloat16",
-            "max_position_embeddings": 163840}
+    raw = json.loads(
+        (
+            Path(
+                read_model("DeepSeek-V3").source.split(":", 1)[0]
+                and __import__("moepolicy.checkpoint.catalog", fromlist=["x"])
+                .lookup("DeepSeek-V3")
+                .folder
+                / "config.json"
+            )
+        ).read_text()
+    )
+    real = {
+        **raw,
+        "vocab_size": 129280,
+        "rope_theta": 10000,
+        "torch_dtype": "bfloat16",
+        "max_position_embeddings": 163840,
+    }
     folder = tmp_path / "DeepSeek-V3-real"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(real))
@@ -109,7 +126,9 @@ def test_ep_layout_mismatch_is_a_decision_mismatch(ds_policy):
 
 
 def test_ep_size_mismatch_keeps_decisions_uses_defaults(ds_policy):
-    rewrite(ds_policy, lambda d: d["deepep"].update(num_sms=24, num_nvl_bytes=2**30))  # buffers fit 24 SMs
+    rewrite(
+        ds_policy, lambda d: d["deepep"].update(num_sms=24, num_nvl_bytes=2**30)
+    )  # buffers fit 24 SMs
     policy = load_policy(ds_policy, ep_size=4)
     assert policy.is_fallback and policy.report["tuning"] == "mismatched"
     assert policy.report["decision"] != "mismatched"
@@ -185,28 +204,71 @@ def test_each_key_part_changes_the_key():
 # --- bad input --------------------------------------------------------------------------------
 
 BAD = [
-    ("truncated", lambda text: text[: text.index("\nlayers:")], None, "missing (a policy needs it)"),
-    ("truncated mid-token", lambda text: text[: text.index("layers:") + 30] + "\n  - {index: [", None,
-     "invalid YAML"),
+    (
+        "truncated",
+        lambda text: text[: text.index("\nlayers:")],
+        None,
+        "missing (a policy needs it)",
+    ),
+    (
+        "truncated mid-token",
+        lambda text: text[: text.index("layers:") + 30] + "\n  - {index: [",
+        None,
+        "invalid YAML",
+    ),
     ("not a mapping", lambda text: "- 1\n- 2\n", None, "a policy is a mapping"),
-    ("newer major", None, lambda d: d.update(schema_version="3.0"), "needs a reader of major version 3"),
-    ("odd num_sms", None, lambda d: d["deepep"].update(num_sms=23), "deepep.num_sms: num_sms must be even"),
+    (
+        "newer major",
+        None,
+        lambda d: d.update(schema_version="3.0"),
+        "needs a reader of major version 3",
+    ),
+    (
+        "odd num_sms",
+        None,
+        lambda d: d["deepep"].update(num_sms=23),
+        "deepep.num_sms: num_sms must be even",
+    ),
     ("negative num_sms", None, lambda d: d["deepep"].update(num_sms=-2), "deepep.num_sms"),
     ("wrong type", None, lambda d: d["deepep"].update(num_sms="many"), "deepep.num_sms"),
-    ("nvl send not below recv", None,
-     lambda d: d["deepep"]["buckets"][0]["dispatch"].update(num_max_nvl_chunked_send_tokens=300),
-     "deepep.buckets[0].dispatch: NVLink send chunk must be below the receive capacity"),
-    ("rdma recv not a multiple", None,
-     lambda d: d["deepep"]["buckets"][0]["combine"].update(num_max_rdma_chunked_recv_tokens=128),
-     "write the effective value 132"),
-    ("rdma send over half", None,
-     lambda d: d["deepep"]["buckets"][0]["combine"].update(num_max_rdma_chunked_send_tokens=100,
-                                                           num_max_rdma_chunked_recv_tokens=100),
-     "at most half"),
+    (
+        "nvl send not below recv",
+        None,
+        lambda d: d["deepep"]["buckets"][0]["dispatch"].update(
+            num_max_nvl_chunked_send_tokens=300
+        ),
+        "deepep.buckets[0].dispatch: NVLink send chunk must be below the receive capacity",
+    ),
+    (
+        "rdma recv not a multiple",
+        None,
+        lambda d: d["deepep"]["buckets"][0]["combine"].update(
+            num_max_rdma_chunked_recv_tokens=128
+        ),
+        "write the effective value 132",
+    ),
+    (
+        "rdma send over half",
+        None,
+        lambda d: d["deepep"]["buckets"][0]["combine"].update(
+            num_max_rdma_chunked_send_tokens=100, num_max_rdma_chunked_recv_tokens=100
+        ),
+        "at most half",
+    ),
     ("skipped layer", None, lambda d: d["layers"].pop(5), "skips index 5"),
-    ("repeated layer", None, lambda d: d["layers"].insert(5, dict(d["layers"][4])), "repeats index 4"),
+    (
+        "repeated layer",
+        None,
+        lambda d: d["layers"].insert(5, dict(d["layers"][4])),
+        "repeats index 4",
+    ),
     ("bad order", None, lambda d: d["layers"][3].update(order="sometimes"), "layers[3].order"),
-    ("buffer not aligned", None, lambda d: d["deepep"].update(num_nvl_bytes=1000), "multiple of 128"),
+    (
+        "buffer not aligned",
+        None,
+        lambda d: d["deepep"].update(num_nvl_bytes=1000),
+        "multiple of 128",
+    ),
 ]
 
 
@@ -226,8 +288,11 @@ def test_bad_documents(ds_policy, name, text_edit, doc_edit, fragment):
 
 
 def test_hand_edit_without_rekey_is_damage(ds_policy):
-    rewrite(ds_policy, lambda d: d["layers"][3].update(order="dispatch_then_quant", wire={"dtype": "bf16"}),
-            rekey=False)
+    rewrite(
+        ds_policy,
+        lambda d: d["layers"][3].update(order="dispatch_then_quant", wire={"dtype": "bf16"}),
+        rekey=False,
+    )
     policy = load_policy(ds_policy)
     assert policy.is_fallback and "key.content does not match" in policy.fallback_reason
 
@@ -255,19 +320,26 @@ def test_missing_file_is_safe_not_a_crash(tmp_path):
 
 # --- deepep settings ---------------------------------------------------------------------------
 
+
 def test_bucket_lookup_and_buffer_sizes(ds_policy):
     def buckets(d):
         first = dict(d["deepep"]["buckets"][0], max_tokens=512)
         second = dict(d["deepep"]["buckets"][0], max_tokens=None)
         second["dispatch"] = dict(second["dispatch"], num_max_nvl_chunked_send_tokens=8)
         d["deepep"]["buckets"] = [first, second]
+
     rewrite(ds_policy, buckets)
     deepep = load_policy(ds_policy, ep_size=8).deepep
     assert deepep.bucket_for(1).max_tokens == 512 and deepep.bucket_for(512).max_tokens == 512
-    assert deepep.bucket_for(513).dispatch.nvl_send == 8 and deepep.bucket_for(10**6).max_tokens is None
+    assert (
+        deepep.bucket_for(513).dispatch.nvl_send == 8
+        and deepep.bucket_for(10**6).max_tokens is None
+    )
     nvl, rdma = deepep.buffer_bytes(7168, 8)
     # by hand: 10 channels x 8 peers x (5x4) + 10x8x256x(14336+8+1024+512+512) = 335,709,760 -> 128-aligned
-    assert nvl == 335_709_824 and round(nvl / 1e6, 1) == 335.7 and rdma == 0  # research notes: 335.7 MB
+    assert (
+        nvl == 335_709_824 and round(nvl / 1e6, 1) == 335.7 and rdma == 0
+    )  # research notes: 335.7 MB
 
 
 def test_buffer_formulas_match_deepep_worked_values():
@@ -277,12 +349,16 @@ def test_buffer_formulas_match_deepep_worked_values():
     assert round(nvl_bytes_hint(20, 256, 14336, 2) / 1e6, 1) == 83.9
     assert round(nvl_bytes_hint(24, 256, 14336, 8) / 1e6, 1) == 402.9
     assert round(rdma_bytes_hint(20, 140, 14336, 16) / 1e6, 1) == 91.9
-    assert nvl_bytes_hint(24, 512, 7168, 16) == 453_380_736 and rdma_bytes_hint(24, 128, 7168, 16) == 56_774_016
+    assert (
+        nvl_bytes_hint(24, 512, 7168, 16) == 453_380_736
+        and rdma_bytes_hint(24, 128, 7168, 16) == 56_774_016
+    )
     assert round(low_latency_bytes_hint(128, 7168, 256) / 1e9, 3) == 1.908
     assert round(low_latency_bytes_hint(128, 2048, 128) / 1e9, 3) == 0.273
 
 
 # --- import weight ------------------------------------------------------------------------------
+
 
 def test_loading_imports_neither_torch_nor_optuna(ds_policy):
     code = (
@@ -299,19 +375,32 @@ def test_loading_imports_neither_torch_nor_optuna(ds_policy):
 
 # --- exports ------------------------------------------------------------------------------------
 
+
 def sglang_loader_accepts(config: dict) -> None:
     """The checks SGLang's loader applies to --deepep-config (sgl-project/sglang @003a81bf,
     python/sglang/srt/layers/moe/token_dispatcher/deepep.py, DeepEPConfig.__init__): both sections,
     each a deep_ep.Config(**section) (DeepEP config.hpp:40-49 asserts), equal num_sms; and
     Buffer.set_num_sms's even count."""
-    kwargs = {"num_sms", "num_max_nvl_chunked_send_tokens", "num_max_nvl_chunked_recv_tokens",
-              "num_max_rdma_chunked_send_tokens", "num_max_rdma_chunked_recv_tokens"}
+    kwargs = {
+        "num_sms",
+        "num_max_nvl_chunked_send_tokens",
+        "num_max_nvl_chunked_recv_tokens",
+        "num_max_rdma_chunked_send_tokens",
+        "num_max_rdma_chunked_recv_tokens",
+    }
     dispatch, combine = config["normal_dispatch"], config["normal_combine"]
     for section in (dispatch, combine):
         assert set(section) <= kwargs, set(section) - kwargs
         assert section["num_sms"] > 0 and section["num_sms"] % 2 == 0
-        assert 0 < section["num_max_nvl_chunked_send_tokens"] < section["num_max_nvl_chunked_recv_tokens"]
-        send, recv = section["num_max_rdma_chunked_send_tokens"], section["num_max_rdma_chunked_recv_tokens"]
+        assert (
+            0
+            < section["num_max_nvl_chunked_send_tokens"]
+            < section["num_max_nvl_chunked_recv_tokens"]
+        )
+        send, recv = (
+            section["num_max_rdma_chunked_send_tokens"],
+            section["num_max_rdma_chunked_recv_tokens"],
+        )
         recv = -(-recv // send) * send
         assert 0 < send < recv and send <= recv // 2
     assert dispatch["num_sms"] == combine["num_sms"]
@@ -343,11 +432,20 @@ def test_vllm_export_buffer_and_plugin_settings(ds_policy):
 
     doc = read_policy(ds_policy).doc
     result = export(doc, str(ds_policy))
-    assert int(result["env"]["VLLM_DEEPEP_BUFFER_SIZE_MB"]) * 1024 * 1024 >= doc.deepep.num_nvl_bytes
+    assert (
+        int(result["env"]["VLLM_DEEPEP_BUFFER_SIZE_MB"]) * 1024 * 1024 >= doc.deepep.num_nvl_bytes
+    )
     assert result["env"]["MOEPOLICY_POLICY"] == str(ds_policy.resolve())
-    assert result["args"][result["args"].index("--data-parallel-size") + 1] == str(doc.target.ep_size)
-    rewrite(ds_policy, lambda d: (d["deepep"].update(num_sms=32, num_nvl_bytes=2**30),
-                                  d["deepep"]["provenance"].update(source="measured")))
+    assert result["args"][result["args"].index("--data-parallel-size") + 1] == str(
+        doc.target.ep_size
+    )
+    rewrite(
+        ds_policy,
+        lambda d: (
+            d["deepep"].update(num_sms=32, num_nvl_bytes=2**30),
+            d["deepep"]["provenance"].update(source="measured"),
+        ),
+    )
     result = export(read_policy(ds_policy).doc, str(ds_policy))
     assert "VLLM_DBO_COMM_SMS" not in result["env"]  # no overlap split in a serial policy
     assert any("num_sms 32 (vLLM alone fixes 20)" in item for item in result["applied"])
@@ -358,13 +456,21 @@ def test_vllm_export_names_what_the_plugin_applies_and_leaves_per_layer(tmp_path
     from moepolicy.export.vllm import export
     from moepolicy.document.reader import read_policy
 
-    path = tmp_path / "mix.yaml"  # static per-tensor fp8 on FlashInferExperts (vLLM's pick on SM90)
-    write_document(plan_doc(model="amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", expert_kernel=None), path)
+    path = (
+        tmp_path / "mix.yaml"
+    )  # static per-tensor fp8 on FlashInferExperts (vLLM's pick on SM90)
+    write_document(
+        plan_doc(model="amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", expert_kernel=None), path
+    )
     result = export(read_policy(path).doc, str(path))
-    assert "layers 0-31: fp8 with the static per-tensor scale before dispatch, no scales on the wire (vLLM: bf16, " \
-           "then the same quantization after)" in result["applied"]
+    assert (
+        "layers 0-31: fp8 with the static per-tensor scale before dispatch, no scales on the wire (vLLM: bf16, "
+        "then the same quantization after)" in result["applied"]
+    )
     path = tmp_path / "nv.yaml"  # NVFP4 first on Blackwell: the plugin sends no NVFP4 of its own
-    write_document(plan_doc(model="nvidia/Qwen3-30B-A3B-NVFP4", gpu="b200", expert_kernel=None), path)
+    write_document(
+        plan_doc(model="nvidia/Qwen3-30B-A3B-NVFP4", gpu="b200", expert_kernel=None), path
+    )
     result = export(read_policy(path).doc, str(path))
     assert any(item.startswith("layers 0-47: left to vLLM:") for item in result["cannot_express"])
 
@@ -424,17 +530,30 @@ def test_a_layer_the_policy_does_not_hold_raises(ds_policy):
             policy.layer(index)
 
 
-def test_the_served_model_matches_from_its_folder_or_the_config_the_engine_loaded(ds_policy, tmp_path):
+def test_the_served_model_matches_from_its_folder_or_the_config_the_engine_loaded(
+    ds_policy, tmp_path
+):
     from moepolicy.checkpoint import catalog
     from moepolicy.runtime.policy import ServedModel
 
     folder = catalog.lookup("DeepSeek-V3").folder
     config = json.loads((folder / "config.json").read_text())
-    by_folder = load_policy(ds_policy, ep_size=8, model=ServedModel("acme/ds-v3-finetune", folder=str(folder)))
-    assert not by_folder.is_fallback and "from the served folder" in " ".join(by_folder.report_details)
-    by_config = load_policy(ds_policy, ep_size=8, model=ServedModel("s3://bucket/ds", config=config))
-    assert not by_config.is_fallback and "from the config the engine loaded" in " ".join(by_config.report_details)
+    by_folder = load_policy(
+        ds_policy, ep_size=8, model=ServedModel("acme/ds-v3-finetune", folder=str(folder))
+    )
+    assert not by_folder.is_fallback and "from the served folder" in " ".join(
+        by_folder.report_details
+    )
+    by_config = load_policy(
+        ds_policy, ep_size=8, model=ServedModel("s3://bucket/ds", config=config)
+    )
+    assert not by_config.is_fallback and "from the config the engine loaded" in " ".join(
+        by_config.report_details
+    )
     other = dict(config, num_hidden_layers=60)
     mismatched = load_policy(ds_policy, ep_size=8, model=ServedModel("acme/other", config=other))
     assert mismatched.is_fallback and "decision key mismatch" in mismatched.fallback_reason
-    assert load_policy(ds_policy, ep_size=8).target.content_key == yaml.safe_load(ds_policy.read_text())["key"]["content"]
+    assert (
+        load_policy(ds_policy, ep_size=8).target.content_key
+        == yaml.safe_load(ds_policy.read_text())["key"]["content"]
+    )

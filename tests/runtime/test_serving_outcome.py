@@ -15,7 +15,9 @@ OLDER_PACK_SHA = "0" * 64  # the deepep pack as an older moepolicy shipped it
 
 def _plan(tmp_path, *extra: str) -> str:
     out = tmp_path / "p.yaml"
-    result = run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", *extra, "-o", str(out))
+    result = run_cli(
+        "plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", *extra, "-o", str(out)
+    )
     assert result.returncode == 0, result.stderr
     return str(out)
 
@@ -57,7 +59,8 @@ def test_export_to_sglang_warns_and_exports(tmp_path):
 
 def test_a_user_pack_edited_after_the_plan_is_named(tmp_path):
     pack = tmp_path / "mine.yaml"
-    pack.write_text(textwrap.dedent("""
+    pack.write_text(
+        textwrap.dedent("""
         pack: mine
         version: "1"
         rules:
@@ -67,7 +70,8 @@ def test_a_user_pack_edited_after_the_plan_is_named(tmp_path):
             then: {order: none, numerics: exact}
             why: dense layers dispatch nothing.
             source: test
-    """))
+    """)
+    )
     path = _plan(tmp_path, "--rules", str(pack))
     assert run_cli("validate", path).returncode == 0
     pack.write_text(pack.read_text().replace("dispatch nothing", "dispatch nothing at all"))
@@ -82,7 +86,11 @@ def test_a_current_policy_validates_and_says_what_was_checked(tmp_path):
     assert "serving applies this policy (matched here: rule_packs, data_sheets;" in result.stdout
     assert "pass --model and --ep-size" in result.stdout
     checked = run_cli("validate", path, "--model", "Qwen/Qwen3-30B-A3B-FP8", "--ep-size", "8")
-    assert checked.returncode == 0 and "model_facts" in checked.stdout and "pass --model" not in checked.stdout
+    assert (
+        checked.returncode == 0
+        and "model_facts" in checked.stdout
+        and "pass --model" not in checked.stdout
+    )
 
 
 def test_the_served_model_and_ep_size_are_predicted(tmp_path):
@@ -93,4 +101,6 @@ def test_the_served_model_and_ep_size_are_predicted(tmp_path):
     other_model = run_cli("validate", path, "--model", "DeepSeek-V3")
     assert other_model.returncode == 6 and "model_facts: mismatched" in other_model.stderr
     other_ep = run_cli("export", path, "--to", "vllm", "--ep-size", "4")
-    assert other_ep.returncode == 0 and "warning: serving would keep the decisions" in other_ep.stderr
+    assert (
+        other_ep.returncode == 0 and "warning: serving would keep the decisions" in other_ep.stderr
+    )

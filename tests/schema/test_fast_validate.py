@@ -24,9 +24,17 @@ def summary(loaded):
     doc = loaded.doc
     if not isinstance(doc, dict):
         doc = doc.model_dump(mode="json")
-    return (doc["deepep"]["num_sms"], [(layer["index"], layer["order"], layer["wire"]["dtype"]) for layer in doc["layers"]],
-            [(b["max_tokens"], b["dispatch"]["num_max_rdma_chunked_recv_tokens"]) for b in doc["deepep"]["buckets"]],
-            doc["target"]["arch"], doc["target"]["layout"], tuple(loaded.warnings))
+    return (
+        doc["deepep"]["num_sms"],
+        [(layer["index"], layer["order"], layer["wire"]["dtype"]) for layer in doc["layers"]],
+        [
+            (b["max_tokens"], b["dispatch"]["num_max_rdma_chunked_recv_tokens"])
+            for b in doc["deepep"]["buckets"]
+        ],
+        doc["target"]["arch"],
+        doc["target"]["layout"],
+        tuple(loaded.warnings),
+    )
 
 
 def test_the_real_policy_reads_the_same():

@@ -48,27 +48,46 @@ def test_measured_facts_are_decided_by_the_rules_per_bucket():
     plan = with_measurements(ds_plan(), CROSSOVER)
     layer = plan.layers[3]
     assert layer.facts["measured.faster_order"] == "dispatch_then_quant"  # 1400 vs 1220 us overall
-    assert (layer.decision.order, layer.decision.rule) == ("dispatch_then_quant", "deepep-ht/measured-bf16-faster")
-    assert layer.unmeasured.order == "quant_then_dispatch" and layer.unmeasured.rule == "deepep-ht/block-fp8"
+    assert (layer.decision.order, layer.decision.rule) == (
+        "dispatch_then_quant",
+        "deepep-ht/measured-bf16-faster",
+    )
+    assert (
+        layer.unmeasured.order == "quant_then_dispatch"
+        and layer.unmeasured.rule == "deepep-ht/block-fp8"
+    )
     assert [(bound, d.order) for bound, d in layer.bucket_decisions] == [
-        (1024, "quant_then_dispatch"), (None, "dispatch_then_quant")]
+        (1024, "quant_then_dispatch"),
+        (None, "dispatch_then_quant"),
+    ]
     # the file's rule id is what the rules give for the file's facts (explain replays the same)
     replay = decide(layer.facts, plan.packs, plan.target.deepep, lambda then, f: None)
     assert replay.rule == layer.decision.rule
-    assert plan.layers[0].unmeasured is None and not plan.layers[0].bucket_decisions  # dense: not measured
+    assert (
+        plan.layers[0].unmeasured is None and not plan.layers[0].bucket_decisions
+    )  # dense: not measured
 
 
 def test_no_crossover_means_one_order_and_no_alternatives():
-    plan = with_measurements(ds_plan(), (OrderTiming(1024, 300.0, 320.0), OrderTiming(4096, 900.0, 1100.0)))
+    plan = with_measurements(
+        ds_plan(), (OrderTiming(1024, 300.0, 320.0), OrderTiming(4096, 900.0, 1100.0))
+    )
     layer = plan.layers[3]
-    assert layer.decision.order == "quant_then_dispatch" and layer.unmeasured is None and not layer.bucket_decisions
+    assert (
+        layer.decision.order == "quant_then_dispatch"
+        and layer.unmeasured is None
+        and not layer.bucket_decisions
+    )
 
 
 def test_per_bucket_orders_round_trip_through_the_file_validate_and_load(tmp_path):
     doc = build_document(with_measurements(ds_plan(), CROSSOVER))
     assert doc["schema_version"] == SCHEMA_VERSION
-    assert doc["deepep"]["measured_orders"][1] == {"tokens": 4096, "quant_then_dispatch_us": 1100.0,
-                                                  "dispatch_then_quant_us": 900.0}
+    assert doc["deepep"]["measured_orders"][1] == {
+        "tokens": 4096,
+        "quant_then_dispatch_us": 1100.0,
+        "dispatch_then_quant_us": 900.0,
+    }
     path = write(tmp_path, doc)
     for parse in (parse_policy, parse_policy_light):
         read_policy(path, strict=True, parse=parse)  # both readers accept it, keys intact
@@ -118,12 +137,28 @@ def test_a_1x_document_still_loads_with_its_keys(tmp_path):
     assert read_policy(path, strict=True).doc.deepep.schedule == "serial"
 
 
-@pytest.mark.parametrize("mutate, what", [
-    (lambda d: d["deepep"].update(partial={"reason": "x"}), "deepep.partial needs schema_version 2.0"),
-    (lambda d: d["layers"][3].update(orders=[{"max_tokens": 1, "order": "no_quant", "wire": {"dtype": "bf16"},
-                                               "rule": "r"}] * 2), "layers[3].orders needs schema_version 2.0"),
-    (lambda d: d["layers"][3].update(order="fused"), "layers[3].order fused needs schema_version 2.0"),
-])
+@pytest.mark.parametrize(
+    "mutate, what",
+    [
+        (
+            lambda d: d["deepep"].update(partial={"reason": "x"}),
+            "deepep.partial needs schema_version 2.0",
+        ),
+        (
+            lambda d: d["layers"][3].update(
+                orders=[
+                    {"max_tokens": 1, "order": "no_quant", "wire": {"dtype": "bf16"}, "rule": "r"}
+                ]
+                * 2
+            ),
+            "layers[3].orders needs schema_version 2.0",
+        ),
+        (
+            lambda d: d["layers"][3].update(order="fused"),
+            "layers[3].order fused needs schema_version 2.0",
+        ),
+    ],
+)
 def test_a_1x_document_with_a_2x_field_is_refused_by_both_readers(tmp_path, mutate, what):
     doc = as_v1(build_document(ds_plan()))
     mutate(doc)
@@ -144,8 +179,13 @@ def test_a_3x_document_is_refused_with_the_versions_this_reader_reads(tmp_path):
 
 def test_the_fused_order_validates_for_moe_layers_only(tmp_path):
     doc = build_document(ds_plan())
-    doc["layers"][3].update(order="fused", wire={"dtype": "fp8_e4m3", "scale": {
-        "granularity": "block", "group": 32, "dtype": "ue8m0", "layout": "row"}})
+    doc["layers"][3].update(
+        order="fused",
+        wire={
+            "dtype": "fp8_e4m3",
+            "scale": {"granularity": "block", "group": 32, "dtype": "ue8m0", "layout": "row"},
+        },
+    )
     doc["key"] = compute_keys(doc)
     for parse in (parse_policy, parse_policy_light):
         read_policy(write(tmp_path, doc), parse=parse)
@@ -187,7 +227,9 @@ def test_per_bucket_orders_show_in_validate_explain_and_audit(tmp_path):
 
 def nvfp4_plan():
     facts = read_model("nvidia/Qwen3-30B-A3B-NVFP4")
-    return make_plan(facts, resolve_target(TargetSpec(gpu="b200", ep_size=8), probe=False), pack_stack())
+    return make_plan(
+        facts, resolve_target(TargetSpec(gpu="b200", ep_size=8), probe=False), pack_stack()
+    )
 
 
 def test_an_nvfp4_wire_round_trips_through_both_readers_and_the_runtime(tmp_path):
@@ -196,11 +238,17 @@ def test_an_nvfp4_wire_round_trips_through_both_readers_and_the_runtime(tmp_path
         read_policy(path, parse=parse, strict=True)
     layer = load_policy(path, ep_size=8, model="nvidia/Qwen3-30B-A3B-NVFP4", strict=True).layer(0)
     assert (layer.order, layer.wire.dtype, layer.wire.scale.dtype, layer.wire.scale.group) == (
-        "quant_then_dispatch", "nvfp4", "e4m3", 16)
+        "quant_then_dispatch",
+        "nvfp4",
+        "e4m3",
+        16,
+    )
 
 
-@pytest.mark.parametrize("what", [r"layers\[0\]\.wire\.dtype nvfp4", r"layers\[0\]\.wire\.scale\.dtype e4m3",
-                                  r"deepep\.v2"])
+@pytest.mark.parametrize(
+    "what",
+    [r"layers\[0\]\.wire\.dtype nvfp4", r"layers\[0\]\.wire\.scale\.dtype e4m3", r"deepep\.v2"],
+)
 def test_a_2_0_document_with_a_2_1_value_is_refused_by_both_readers(tmp_path, what):
     doc = build_document(nvfp4_plan())
     doc["schema_version"] = "2.0"
@@ -227,4 +275,6 @@ def test_the_keys_hold_contents_and_names_not_where_the_data_lives():
     doc = build_document(nvfp4_plan())
     text = json.dumps([decision_parts(doc), tuning_parts(doc)])
     assert "/" not in text and str(DATA) not in text and "yaml" not in text
-    assert all(pack.get("path") is None for pack in doc["rules"]["packs"])  # the built-in packs go by name
+    assert all(
+        pack.get("path") is None for pack in doc["rules"]["packs"]
+    )  # the built-in packs go by name

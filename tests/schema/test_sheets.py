@@ -15,12 +15,19 @@ CITED_AT_COMMIT = re.compile(r"\b[\w.-]+/[\w.-]+@[0-9a-f]{7,40}\b")
 @pytest.mark.parametrize("name", sorted(deepep_sheets()))
 def test_every_entry_cites_its_source(name):
     sheet = deepep_sheets()[name]
-    missing = [f"{cap} ({layout}): {entry.source}" for cap, layouts in sheet.capabilities.items()
-               for layout, entry in layouts.items()
-               if entry.evidence in ("code", "inferred") and not CITED_AT_COMMIT.search(entry.source)]
+    missing = [
+        f"{cap} ({layout}): {entry.source}"
+        for cap, layouts in sheet.capabilities.items()
+        for layout, entry in layouts.items()
+        if entry.evidence in ("code", "inferred") and not CITED_AT_COMMIT.search(entry.source)
+    ]
     assert not missing, "\n".join(missing)
-    unmeasured = [cap for cap, layouts in sheet.capabilities.items() for entry in layouts.values()
-                  if entry.evidence == "measured" and not re.search(r"FACTS\.md|tests/gpu/", entry.source)]
+    unmeasured = [
+        cap
+        for cap, layouts in sheet.capabilities.items()
+        for entry in layouts.values()
+        if entry.evidence == "measured" and not re.search(r"FACTS\.md|tests/gpu/", entry.source)
+    ]
     assert not unmeasured
 
 

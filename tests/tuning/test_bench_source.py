@@ -14,7 +14,11 @@ def machine(monkeypatch):
 
     def set_machine(gpus: int, deep_ep: bool = True):
         monkeypatch.setattr(live_bench, "visible_gpus", lambda: gpus)
-        monkeypatch.setattr(live_bench, "deep_ep_importable", lambda: None if deep_ep else "no module named deep_ep")
+        monkeypatch.setattr(
+            live_bench,
+            "deep_ep_importable",
+            lambda: None if deep_ep else "no module named deep_ep",
+        )
 
     monkeypatch.delenv(SHARED_RANKS_ENV, raising=False)
     return set_machine
@@ -75,10 +79,24 @@ def test_the_functional_policy_is_marked_not_for_serving(tmp_path):
     from moepolicy.document.reader import read_policy
 
     path = tmp_path / "p.yaml"
-    assert run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200",
-                   "-o", str(path)).returncode == 0
+    assert (
+        run_cli(
+            "plan",
+            "--model",
+            "Qwen3-30B-A3B-FP8",
+            "--ep-size",
+            "2",
+            "--gpu",
+            "h200",
+            "-o",
+            str(path),
+        ).returncode
+        == 0
+    )
     document = yaml.safe_load(path.read_text())
-    mark_functional(document, bench_source.BenchChoice("live", "2 ranks on 1 GPU(s)", 2, shared=True))
+    mark_functional(
+        document, bench_source.BenchChoice("live", "2 ranks on 1 GPU(s)", 2, shared=True)
+    )
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     assert "functional run" in read_policy(path).doc.deepep.partial.reason
     policy = load_policy(path, ep_size=2)

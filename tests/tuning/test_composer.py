@@ -46,19 +46,30 @@ def _planner_entries(run) -> list[str]:
     return entries, result
 
 
-@pytest.mark.parametrize("model, ep", [("Qwen3-30B-A3B-FP8", 2), ("DeepSeek-V3", 8)])  # tuned; extrapolated
+@pytest.mark.parametrize(
+    "model, ep", [("Qwen3-30B-A3B-FP8", 2), ("DeepSeek-V3", 8)]
+)  # tuned; extrapolated
 def test_a_tune_enters_the_planner_at_most_twice_and_returns_what_it_kept(tmp_path, model, ep):
     plan = _plan(model, ep)
-    options = TuneOptions(buckets=((1024, 1.0), (4096, 1.0)), trials=2, storage=f"sqlite:///{tmp_path}/s.db")
+    options = TuneOptions(
+        buckets=((1024, 1.0), (4096, 1.0)), trials=2, storage=f"sqlite:///{tmp_path}/s.db"
+    )
     entries, result = _planner_entries(
-        lambda: tune_plan(plan, ModelBench("h200"), options, load_space(), load_objective()))
-    entries = [name for name in entries if name != "kernel_label"]  # a property read, not a call into it
+        lambda: tune_plan(plan, ModelBench("h200"), options, load_space(), load_objective())
+    )
+    entries = [
+        name for name in entries if name != "kernel_label"
+    ]  # a property read, not a call into it
     assert len(entries) <= 2, entries
     assert isinstance(result.deepep, KeptDeepEP)
     section = result.document["deepep"]
     assert section["num_sms"] == result.deepep.num_sms == result.num_sms
-    assert [b["max_tokens"] for b in section["buckets"]] == [b.max_tokens for b in result.deepep.buckets]
-    assert [b["dispatch"] for b in section["buckets"]] == [chunk_doc(b.dispatch) for b in result.deepep.buckets]
+    assert [b["max_tokens"] for b in section["buckets"]] == [
+        b.max_tokens for b in result.deepep.buckets
+    ]
+    assert [b["dispatch"] for b in section["buckets"]] == [
+        chunk_doc(b.dispatch) for b in result.deepep.buckets
+    ]
     assert section["provenance"]["source"] == result.label
 
 
@@ -66,7 +77,9 @@ def test_a_plan_writes_deepeps_defaults_through_the_same_builder():
     plan = _plan("Qwen3-30B-A3B-FP8", 2)
     section = planner.build_document(plan)["deepep"]
     dispatch, combine = default_configs(plan.target.deepep, 2)
-    assert section["buckets"] == [{"max_tokens": None, "dispatch": chunk_doc(dispatch), "combine": chunk_doc(combine)}]
+    assert section["buckets"] == [
+        {"max_tokens": None, "dispatch": chunk_doc(dispatch), "combine": chunk_doc(combine)}
+    ]
     assert section["provenance"]["source"] == "default" and section["schedule"] == "serial"
     assert section["num_nvl_bytes"] > 0
 
@@ -79,10 +92,15 @@ def test_the_buckets_a_tune_keeps_are_what_the_runtime_loads(tmp_path):
     from moepolicy.runtime import load_policy
 
     plan = _plan("Qwen3-30B-A3B-FP8", 2)
-    options = TuneOptions(buckets=((128, 1.0), (4096, 1.0)), trials=2, storage=f"sqlite:///{tmp_path}/s.db")
+    options = TuneOptions(
+        buckets=((128, 1.0), (4096, 1.0)), trials=2, storage=f"sqlite:///{tmp_path}/s.db"
+    )
     result = tune_plan(plan, ModelBench("h200"), options, load_space(), load_objective())
     write_document(result.document, tmp_path / "p.yaml")
     policy = load_policy(tmp_path / "p.yaml", ep_size=2, strict=True)
-    kept = tuple(Bucket(b.max_tokens, b.dispatch.effective(), b.combine.effective()) for b in result.deepep.buckets)
+    kept = tuple(
+        Bucket(b.max_tokens, b.dispatch.effective(), b.combine.effective())
+        for b in result.deepep.buckets
+    )
     assert policy.deepep.buckets == kept and all(type(b) is Bucket for b in policy.deepep.buckets)
     assert policy.deepep.num_sms == result.deepep.settings.num_sms

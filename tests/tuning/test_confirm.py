@@ -9,7 +9,16 @@ import pytest
 
 from moepolicy.errors import TuningError
 from moepolicy.testing.claims_sim import (
-    BASE_US, BUCKETS, CHOSEN_SMS, ENGINE_SMS, WORK, Gains, KnownBench, Noise, _point, serial_tune,
+    BASE_US,
+    BUCKETS,
+    CHOSEN_SMS,
+    ENGINE_SMS,
+    WORK,
+    Gains,
+    KnownBench,
+    Noise,
+    _point,
+    serial_tune,
 )
 from moepolicy.tuning.confirm import BucketCandidates, ConfirmSettings, run_protocol
 
@@ -42,7 +51,10 @@ class PhaseBench(KnownBench):
 
 def test_the_printed_figures_come_from_the_report_rounds_not_the_gate():
     bench = PhaseBench()
-    buckets = [BucketCandidates(t, w, (), _point(CHOSEN_SMS, t), _point(ENGINE_SMS, t)) for t, w in BUCKETS]
+    buckets = [
+        BucketCandidates(t, w, (), _point(CHOSEN_SMS, t), _point(ENGINE_SMS, t))
+        for t, w in BUCKETS
+    ]
     done = run_protocol(bench, WORK, buckets, ConfirmSettings(9, "full", 0, choose_chunks=True))
     assert bench.starts == 2
     assert done.gate.sms.speedup == pytest.approx(1.3, rel=0.02)  # what decided
@@ -60,8 +72,11 @@ def test_a_bucket_slower_beyond_noise_blocks_the_sm_count_and_is_printed_as_a_lo
 
 def test_a_net_loss_is_almost_never_kept():
     # x0.95 / x0.95 / x1.03 (a net loss): the case, kept in 55 % of tunes by the 2.1 protocol
-    moved = sum(serial_tune("iid", seed=s, rounds=15, gains=Gains((0.95, 0.95, 1.03))).num_sms != ENGINE_SMS
-                for s in range(20))
+    moved = sum(
+        serial_tune("iid", seed=s, rounds=15, gains=Gains((0.95, 0.95, 1.03))).num_sms
+        != ENGINE_SMS
+        for s in range(20)
+    )
     assert moved <= 1, moved
 
 
@@ -70,13 +85,17 @@ def test_where_the_engines_default_is_kept_the_report_holds_its_own_times():
     assert done.num_sms == ENGINE_SMS and "engine's default kept" in done.why
     for tokens, c in done.buckets.items():
         assert c.kept.name == "engine" and c.vs_engine is None and c.vs_default is None
-        assert c.times_us["kept"] == c.times_us["engine"] == pytest.approx(BASE_US[tokens], rel=0.3)
+        assert (
+            c.times_us["kept"] == c.times_us["engine"] == pytest.approx(BASE_US[tokens], rel=0.3)
+        )
         assert c.report.rounds == 9
 
 
 def test_chunk_claims_are_tested_together_with_holms_correction():
     done = serial_tune("iid", seed=7, rounds=15, gains=Gains(chunks=1.1), chosen=ENGINE_SMS)
-    assert done.num_sms == ENGINE_SMS and done.gate.sms is None  # the search proposed the engine's count
+    assert (
+        done.num_sms == ENGINE_SMS and done.gate.sms is None
+    )  # the search proposed the engine's count
     for c in done.buckets.values():
         assert c.kept.name == "top1" and c.kept.point.dispatch[0] == 28  # the truly faster chunks
         assert c.gate["chunks_vs_default"]["correction"] == "Holm over 3 buckets"
@@ -98,8 +117,13 @@ def test_a_warm_up_pass_is_dropped_after_every_start():
             seen.append(point)
             return super().measure(workload, point)
 
-    bench = Recording(lambda p: BASE_US[p.tokens], Noise("restart", 0.0, 0))  # only the start-up is slow
-    buckets = [BucketCandidates(t, w, (), _point(CHOSEN_SMS, t), _point(ENGINE_SMS, t)) for t, w in BUCKETS]
+    bench = Recording(
+        lambda p: BASE_US[p.tokens], Noise("restart", 0.0, 0)
+    )  # only the start-up is slow
+    buckets = [
+        BucketCandidates(t, w, (), _point(CHOSEN_SMS, t), _point(ENGINE_SMS, t))
+        for t, w in BUCKETS
+    ]
     done = run_protocol(bench, WORK, buckets, ConfirmSettings(7))
     assert all(math.isclose(c.times_us["engine"], BASE_US[t]) for t, c in done.buckets.items())
     assert not done.gate.moved  # equal times: no round may carry the 1.5x start-up

@@ -18,7 +18,9 @@ LEVEL = {"bench": 0.05}  # any claim in either direction among 12 comparisons; t
 
 def consistent_with(count: int, runs: int, level: float) -> bool:
     """Could ``count`` of ``runs`` come from a rate at ``level``? (one-sided binomial test at 0.2 %)"""
-    tail = sum(math.comb(runs, k) * level ** k * (1 - level) ** (runs - k) for k in range(count, runs + 1))
+    tail = sum(
+        math.comb(runs, k) * level**k * (1 - level) ** (runs - k) for k in range(count, runs + 1)
+    )
     return tail > 0.002
 
 
@@ -40,5 +42,7 @@ def test_a_small_true_gain_is_printed_without_inflation():
     that decided) is inflated by the selection, here to about twice the gain."""
     found = inflation("iid", gain=1.01, runs=60, rounds=DEFAULT_ROUNDS, sigma=0.03, seed0=100)
     assert found.moved >= 8
-    assert abs(math.log(found.report_mean / found.true)) < 0.004  # printed: within 0.4 % of the truth
+    assert (
+        abs(math.log(found.report_mean / found.true)) < 0.004
+    )  # printed: within 0.4 % of the truth
     assert math.log(found.gate_mean / found.true) > 0.005  # the deciding rounds' figure: inflated

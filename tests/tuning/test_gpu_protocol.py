@@ -41,16 +41,39 @@ def test_a_short_live_tune_records_the_report_rounds_of_what_it_keeps(tmp_path):
     from conftest import run_cli
 
     out = tmp_path / "p.yaml"
-    result = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--bench", "live", "--sms", "20,32", "--tokens", "1024,4096",
-                     "--trials", "3", "--confirm-rounds", "7", "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(out))
+    result = run_cli(
+        "tune",
+        "--model",
+        "Qwen3-30B-A3B-FP8",
+        "--bench",
+        "live",
+        "--sms",
+        "20,32",
+        "--tokens",
+        "1024,4096",
+        "--trials",
+        "3",
+        "--confirm-rounds",
+        "7",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "-o",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     deepep = yaml.safe_load(out.read_text())["deepep"]
-    assert deepep["provenance"]["source"] == "measured" and deepep["provenance"]["protocol"]["rounds"] == 7
+    assert (
+        deepep["provenance"]["source"] == "measured"
+        and deepep["provenance"]["protocol"]["rounds"] == 7
+    )
     for bucket in deepep["buckets"]:
         report = bucket["measured"]["report"]
         assert report["rounds"] == 7 and report["median_us"]["kept"] > 0
         assert bucket["measured"]["num_sms"] == deepep["num_sms"]
         assert bucket["search"]["note"].startswith("selected minima")
     for timing in deepep.get("measured_orders") or ():  # fp8 payload: both orders with their test
-        assert timing["rounds"] == 7 and len(timing["ci95"]) == 2 and timing["faster"] in (
-            "quant_then_dispatch", "dispatch_then_quant", "neither")
+        assert (
+            timing["rounds"] == 7
+            and len(timing["ci95"]) == 2
+            and timing["faster"] in ("quant_then_dispatch", "dispatch_then_quant", "neither")
+        )

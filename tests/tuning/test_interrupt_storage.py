@@ -64,18 +64,30 @@ def _wrapped(name: str):
 
 
 for _name, _value in list(vars(optuna.storages.RDBStorage).items()):
-    if callable(_value) and not _name.startswith("__") and _name not in ("_set_default_engine_kwargs_for_mysql",
-                                                                         "_fill_storage_url_template"):
+    if (
+        callable(_value)
+        and not _name.startswith("__")
+        and _name not in ("_set_default_engine_kwargs_for_mysql", "_fill_storage_url_template")
+    ):
         setattr(SignalInsideCall, _name, _wrapped(_name))
 
 
 def _tune(db, at: int) -> SignalInsideCall:
     storage = SignalInsideCall(f"sqlite:///{db}", db, 0)
-    storage.calls, storage.at = 0, at  # counted from the sub-study's first call, not the storage's set-up
+    storage.calls, storage.at = (
+        0,
+        at,
+    )  # counted from the sub-study's first call, not the storage's set-up
     bucket = BucketResult(4096, 1.0)
     try:
-        tune_bucket(storage, SubStudy(f"s{at}", 24, TRIALS, DEFAULT), ModelBench("h200"),
-                    Workload(7168, 256, 8, 2, "fp8"), load_space(), bucket)
+        tune_bucket(
+            storage,
+            SubStudy(f"s{at}", 24, TRIALS, DEFAULT),
+            ModelBench("h200"),
+            Workload(7168, 256, 8, 2, "fp8"),
+            load_space(),
+            bucket,
+        )
     except KeyboardInterrupt:
         pass
     assert _running(db) == 0, f"interrupt at storage call {at}: a trial was left RUNNING"
@@ -92,7 +104,9 @@ def test_no_interrupt_lands_inside_a_storage_call_of_a_running_trial(tmp_path):
         for at in range(1, total + 1):
             storage = _tune(db, at)
             inside = [(name, running) for name, running in storage.landed if running]
-            assert not inside, f"interrupt at storage call {at} ran inside {inside[0][0]} with a trial RUNNING"
+            assert not inside, (
+                f"interrupt at storage call {at} ran inside {inside[0][0]} with a trial RUNNING"
+            )
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -26,23 +26,39 @@ def orders_bench(dtq_gain: float, sigma: float, seed: int) -> KnownBench:
     def true(key):
         order, point = key if isinstance(key, tuple) else ("quant_then_dispatch", key)
         return BASE_US[point.tokens] / (dtq_gain if order == "dispatch_then_quant" else 1.0)
+
     return KnownBench(true, Noise("iid", sigma, seed))
 
 
 def test_equal_orders_never_switch_on_one_sample():
     # the 2.1 tuner switched every layer on one sample each: 10 of 20 tunes with the orders truly equal
-    switched = sum(any(t.verdict == "dispatch_then_quant" for t in time_both_orders(
-        orders_bench(1.0, 0.05, s), WORK, POINTS, 9)) for s in range(20))
+    switched = sum(
+        any(
+            t.verdict == "dispatch_then_quant"
+            for t in time_both_orders(orders_bench(1.0, 0.05, s), WORK, POINTS, 9)
+        )
+        for s in range(20)
+    )
     assert switched <= 1, switched
 
 
 def test_a_real_win_switches_and_records_its_interval():
     timings = time_both_orders(orders_bench(1.2, 0.03, 1), WORK, POINTS, 9)
     for t in timings:
-        assert t.verdict == "dispatch_then_quant" and t.rounds == 9 and t.correction == "Holm over 3 buckets"
-        assert t.ci95[1] < 1.0 and t.ci95[0] < 1 / 1.2 < t.ci95[1] and t.speedup == pytest.approx(1 / 1.2, rel=0.05)
+        assert (
+            t.verdict == "dispatch_then_quant"
+            and t.rounds == 9
+            and t.correction == "Holm over 3 buckets"
+        )
+        assert (
+            t.ci95[1] < 1.0
+            and t.ci95[0] < 1 / 1.2 < t.ci95[1]
+            and t.speedup == pytest.approx(1 / 1.2, rel=0.05)
+        )
         doc = t.to_doc()
-        assert doc["faster"] == "dispatch_then_quant" and doc["ci95"] == [round(x, 4) for x in t.ci95]
+        assert doc["faster"] == "dispatch_then_quant" and doc["ci95"] == [
+            round(x, 4) for x in t.ci95
+        ]
     assert overall_faster(timings) == "dispatch_then_quant"
 
 
@@ -54,9 +70,16 @@ def test_the_order_timed_first_alternates_round_by_round():
             firsts.append(workload.orders_first)
             return super().measure(workload, point)
 
-    time_both_orders(Recording(lambda key: 100.0, Noise("iid", 0.01, 0)), WORK, {128: POINTS[128]}, 4)
-    assert firsts == ["dispatch_then_quant", "quant_then_dispatch", "dispatch_then_quant", "quant_then_dispatch",
-                      "dispatch_then_quant"]  # a warm-up (dropped), then 4 rounds
+    time_both_orders(
+        Recording(lambda key: 100.0, Noise("iid", 0.01, 0)), WORK, {128: POINTS[128]}, 4
+    )
+    assert firsts == [
+        "dispatch_then_quant",
+        "quant_then_dispatch",
+        "dispatch_then_quant",
+        "quant_then_dispatch",
+        "dispatch_then_quant",
+    ]  # a warm-up (dropped), then 4 rounds
 
 
 def test_overall_is_the_common_verdict_else_the_rules_order():
@@ -65,7 +88,9 @@ def test_overall_is_the_common_verdict_else_the_rules_order():
 
     assert overall_faster([timing("dispatch_then_quant"), timing("unmeasured")]) == "unmeasured"
     assert overall_faster([timing("quant_then_dispatch")] * 2) == "quant_then_dispatch"
-    assert overall_faster([OrderTiming(1, 2.0, 1.0)]) == "dispatch_then_quant"  # a 2.1 document: one sample each
+    assert (
+        overall_faster([OrderTiming(1, 2.0, 1.0)]) == "dispatch_then_quant"
+    )  # a 2.1 document: one sample each
 
 
 class OrdersFlat(Bench):
@@ -80,17 +105,28 @@ class OrdersFlat(Bench):
         us = 500.0 * math.exp(self.rng.gauss(0, 0.03))
         orders = {}
         if workload.both_orders:
-            orders = {"quant_then_dispatch": 300.0 * math.exp(self.rng.gauss(0, 0.03)),
-                      "dispatch_then_quant": 300.0 / self.dtq_gain * math.exp(self.rng.gauss(0, 0.03))}
+            orders = {
+                "quant_then_dispatch": 300.0 * math.exp(self.rng.gauss(0, 0.03)),
+                "dispatch_then_quant": 300.0 / self.dtq_gain * math.exp(self.rng.gauss(0, 0.03)),
+            }
         return Measurement(us, us * 0.8, 100.0, "measured", orders)
 
 
-@pytest.mark.parametrize("gain, rule", [(1.0, "deepep-ht/block-fp8"), (1.25, "deepep-ht/measured-bf16-faster")])
+@pytest.mark.parametrize(
+    "gain, rule", [(1.0, "deepep-ht/block-fp8"), (1.25, "deepep-ht/measured-bf16-faster")]
+)
 def test_the_rules_order_stands_unless_the_other_wins_beyond_noise(tmp_path, gain, rule):
-    target = resolve_target(TargetSpec(gpu="h200", ep_size=2, expert_kernel="deepgemm"), probe=False)
+    target = resolve_target(
+        TargetSpec(gpu="h200", ep_size=2, expert_kernel="deepgemm"), probe=False
+    )
     plan = make_plan(read_model("Qwen3-30B-A3B-FP8", hub=False), target, pack_stack())
-    options = TuneOptions(buckets=((1024, 1.0), (4096, 1.0)), trials=2, sms=(20,), storage=f"sqlite:///{tmp_path}/s.db",
-                          confirm_rounds=9)
+    options = TuneOptions(
+        buckets=((1024, 1.0), (4096, 1.0)),
+        trials=2,
+        sms=(20,),
+        storage=f"sqlite:///{tmp_path}/s.db",
+        confirm_rounds=9,
+    )
     doc = tune_plan(plan, OrdersFlat(gain), options, load_space(), load_objective()).document
     timed = doc["deepep"]["measured_orders"]
     assert [t["rounds"] for t in timed] == [9, 9] and all(len(t["ci95"]) == 2 for t in timed)

@@ -10,15 +10,24 @@ import pytest
 
 from moepolicy.measure import rounds as R
 from moepolicy.measure.rounds import (
-    Speedup, holm, interval_words, least_rounds, paired_speedup, sign_flip, speedup_words, weighted_rounds,
+    Speedup,
+    holm,
+    interval_words,
+    least_rounds,
+    paired_speedup,
+    sign_flip,
+    speedup_words,
+    weighted_rounds,
 )
 
 
 def brute_force_p(logs):
     """P(sum of sign-flipped logs >= the observed sum), over all 2**n patterns."""
     observed = sum(logs)
-    hits = sum(sum(s * x for s, x in zip(signs, logs)) >= observed - 1e-12
-               for signs in itertools.product((1, -1), repeat=len(logs)))
+    hits = sum(
+        sum(s * x for s, x in zip(signs, logs)) >= observed - 1e-12
+        for signs in itertools.product((1, -1), repeat=len(logs))
+    )
     return hits / 2 ** len(logs)
 
 
@@ -34,7 +43,7 @@ def test_the_p_value_is_the_sign_flip_distributions_own():
 def test_all_rounds_faster_reach_two_to_the_minus_n_and_no_fewer_than_six_rounds_claim():
     for n in range(1, 10):
         s = paired_speedup([110.0] * n, [100.0] * n)
-        assert s.p_faster == pytest.approx(2.0 ** -n)
+        assert s.p_faster == pytest.approx(2.0**-n)
         assert s.faster == (n >= 6) and (s.low is None) == (n < 6)
     assert least_rounds(1) == 6 and least_rounds(3) == 7 and least_rounds(12) == 9
 
@@ -60,20 +69,37 @@ def test_many_rounds_use_a_seeded_sample_of_patterns_and_stay_close_to_exact():
     rng = random.Random(5)
     logs = [rng.gauss(0.005, 0.03) for _ in range(17)]
     p, q, low, high, exact = sign_flip(logs)
-    assert not exact and sign_flip(logs) == (p, q, low, high, exact)  # seeded: the same answer twice
-    p_all, q_all, low_all, high_all, _ = R._sign_flip_numpy(logs, True, 0)  # every one of the 2**17 patterns
+    assert not exact and sign_flip(logs) == (
+        p,
+        q,
+        low,
+        high,
+        exact,
+    )  # seeded: the same answer twice
+    p_all, q_all, low_all, high_all, _ = R._sign_flip_numpy(
+        logs, True, 0
+    )  # every one of the 2**17 patterns
     assert p == pytest.approx(p_all, abs=0.01) and q == pytest.approx(q_all, abs=0.01)
     assert low == pytest.approx(low_all, abs=0.002) and high == pytest.approx(high_all, abs=0.002)
-    assert paired_speedup([1.0] * 17, [math.exp(-x) for x in logs]).test.startswith("sign-flip, 65536")
+    assert paired_speedup([1.0] * 17, [math.exp(-x) for x in logs]).test.startswith(
+        "sign-flip, 65536"
+    )
 
 
 def test_the_false_claim_rate_is_at_its_level_whatever_the_noise_shape():
     rng = random.Random(11)
-    draws = {"normal": lambda: rng.gauss(0, 0.03), "heavy": lambda: rng.gauss(0, 0.03) / max(abs(rng.gauss(0, 1)), 0.05),
-             "outliers": lambda: rng.gauss(0, 0.03) + (math.log(2) if rng.random() < 0.05 else 0.0)}
+    draws = {
+        "normal": lambda: rng.gauss(0, 0.03),
+        "heavy": lambda: rng.gauss(0, 0.03) / max(abs(rng.gauss(0, 1)), 0.05),
+        "outliers": lambda: rng.gauss(0, 0.03) + (math.log(2) if rng.random() < 0.05 else 0.0),
+    }
     for name, draw in draws.items():
-        claims = sum(paired_speedup([math.exp(draw()) for _ in range(9)], [math.exp(draw()) for _ in range(9)]).faster
-                     for _ in range(1500))
+        claims = sum(
+            paired_speedup(
+                [math.exp(draw()) for _ in range(9)], [math.exp(draw()) for _ in range(9)]
+            ).faster
+            for _ in range(1500)
+        )
         assert claims / 1500 <= 0.025 + 3 * math.sqrt(0.025 * 0.975 / 1500), (name, claims)
 
 
@@ -82,7 +108,10 @@ def test_holm_claims_no_more_than_it_may_and_keeps_the_order():
     weak = paired_speedup([100, 104, 99, 103, 102, 98, 104, 103, 101], [100.0] * 9)
     tested = holm([weak, strong, strong], "faster", "buckets")
     assert [t.faster for t in tested] == [False, True, True]
-    assert tested[0].verdict == "no gain beyond noise" and tested[1].correction == "Holm over 3 buckets"
+    assert (
+        tested[0].verdict == "no gain beyond noise"
+        and tested[1].correction == "Holm over 3 buckets"
+    )
     assert holm([strong], "both")[0].correction == ""  # one comparison: no family
     losses = holm([paired_speedup([100.0] * 9, [110.0] * 9), strong], "slower", "buckets")
     assert losses[0].slower and losses[1].verdict == "no loss beyond noise"
@@ -97,8 +126,10 @@ def test_speed_ups_are_written_one_way_with_the_word_faster_or_slower():
     assert interval_words(0.98, 1.02) == "95% CI x1.020 slower to x1.020 faster"
     loss = paired_speedup([100.0] * 9, [110.0] * 9, names=("kept", "the engine's default"))
     assert loss.words().startswith("x1.100 slower than the engine's default: a loss beyond noise")
-    assert "x" in paired_speedup([100.0] * 9, [100.0] * 9).words() and "within noise" in paired_speedup(
-        [100.0] * 9, [100.0] * 9).words()
+    assert (
+        "x" in paired_speedup([100.0] * 9, [100.0] * 9).words()
+        and "within noise" in paired_speedup([100.0] * 9, [100.0] * 9).words()
+    )
 
 
 def test_weighted_rounds_sum_each_round_over_the_buckets():
@@ -109,6 +140,10 @@ def test_weighted_rounds_sum_each_round_over_the_buckets():
 
 def test_a_stored_comparison_carries_its_test():
     doc = paired_speedup([110.0] * 7, [100.0] * 7, names=("kept", "engine")).to_doc()
-    assert doc["verdict"] == "faster" and doc["test"] == "exact sign-flip" and doc["p_faster"] == round(1 / 128, 5)
+    assert (
+        doc["verdict"] == "faster"
+        and doc["test"] == "exact sign-flip"
+        and doc["p_faster"] == round(1 / 128, 5)
+    )
     assert doc["ci95"][0] > 1.0 and "beyond_noise" not in doc
     assert isinstance(paired_speedup([1.0] * 7, [1.0] * 7), Speedup)

@@ -16,38 +16,96 @@ optuna = pytest.importorskip("optuna", reason="tuning needs optuna")
 
 TRIALS = 10
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENV = {**os.environ, "MOEPOLICY_OFFLINE": "1",
-       "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+ENV = {
+    **os.environ,
+    "MOEPOLICY_OFFLINE": "1",
+    "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+}
 
 
 def tune(storage: str, out, study="shared", extra=()):
-    return [*cli_command(model_bench_delay=0.05), "tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu",
-            "h200", "--bench", "model", "--sms", "24", "--tokens", "4096", "--trials", str(TRIALS),
-            "--storage", storage, "--study", study, "-o", str(out), *extra]
+    return [
+        *cli_command(model_bench_delay=0.05),
+        "tune",
+        "--model",
+        "DeepSeek-V3",
+        "--ep-size",
+        "2",
+        "--gpu",
+        "h200",
+        "--bench",
+        "model",
+        "--sms",
+        "24",
+        "--tokens",
+        "4096",
+        "--trials",
+        str(TRIALS),
+        "--storage",
+        storage,
+        "--study",
+        study,
+        "-o",
+        str(out),
+        *extra,
+    ]
 
 
 def check_shared_study(storage_url: str, tmp_path):
-    procs = [subprocess.Popen(tune(storage_url, tmp_path / f"p{i}.yaml"), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, env=ENV) for i in range(3)]
+    procs = [
+        subprocess.Popen(
+            tune(storage_url, tmp_path / f"p{i}.yaml"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        for i in range(3)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
-    storage = optuna.storages.get_storage(storage_url) if not storage_url.endswith(".log") else \
-        optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage_url))
+    storage = (
+        optuna.storages.get_storage(storage_url)
+        if not storage_url.endswith(".log")
+        else optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(storage_url)
+        )
+    )
     study = optuna.load_study(study_name="shared/sms24/t4096", storage=storage)
-    counted = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
+    counted = [
+        t
+        for t in study.trials
+        if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+    ]
     assert len(counted) == TRIALS, [t.state.name for t in study.trials]
-    measured = [t.user_attrs["effective"] for t in study.trials
-                if t.state == optuna.trial.TrialState.COMPLETE and "measurement" in t.user_attrs
-                and not t.user_attrs.get("dedup")]
-    dupes = [(t.number, t.datetime_start, t.datetime_complete, t.user_attrs.get("pid"))
-             for t in study.trials if "measurement" in t.user_attrs and not t.user_attrs.get("dedup")
-             and measured.count(t.user_attrs["effective"]) > 1]
+    measured = [
+        t.user_attrs["effective"]
+        for t in study.trials
+        if t.state == optuna.trial.TrialState.COMPLETE
+        and "measurement" in t.user_attrs
+        and not t.user_attrs.get("dedup")
+    ]
+    dupes = [
+        (t.number, t.datetime_start, t.datetime_complete, t.user_attrs.get("pid"))
+        for t in study.trials
+        if "measurement" in t.user_attrs
+        and not t.user_attrs.get("dedup")
+        and measured.count(t.user_attrs["effective"]) > 1
+    ]
     assert len(measured) == len(set(measured)), f"an effective config was measured twice: {dupes}"
     hosts = {t.user_attrs.get("host") for t in counted}
-    assert hosts == {socket.gethostname()} and all("model bench for h200" in t.user_attrs["hardware"] for t in counted)
+    assert hosts == {socket.gethostname()} and all(
+        "model bench for h200" in t.user_attrs["hardware"] for t in counted
+    )
     # a final run finds the budget spent and writes the policy from the study's best point
-    final = subprocess.run(tune(storage_url, tmp_path / "final.yaml"), capture_output=True, text=True, env=ENV, timeout=120)
+    final = subprocess.run(
+        tune(storage_url, tmp_path / "final.yaml"),
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
     assert final.returncode == 0, final.stderr
     import json
 
@@ -79,12 +137,16 @@ def postgres(tmp_path):
     initdb = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if not initdb:
         pytest.skip("PostgreSQL server binaries are not installed (.ci/run installs them)")
-    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'moepolicy[postgres]')")
+    pytest.importorskip(
+        "psycopg", reason="psycopg is not installed (pip install 'moepolicy[postgres]')"
+    )
     import tempfile
     from pathlib import Path
 
     bindir = os.path.dirname(initdb[-1])
-    base = Path(tempfile.mkdtemp(prefix="moepolicy-pg-", dir="/tmp"))  # reachable by the postgres user
+    base = Path(
+        tempfile.mkdtemp(prefix="moepolicy-pg-", dir="/tmp")
+    )  # reachable by the postgres user
     data, sock = base / "pgdata", base / "pgsock"
     sock.mkdir()
     as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
@@ -93,18 +155,51 @@ def postgres(tmp_path):
         shutil.chown(sock, "postgres")
         os.chmod(base, 0o755)
     port = _free_port()
-    subprocess.run([*as_postgres, f"{bindir}/initdb", "-D", str(data), "-U", "tuner", "--auth=trust"],
-                   check=True, capture_output=True)
-    subprocess.run([*as_postgres, f"{bindir}/pg_ctl", "-D", str(data), "-l", str(base / "pg.log"), "-w",
-                    "-o", f"-p {port} -k {sock} -c listen_addresses=127.0.0.1", "start"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*as_postgres, f"{bindir}/initdb", "-D", str(data), "-U", "tuner", "--auth=trust"],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            *as_postgres,
+            f"{bindir}/pg_ctl",
+            "-D",
+            str(data),
+            "-l",
+            str(base / "pg.log"),
+            "-w",
+            "-o",
+            f"-p {port} -k {sock} -c listen_addresses=127.0.0.1",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
     try:
-        subprocess.run([f"{bindir}/psql", "-h", "127.0.0.1", "-p", str(port), "-U", "tuner", "-d", "postgres",
-                        "-c", "CREATE DATABASE studies"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                f"{bindir}/psql",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "tuner",
+                "-d",
+                "postgres",
+                "-c",
+                "CREATE DATABASE studies",
+            ],
+            check=True,
+            capture_output=True,
+        )
         yield f"postgresql://tuner:secret-password@127.0.0.1:{port}/studies"
     finally:
-        subprocess.run([*as_postgres, f"{bindir}/pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
-                       capture_output=True)
+        subprocess.run(
+            [*as_postgres, f"{bindir}/pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
+        )
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -120,16 +215,47 @@ def test_torchrun_coordination_with_gloo_and_the_model_bench(tmp_path):
     if torchrun is None:
         pytest.skip("torchrun is not installed (it comes with torch)")
     out = tmp_path / "p.yaml"
-    cmd = [torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "moepolicy",
-           "tune", "--launcher", "torchrun", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200",
-           "--bench", "model", "--sms", "24", "--tokens", "4096", "--trials", "6",
-           "--storage", f"sqlite:///{tmp_path}/s.db", "--study", "tr", "-o", str(out)]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV,
-                            timeout=300, cwd=tmp_path)
+    cmd = [
+        torchrun,
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "moepolicy",
+        "tune",
+        "--launcher",
+        "torchrun",
+        "--model",
+        "DeepSeek-V3",
+        "--ep-size",
+        "2",
+        "--gpu",
+        "h200",
+        "--bench",
+        "model",
+        "--sms",
+        "24",
+        "--tokens",
+        "4096",
+        "--trials",
+        "6",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "--study",
+        "tr",
+        "-o",
+        str(out),
+    ]
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "rank 1: measured" in result.stderr
     study = optuna.load_study(study_name="tr/sms24/t4096", storage=f"sqlite:///{tmp_path}/s.db")
-    measured = [t for t in study.trials if "measurement" in t.user_attrs and not t.user_attrs.get("dedup")]
+    measured = [
+        t for t in study.trials if "measurement" in t.user_attrs and not t.user_attrs.get("dedup")
+    ]
     served = int(result.stderr.split("rank 1: measured ")[1].split()[0])
     import yaml
 
@@ -137,6 +263,8 @@ def test_torchrun_coordination_with_gloo_and_the_model_bench(tmp_path):
     # the modelled protocol asks the model once each for DeepEP's default at 24 SMs and the engine's at 20
     assert modelled["chosen_vs_engine"]["num_sms"] == 24
     remeasured = 2
-    assert served == len(measured) + remeasured and len(measured) > 0  # every measurement was a collective
+    assert (
+        served == len(measured) + remeasured and len(measured) > 0
+    )  # every measurement was a collective
     assert all("on 2 ranks" in t.user_attrs["hardware"] for t in measured)
     assert out.exists()

@@ -20,7 +20,8 @@ def test_the_installed_optuna_is_in_the_range_the_storage_calls_were_checked_on(
     installed = _version(optuna.__version__)
     assert _version(low) <= installed < _version(high), (
         f"optuna {optuna.__version__} is outside {low} <= v < {high}: check moepolicy/tuning/trial_storage.py's "
-        "storage calls on it, then widen CHECKED_OPTUNA")
+        "storage calls on it, then widen CHECKED_OPTUNA"
+    )
 
 
 def test_another_workers_running_trial_is_failed_with_its_reason(tmp_path):

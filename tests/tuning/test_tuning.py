@@ -10,7 +10,9 @@ import pytest
 
 from conftest import cli_command
 
-optuna = pytest.importorskip("optuna", reason="tuning tests need optuna (pip install 'moepolicy[tune]')")
+optuna = pytest.importorskip(
+    "optuna", reason="tuning tests need optuna (pip install 'moepolicy[tune]')"
+)
 
 from moepolicy.testing.bench_contract import BenchContract  # noqa: E402
 from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload  # noqa: E402
@@ -52,14 +54,23 @@ class CountingBench(Bench):
         if fault == "nan":
             from moepolicy.tuning.bench import check_measurement
 
-            return check_measurement(Measurement(float("nan"), m.dispatch_cached_us, m.combine_us, "modelled"))
+            return check_measurement(
+                Measurement(float("nan"), m.dispatch_cached_us, m.combine_us, "modelled")
+            )
         return m
 
 
 def run_bucket(bench, trials, space=None, storage=None, name="s", seed=0):
     storage = storage or optuna.storages.InMemoryStorage()
     bucket = BucketResult(4096, 1.0)
-    tune_bucket(storage, SubStudy(name, 24, trials, DEFAULT, seed=seed), bench, WORK, space or load_space(), bucket)
+    tune_bucket(
+        storage,
+        SubStudy(name, 24, trials, DEFAULT, seed=seed),
+        bench,
+        WORK,
+        space or load_space(),
+        bucket,
+    )
     return bucket, optuna.load_study(study_name=name, storage=storage)
 
 
@@ -73,7 +84,9 @@ def test_space_proposes_only_feasible_points():
     for _ in range(300):
         trial = study.ask()
         for kind in ("dispatch", "combine"):
-            send, recv, rsend, rrecv = space.suggest(trial, kind, internode=True, max_nvl_recv=max_recv)
+            send, recv, rsend, rrecv = space.suggest(
+                trial, kind, internode=True, max_nvl_recv=max_recv
+            )
             assert 0 < send < recv <= max_recv
             assert nvl_bytes_hint(24, recv, 7168 * 2, 2) <= budget
             assert rrecv % rsend == 0 and rsend <= rrecv // 2  # DeepEP's rounding already applied
@@ -91,7 +104,9 @@ def test_default_is_measured_first_and_never_beaten_by_worse(tmp_path):
     bench = CountingBench(ModelBench("h200"))
     bucket, study = run_bucket(bench, 8)
     assert bench.points[0].dispatch == DEFAULT[0] and bench.points[0].combine == DEFAULT[1]
-    assert bucket.best_measurement.objective("full") <= bucket.default_measurement.objective("full")
+    assert bucket.best_measurement.objective("full") <= bucket.default_measurement.objective(
+        "full"
+    )
 
 
 def test_effective_config_measured_once(tmp_path):
@@ -120,15 +135,42 @@ def test_failed_and_nonsense_trials_are_fail_states_and_the_study_goes_on():
     states = [t.state for t in study.trials]
     assert states.count(optuna.trial.TrialState.FAIL) == 2
     assert states.count(optuna.trial.TrialState.COMPLETE) == 4
-    reasons = [t.user_attrs.get("reason", "") for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
-    assert any("injected" in r for r in reasons) and any("not a finite number" in r for r in reasons)
+    reasons = [
+        t.user_attrs.get("reason", "")
+        for t in study.trials
+        if t.state == optuna.trial.TrialState.FAIL
+    ]
+    assert any("injected" in r for r in reasons) and any(
+        "not a finite number" in r for r in reasons
+    )
     assert bucket.best is not None
 
 
 def tune_args(tmp_path, *extra, study="s", out="p.yaml", trials=6):
-    return ("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--gpu", "h200", "--bench", "model",
-            "--sms", "20", "--tokens", "1024,4096", "--trials", str(trials), "--storage",
-            f"sqlite:///{tmp_path}/studies.db", "--study", study, "-o", str(tmp_path / out), *extra)
+    return (
+        "tune",
+        "--model",
+        "DeepSeek-V3",
+        "--ep-size",
+        "2",
+        "--gpu",
+        "h200",
+        "--bench",
+        "model",
+        "--sms",
+        "20",
+        "--tokens",
+        "1024,4096",
+        "--trials",
+        str(trials),
+        "--storage",
+        f"sqlite:///{tmp_path}/studies.db",
+        "--study",
+        study,
+        "-o",
+        str(tmp_path / out),
+        *extra,
+    )
 
 
 def test_tune_cli_model_bench_writes_a_loadable_modelled_policy(tmp_path):
@@ -138,19 +180,36 @@ def test_tune_cli_model_bench_writes_a_loadable_modelled_policy(tmp_path):
     from moepolicy import load_policy
 
     policy = load_policy(tmp_path / "p.yaml", ep_size=2, model="DeepSeek-V3")
-    assert not policy.is_fallback and policy.deepep.num_sms == 20  # the SM count calibrated at 1024 tokens
+    assert (
+        not policy.is_fallback and policy.deepep.num_sms == 20
+    )  # the SM count calibrated at 1024 tokens
     assert policy.deepep.source == "modelled"
     assert [b.max_tokens for b in policy.deepep.buckets] == [1024, None]
     import yaml
 
     doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
     assert doc["deepep"]["provenance"]["source"] == "modelled"
-    assert all("measured" not in b and "modelled" in b and "search" in b for b in doc["deepep"]["buckets"])
+    assert all(
+        "measured" not in b and "modelled" in b and "search" in b for b in doc["deepep"]["buckets"]
+    )
 
 
 def test_outside_envelope_is_extrapolated_defaults(tmp_path):
-    result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "8", "--bench", "model", "--gpu", "h200",
-                     "-o", str(tmp_path / "p.yaml"), "--storage", f"sqlite:///{tmp_path}/s.db")
+    result = run_cli(
+        "tune",
+        "--model",
+        "DeepSeek-V3",
+        "--ep-size",
+        "8",
+        "--bench",
+        "model",
+        "--gpu",
+        "h200",
+        "-o",
+        str(tmp_path / "p.yaml"),
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+    )
     assert result.returncode == 0, result.stderr
     assert "no calibration for h200 EP8" in result.stderr
     import yaml
@@ -162,11 +221,34 @@ def test_outside_envelope_is_extrapolated_defaults(tmp_path):
 
 def test_resume_with_another_target_is_refused(tmp_path):
     assert run_cli(*tune_args(tmp_path)).returncode == 0
-    other = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--gpu", "h200", "--bench", "model",
-                    "--sms", "20", "--tokens", "1024,4096", "--trials", "6", "--storage",
-                    f"sqlite:///{tmp_path}/studies.db", "--study", "s", "-o", str(tmp_path / "q.yaml"))
+    other = run_cli(
+        "tune",
+        "--model",
+        "Qwen3-30B-A3B-FP8",
+        "--ep-size",
+        "2",
+        "--gpu",
+        "h200",
+        "--bench",
+        "model",
+        "--sms",
+        "20",
+        "--tokens",
+        "1024,4096",
+        "--trials",
+        "6",
+        "--storage",
+        f"sqlite:///{tmp_path}/studies.db",
+        "--study",
+        "s",
+        "-o",
+        str(tmp_path / "q.yaml"),
+    )
     assert other.returncode == 7
-    assert "was made for another model" in other.stderr and len(other.stderr.strip().splitlines()) <= 3
+    assert (
+        "was made for another model" in other.stderr
+        and len(other.stderr.strip().splitlines()) <= 3
+    )
 
 
 SECRET_URLS = [  # (url, what must be hidden, what must stay)
@@ -189,7 +271,9 @@ def test_storage_secrets_are_hidden_in_every_url_shape(url, secret, kept):
     assert secret not in redact_url(url) and kept in redact_url(url)
     for argv in (["tune", "--storage", url], ["tune", f"--storage={url}"]):
         assert secret not in redact_command(argv)
-    assert redact_url("sqlite:////tmp/a@b/studies.db") == "sqlite:////tmp/a@b/studies.db"  # a path, no user info
+    assert (
+        redact_url("sqlite:////tmp/a@b/studies.db") == "sqlite:////tmp/a@b/studies.db"
+    )  # a path, no user info
 
 
 def test_a_storage_password_reaches_neither_the_policy_nor_stderr(tmp_path):
@@ -198,9 +282,18 @@ def test_a_storage_password_reaches_neither_the_policy_nor_stderr(tmp_path):
     result = run_cli(*tune_args(tmp_path, study="secret")[:-2], "--storage", url, "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert "QuerySecretPW" not in result.stderr and "QuerySecretPW" not in out.read_text()
-    refused = run_cli(*tune_args(tmp_path, study="s2")[:-2], "--storage", "postgresql://u:Pw0rd@127.0.0.1:1/db",
-                      "-o", str(tmp_path / "q.yaml"))
-    assert refused.returncode != 0 and "Pw0rd" not in refused.stderr and "Traceback" not in refused.stderr
+    refused = run_cli(
+        *tune_args(tmp_path, study="s2")[:-2],
+        "--storage",
+        "postgresql://u:Pw0rd@127.0.0.1:1/db",
+        "-o",
+        str(tmp_path / "q.yaml"),
+    )
+    assert (
+        refused.returncode != 0
+        and "Pw0rd" not in refused.stderr
+        and "Traceback" not in refused.stderr
+    )
 
 
 def completed_trials(db):
@@ -209,13 +302,19 @@ def completed_trials(db):
     for summary in optuna.get_all_study_summaries(storage):
         if "/sms" in summary.study_name:
             study = optuna.load_study(study_name=summary.study_name, storage=storage)
-            out += [(summary.study_name, t.user_attrs.get("effective"), t.state.name) for t in study.trials]
+            out += [
+                (summary.study_name, t.user_attrs.get("effective"), t.state.name)
+                for t in study.trials
+            ]
     return out
 
 
 def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
-    args = [*cli_command(model_bench_delay=0.4), *tune_args(tmp_path, study="k")]  # 12 trials: ~5 s
+    args = [
+        *cli_command(model_bench_delay=0.4),
+        *tune_args(tmp_path, study="k"),
+    ]  # 12 trials: ~5 s
     out = tmp_path / "p.yaml"
     out.write_text("previous complete policy\n")
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
@@ -240,7 +339,9 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
 def test_an_interrupted_tune_writes_a_partial_result_marked_so(tmp_path, sig, code):
     env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
     args = [*cli_command(model_bench_delay=0.15), *tune_args(tmp_path, study="c", trials=40)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
+    )
     time.sleep(3.5)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
@@ -256,7 +357,11 @@ def test_an_interrupted_tune_writes_a_partial_result_marked_so(tmp_path, sig, co
     validated = run_cli("validate", str(out))
     assert validated.returncode != 0 and "a partial result" in validated.stderr
     policy = load_policy(out, ep_size=2)
-    assert policy.is_fallback and "partial result" in policy.fallback_reason and policy.deepep.is_default
+    assert (
+        policy.is_fallback
+        and "partial result" in policy.fallback_reason
+        and policy.deepep.is_default
+    )
     with pytest.raises(Exception, match="partial result"):
         load_policy(out, ep_size=2, strict=True)
     # the storage's trials are all finished: nothing is left RUNNING after the signal
@@ -270,7 +375,9 @@ def test_an_interrupted_tune_never_replaces_a_complete_policy(tmp_path):
     out = tmp_path / "p.yaml"
     before = out.read_text()
     args = [*cli_command(model_bench_delay=0.15), *tune_args(tmp_path, study="second", trials=40)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
+    )
     time.sleep(3.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -307,10 +414,20 @@ def test_model_bench_close_to_calibration_points():
     from moepolicy.tuning.model_bench import load_calibrations
 
     bench = ModelBench("h200")
-    for hidden, experts, dtype, sms, us in [(7168, 256, "fp8", 24, 245), (7168, 256, "bf16", 8, 976),
-                                             (2048, 128, "fp8", 48, 109), (2048, 128, "bf16", 20, 240)]:
+    for hidden, experts, dtype, sms, us in [
+        (7168, 256, "fp8", 24, 245),
+        (7168, 256, "bf16", 8, 976),
+        (2048, 128, "fp8", 48, 109),
+        (2048, 128, "bf16", 20, 240),
+    ]:
         m = bench.measure(Workload(hidden, experts, 8, 2, dtype), TunePoint(sms, 4096, *DEFAULT))
-        assert abs(m.dispatch_cached_us - us) / us < 0.25, (hidden, dtype, sms, m.dispatch_cached_us, us)
+        assert abs(m.dispatch_cached_us - us) / us < 0.25, (
+            hidden,
+            dtype,
+            sms,
+            m.dispatch_cached_us,
+            us,
+        )
     assert load_calibrations()[0].files
 
 
@@ -342,7 +459,9 @@ def test_a_trial_killed_before_its_owner_was_recorded_is_failed_not_counted(tmp_
 def test_an_interrupt_before_the_first_measurement_writes_nothing_and_says_interrupted(tmp_path):
     env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
     args = [*cli_command(model_bench_delay=30.0), *tune_args(tmp_path, study="early", trials=2)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
+    )
     deadline = time.monotonic() + 60
     while not (tmp_path / "studies.db").exists() and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -46,16 +46,32 @@ def test_the_candidates_are_the_default_the_analytical_count_without_overlap_and
 def test_a_real_gain_is_kept_by_the_gate_and_reported_from_another_fresh_group():
     bench = KnownV2Bench(times(V2Point(32), 1.2), sigma=0.03, seed=1)
     choice = choose_v2(bench, WORK, BUCKETS, CANDIDATES, rounds=7)
-    assert choice.kept == V2Point(32) and bench.restarts == 2  # the gate's group, then the report's
+    assert (
+        choice.kept == V2Point(32) and bench.restarts == 2
+    )  # the gate's group, then the report's
     assert choice.gate.faster and not any(s.slower for s in choice.losses.values())
     assert all(s.faster and s.low > 1.0 for s in choice.vs_default.values())  # the report rounds
     assert set(choice.report_us[1024]) == {V2Point(32).name, DEFAULT.name}
-    assert choice.kept.to_doc() == {"num_sms": 32, "prefer_overlap_with_compute": True, "allow_multiple_reduction": True}
+    assert choice.kept.to_doc() == {
+        "num_sms": 32,
+        "prefer_overlap_with_compute": True,
+        "allow_multiple_reduction": True,
+    }
 
 
 def test_equal_settings_under_noise_keep_deepeps_default_almost_always():
-    kept = sum(choose_v2(KnownV2Bench(times(V2Point(16), 1.0), sigma=0.10, seed=s), WORK, BUCKETS, CANDIDATES,
-                         rounds=7, seed=s).kept != DEFAULT for s in range(40))
+    kept = sum(
+        choose_v2(
+            KnownV2Bench(times(V2Point(16), 1.0), sigma=0.10, seed=s),
+            WORK,
+            BUCKETS,
+            CANDIDATES,
+            rounds=7,
+            seed=s,
+        ).kept
+        != DEFAULT
+        for s in range(40)
+    )
     assert kept <= 3, kept  # 2.5 % nominal: 1 expected in 40
 
 
@@ -70,15 +86,27 @@ def test_a_setting_slower_beyond_noise_in_one_bucket_is_not_kept():
 
     choice = choose_v2(Mixed({}, sigma=0.01, seed=2), WORK, BUCKETS, CANDIDATES, rounds=9)
     assert choice.gate.faster  # the weighted objective alone would keep it
-    assert choice.losses[1024].slower and choice.kept == DEFAULT and "slower beyond noise at T=1024" in choice.why
-    assert set(choice.report_us[1024]) == {DEFAULT.name} and choice.vs_default[1024] is None  # its own times
+    assert (
+        choice.losses[1024].slower
+        and choice.kept == DEFAULT
+        and "slower beyond noise at T=1024" in choice.why
+    )
+    assert (
+        set(choice.report_us[1024]) == {DEFAULT.name} and choice.vs_default[1024] is None
+    )  # its own times
 
 
 def test_when_the_default_is_kept_the_report_records_its_own_times():
-    bench = KnownV2Bench(times(DEFAULT, 1.3), sigma=0.02, seed=0)  # DeepEP's default is the fastest
+    bench = KnownV2Bench(
+        times(DEFAULT, 1.3), sigma=0.02, seed=0
+    )  # DeepEP's default is the fastest
     choice = choose_v2(bench, WORK, BUCKETS, CANDIDATES, rounds=7)
-    assert choice.kept == DEFAULT and choice.gate is None and bench.restarts == 1  # no gate; a fresh report
-    assert all(set(us) == {DEFAULT.name} and us[DEFAULT.name] > 0 for us in choice.report_us.values())
+    assert (
+        choice.kept == DEFAULT and choice.gate is None and bench.restarts == 1
+    )  # no gate; a fresh report
+    assert all(
+        set(us) == {DEFAULT.name} and us[DEFAULT.name] > 0 for us in choice.report_us.values()
+    )
 
 
 def test_too_few_rounds_are_refused():
@@ -109,17 +137,40 @@ def test_tune_on_a_v2_target_writes_the_measured_settings_and_what_backs_them(tm
     from moepolicy import load_policy
 
     out = tmp_path / "v2.yaml"
-    result = run_cli("tune", "--model", "DeepSeek-V3", "--ep-size", "2", "--deep-ep-version", "v2-dd758ca",
-                     "--bench", "live", "--tokens", "1024,4096", "--sms", "16,48", "--trial-timeout", "30",
-                     "-o", str(out), fake_deepep=2)
+    result = run_cli(
+        "tune",
+        "--model",
+        "DeepSeek-V3",
+        "--ep-size",
+        "2",
+        "--deep-ep-version",
+        "v2-dd758ca",
+        "--bench",
+        "live",
+        "--tokens",
+        "1024,4096",
+        "--sms",
+        "16,48",
+        "--trial-timeout",
+        "30",
+        "-o",
+        str(out),
+        fake_deepep=2,
+    )
     assert result.returncode == 0, result.stderr
     assert "unverified" in result.stderr and "DeepEP v2: kept" in result.stderr
     doc = yaml.safe_load(out.read_text())
     backing = doc["deepep"]["provenance"]["v2"]
-    assert doc["deepep"]["provenance"]["source"] == "measured" and backing["rounds"] == DEFAULT_ROUNDS
+    assert (
+        doc["deepep"]["provenance"]["source"] == "measured" and backing["rounds"] == DEFAULT_ROUNDS
+    )
     assert set(backing["selection_us"]) == {p.name for p in v2_candidates((16, 48))}
     # the stand-in times more SMs faster (48 SMs, and prefer-overlap off: 64 SMs, held to 48 in the stand-in,
     # tie; the first is kept): the fastest of the selection is kept, beyond noise over DeepEP's default
-    kept = V2Point(doc["deepep"]["v2"]["num_sms"], doc["deepep"]["v2"]["prefer_overlap_with_compute"])
-    assert kept != DEFAULT and backing["selection_us"][kept.name] == min(backing["selection_us"].values())
+    kept = V2Point(
+        doc["deepep"]["v2"]["num_sms"], doc["deepep"]["v2"]["prefer_overlap_with_compute"]
+    )
+    assert kept != DEFAULT and backing["selection_us"][kept.name] == min(
+        backing["selection_us"].values()
+    )
     assert load_policy(out, ep_size=2, strict=True).deepep.v2 is not None

@@ -13,8 +13,12 @@ KNOWN_METHODS = sorted(
 )
 
 
-def read_quant(config_qc: Optional[dict[str, Any]], hf_quant: Optional[dict[str, Any]],
-               config_path: str, hf_quant_path: str) -> QuantScheme:
+def read_quant(
+    config_qc: Optional[dict[str, Any]],
+    hf_quant: Optional[dict[str, Any]],
+    config_path: str,
+    hf_quant_path: str,
+) -> QuantScheme:
     """Normalise whichever quantization description the checkpoint carries."""
     if config_qc is None and hf_quant is not None:
         inner = hf_quant.get("quantization")
@@ -32,8 +36,11 @@ def read_quant(config_qc: Optional[dict[str, Any]], hf_quant: Optional[dict[str,
             return compressed_tensors.read(config_qc, config_path)
         if weight_only.looks_like_gptq(config_qc):
             return weight_only.read_int_weight_only(
-                "gptq", config_qc, config_path,
-                ("quant_method not in config; bits/group_size/desc_act read as GPTQ",))
+                "gptq",
+                config_qc,
+                config_path,
+                ("quant_method not in config; bits/group_size/desc_act read as GPTQ",),
+            )
         raise CheckpointError(f"{where} has no quant_method and matches no known format")
     if not isinstance(method, str):
         raise CheckpointError(f"{where}.quant_method must be a string, got {method!r}")
@@ -43,7 +50,11 @@ def read_quant(config_qc: Optional[dict[str, Any]], hf_quant: Optional[dict[str,
     if method == "compressed-tensors":
         return compressed_tensors.read(config_qc, config_path)
     if method == "modelopt":
-        inner = config_qc.get("quantization") if isinstance(config_qc.get("quantization"), dict) else config_qc
+        inner = (
+            config_qc.get("quantization")
+            if isinstance(config_qc.get("quantization"), dict)
+            else config_qc
+        )
         return modelopt.read(inner, config_path)
     if method == "mxfp4":
         return weight_only.read_mxfp4(config_qc, config_path)

@@ -61,11 +61,18 @@ class QuantScheme:
         return NOT_QUANTIZED, NOT_QUANTIZED
 
 
-def single(method: str, weights: TensorQuant, activations: TensorQuant,
-           ignore: Optional[list[str]] = None, notes: tuple[str, ...] = ()) -> QuantScheme:
+def single(
+    method: str,
+    weights: TensorQuant,
+    activations: TensorQuant,
+    ignore: Optional[list[str]] = None,
+    notes: tuple[str, ...] = (),
+) -> QuantScheme:
     return QuantScheme(
-        method=method, groups=(TargetGroup(("*",), weights, activations),),
-        ignore=tuple(ignore or ()), notes=notes,
+        method=method,
+        groups=(TargetGroup(("*",), weights, activations),),
+        ignore=tuple(ignore or ()),
+        notes=notes,
     )
 
 

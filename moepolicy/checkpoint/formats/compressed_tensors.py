@@ -7,13 +7,24 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from moepolicy.checkpoint.formats._scheme import (
-    QuantScheme, TargetGroup, convention, explicit, unknown,
+    QuantScheme,
+    TargetGroup,
+    convention,
+    explicit,
+    unknown,
 )
 from moepolicy.errors import CheckpointError
 from moepolicy.schema.facts import NOT_QUANTIZED, Origin, TensorQuant
 
-_STRATEGY = {"tensor": "tensor", "token": "token", "channel": "channel", "group": "group",
-             "block": "block", "tensor_group": "group", "attn_head": "channel"}
+_STRATEGY = {
+    "tensor": "tensor",
+    "token": "token",
+    "channel": "channel",
+    "group": "group",
+    "block": "block",
+    "tensor_group": "group",
+    "attn_head": "channel",
+}
 
 
 def _dtype(args: dict[str, Any]) -> tuple[str, Origin]:
@@ -45,10 +56,17 @@ def _scale(dtype: str, args: dict[str, Any]) -> tuple[str, Origin]:
 
 def _tensor(args: Optional[dict[str, Any]], role: str, path: str) -> TensorQuant:
     if args is None:
-        return TensorQuant(dtype="none", granularity="none", dynamic="none", scale_format="none",
-                           origin={"*": explicit(f"{role}: null")})
+        return TensorQuant(
+            dtype="none",
+            granularity="none",
+            dynamic="none",
+            scale_format="none",
+            origin={"*": explicit(f"{role}: null")},
+        )
     if not isinstance(args, dict):
-        raise CheckpointError(f"{path}: config_groups {role} must be an object or null, got {args!r:.60}")
+        raise CheckpointError(
+            f"{path}: config_groups {role} must be an object or null, got {args!r:.60}"
+        )
     dtype, dtype_o = _dtype(args)
     strategy = args.get("strategy")
     if strategy is None:
@@ -56,7 +74,10 @@ def _tensor(args: Optional[dict[str, Any]], role: str, path: str) -> TensorQuant
     elif strategy in _STRATEGY:
         granularity, gran_o = _STRATEGY[strategy], explicit(f"{role}.strategy {strategy}")
     else:
-        granularity, gran_o = "unknown", unknown(f"{role}.strategy {strategy!r} is not a known strategy")
+        granularity, gran_o = (
+            "unknown",
+            unknown(f"{role}.strategy {strategy!r} is not a known strategy"),
+        )
     group = args.get("group_size") if granularity == "group" else None
     block = None
     if granularity == "block":
@@ -71,23 +92,39 @@ def _tensor(args: Optional[dict[str, Any]], role: str, path: str) -> TensorQuant
         dyn_o = explicit(f"{role}.dynamic {dyn}")
     scale, scale_o = _scale(dtype, args)
     return TensorQuant(
-        dtype=dtype, granularity=granularity, group=group if isinstance(group, int) else None,
-        block=block, dynamic=dynamism, scale_format=scale,
-        origin={"dtype": dtype_o, "granularity": gran_o, "dynamic": dyn_o, "scale_format": scale_o,
-                "*": explicit(role)},
+        dtype=dtype,
+        granularity=granularity,
+        group=group if isinstance(group, int) else None,
+        block=block,
+        dynamic=dynamism,
+        scale_format=scale,
+        origin={
+            "dtype": dtype_o,
+            "granularity": gran_o,
+            "dynamic": dyn_o,
+            "scale_format": scale_o,
+            "*": explicit(role),
+        },
     )
 
 
 def _undescribed(role: str) -> TensorQuant:
     why = unknown(f"{role} not described in this config group")
-    return TensorQuant(dtype="unknown", granularity="unknown", dynamic="unknown", scale_format="unknown",
-                       origin={"*": why})
+    return TensorQuant(
+        dtype="unknown",
+        granularity="unknown",
+        dynamic="unknown",
+        scale_format="unknown",
+        origin={"*": why},
+    )
 
 
 def read(qc: dict[str, Any], path: str) -> QuantScheme:
     groups_raw = qc.get("config_groups")
     if not isinstance(groups_raw, dict) or not groups_raw:
-        raise CheckpointError(f"{path}: compressed-tensors quantization_config has no config_groups")
+        raise CheckpointError(
+            f"{path}: compressed-tensors quantization_config has no config_groups"
+        )
     groups = []
     for name, group in groups_raw.items():
         if not isinstance(group, dict):
@@ -97,14 +134,21 @@ def read(qc: dict[str, Any], path: str) -> QuantScheme:
             raise CheckpointError(f"{path}: config_groups.{name}.targets must be a list")
         # a group that describes its activations but not its weights says nothing of the weights:
         # unknown (the safe order), never unquantized (``weights: null`` says that explicitly)
-        weights = _tensor(group.get("weights"), "weights", path) if "weights" in group else _undescribed("weights")
+        weights = (
+            _tensor(group.get("weights"), "weights", path)
+            if "weights" in group
+            else _undescribed("weights")
+        )
         acts = _tensor(group.get("input_activations"), "input_activations", path)
         groups.append(TargetGroup(tuple(str(t) for t in targets), weights, acts))
     ignore = qc.get("ignore") or []
     if not isinstance(ignore, list):
         raise CheckpointError(f"{path}: quantization_config.ignore must be a list")
-    notes = () if "quant_method" in qc else (
-        "quant_method not in config; config_groups present: read as compressed-tensors",)
+    notes = (
+        ()
+        if "quant_method" in qc
+        else ("quant_method not in config; config_groups present: read as compressed-tensors",)
+    )
     return QuantScheme("compressed-tensors", tuple(groups), tuple(str(i) for i in ignore), notes)
 
 

@@ -33,8 +33,10 @@ def strict_from_env(environ=None) -> bool:
         return False
     from moepolicy.integrations.vllm.report import safe
 
-    raise UsageError(f"{STRICT_ENV}='{safe(raw)}' is not one of 1/true/yes/on or 0/false/no/off (any case); set one "
-                     "of them, or unset it")
+    raise UsageError(
+        f"{STRICT_ENV}='{safe(raw)}' is not one of 1/true/yes/on or 0/false/no/off (any case); set one "
+        "of them, or unset it"
+    )
 
 
 def register() -> None:
@@ -44,7 +46,9 @@ def register() -> None:
         return
     try:
         strict = strict_from_env()
-    except Exception as exc:  # an unknown spelling: refuse in one line (strict or not cannot be told)
+    except (
+        Exception
+    ) as exc:  # an unknown spelling: refuse in one line (strict or not cannot be told)
         from moepolicy.integrations.vllm.report import warn
 
         warn(f"refused: {exc}")

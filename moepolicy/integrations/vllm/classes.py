@@ -48,11 +48,19 @@ def layer_quant(experts, policy_kernel: str) -> actions.LayerQuant:
     from vllm.platforms import current_platform
 
     qc = experts.quant_config
-    block, per_token = bool(qc.is_block_quantized), bool(qc.per_act_token_quant) and qc.a1_scale is None
-    return actions.LayerQuant(fp8=qc.quant_dtype == current_platform.fp8_dtype(), block=block, per_token=per_token,
-                              experts=type(experts).__name__,
-                              defer_input_quant=bool(experts.expects_unquantized_inputs), policy_kernel=policy_kernel,
-                              static=qc.a1_scale is not None and not block and not qc.per_act_token_quant)
+    block, per_token = (
+        bool(qc.is_block_quantized),
+        bool(qc.per_act_token_quant) and qc.a1_scale is None,
+    )
+    return actions.LayerQuant(
+        fp8=qc.quant_dtype == current_platform.fp8_dtype(),
+        block=block,
+        per_token=per_token,
+        experts=type(experts).__name__,
+        defer_input_quant=bool(experts.expects_unquantized_inputs),
+        policy_kernel=policy_kernel,
+        static=qc.a1_scale is not None and not block and not qc.per_act_token_quant,
+    )
 
 
 def _quantize_received(result, quant_config):
@@ -62,9 +70,13 @@ def _quantize_received(result, quant_config):
     scales = None
     if expert_x.numel() != 0:
         expert_x, scales = moe_kernel_quantize_input(
-            expert_x, quant_config.a1_scale, quant_dtype=quant_config.quant_dtype,
-            per_act_token_quant=quant_config.per_act_token_quant, block_shape=quant_config.block_shape,
-            is_scale_swizzled=quant_config.is_scale_swizzled)
+            expert_x,
+            quant_config.a1_scale,
+            quant_dtype=quant_config.quant_dtype,
+            per_act_token_quant=quant_config.per_act_token_quant,
+            block_shape=quant_config.block_shape,
+            is_scale_swizzled=quant_config.is_scale_swizzled,
+        )
     return expert_x, scales, meta, topk_ids, topk_weights
 
 
@@ -76,7 +88,9 @@ def _with_scale(result, scale):
 def _tag(handle, run: ManagerRun):
     try:
         handle._moepolicy_run = run
-    except AttributeError:  # a handle that takes no attribute: its layers keep vLLM's path (on every rank)
+    except (
+        AttributeError
+    ):  # a handle that takes no attribute: its layers keep vLLM's path (on every rank)
         pass
     return handle
 
@@ -105,7 +119,11 @@ class _PolicyLayer:
         return entry
 
     def _moepolicy_configs(self):
-        entry = self._moepolicy_slots[dbo_current_ubatch_id()] if self._moepolicy_run is not None else None
+        entry = (
+            self._moepolicy_slots[dbo_current_ubatch_id()]
+            if self._moepolicy_run is not None
+            else None
+        )
         if entry is None:
             return None
         return entry.dbo if dbo_enabled() else entry.serial
@@ -116,31 +134,76 @@ class PolicyDeepEPHTPrepareAndFinalize(_PolicyLayer, deepep_ht.DeepEPHTPrepareAn
         super().__init__(buffer, num_dispatchers, dp_size, rank_expert_offset)
         self._moepolicy_init(buffer)
 
-    def prepare_async(self, a1, topk_weights, topk_ids, num_experts, expert_map, apply_router_weight_on_input,
-                      quant_config, defer_input_quant=False):
-        args = (a1, topk_weights, topk_ids, num_experts, expert_map, apply_router_weight_on_input, quant_config)
+    def prepare_async(
+        self,
+        a1,
+        topk_weights,
+        topk_ids,
+        num_experts,
+        expert_map,
+        apply_router_weight_on_input,
+        quant_config,
+        defer_input_quant=False,
+    ):
+        args = (
+            a1,
+            topk_weights,
+            topk_ids,
+            num_experts,
+            expert_map,
+            apply_router_weight_on_input,
+            quant_config,
+        )
         if self._moepolicy_run is None:
             return super().prepare_async(*args, defer_input_quant)
         kind = self._moepolicy_entry(a1).action.kind
         if kind == actions.VLLM:
             return super().prepare_async(*args, defer_input_quant)
-        if kind == actions.BF16_THEN_QUANT:  # vLLM's prepare, told the experts quantize; then we do, as they read
+        if (
+            kind == actions.BF16_THEN_QUANT
+        ):  # vLLM's prepare, told the experts quantize; then we do, as they read
             receiver = super().prepare_async(*args, True)
             return lambda: _quantize_received(receiver(), quant_config)
         if apply_router_weight_on_input:  # as vLLM's prepare_async (deepep_ht.py:302-308)
-            assert topk_ids.size(1) == 1, "apply_router_weight_on_input is only implemented for topk=1"
+            assert topk_ids.size(1) == 1, (
+                "apply_router_weight_on_input is only implemented for topk=1"
+            )
             a1 = a1 * topk_weights.to(a1.dtype)
         if kind == actions.TOKEN_FIRST:
-            q, scales = moe_kernel_quantize_input(a1, None, quant_dtype=quant_config.quant_dtype,
-                                                  per_act_token_quant=True, block_shape=None)
-            return self._do_dispatch(tokens=q, token_scales=scales.view(-1, 1), rank_topk_ids=topk_ids,
-                                     rank_topk_weights=topk_weights, num_experts=num_experts, a1_scale=None,
-                                     quant_config=quant_config, defer_input_quant=True)
-        q, scale = moe_kernel_quantize_input(a1, quant_config.a1_scale, quant_dtype=quant_config.quant_dtype,
-                                             per_act_token_quant=False, block_shape=None)  # TENSOR_FIRST
-        receiver = self._do_dispatch(tokens=q, token_scales=None, rank_topk_ids=topk_ids,
-                                     rank_topk_weights=topk_weights, num_experts=num_experts, a1_scale=None,
-                                     quant_config=quant_config, defer_input_quant=True)
+            q, scales = moe_kernel_quantize_input(
+                a1,
+                None,
+                quant_dtype=quant_config.quant_dtype,
+                per_act_token_quant=True,
+                block_shape=None,
+            )
+            return self._do_dispatch(
+                tokens=q,
+                token_scales=scales.view(-1, 1),
+                rank_topk_ids=topk_ids,
+                rank_topk_weights=topk_weights,
+                num_experts=num_experts,
+                a1_scale=None,
+                quant_config=quant_config,
+                defer_input_quant=True,
+            )
+        q, scale = moe_kernel_quantize_input(
+            a1,
+            quant_config.a1_scale,
+            quant_dtype=quant_config.quant_dtype,
+            per_act_token_quant=False,
+            block_shape=None,
+        )  # TENSOR_FIRST
+        receiver = self._do_dispatch(
+            tokens=q,
+            token_scales=None,
+            rank_topk_ids=topk_ids,
+            rank_topk_weights=topk_weights,
+            num_experts=num_experts,
+            a1_scale=None,
+            quant_config=quant_config,
+            defer_input_quant=True,
+        )
         return lambda: _with_scale(receiver(), scale)
 
     def _get_dispatch_config(self):
@@ -155,7 +218,9 @@ class PolicyDeepEPHTPrepareAndFinalize(_PolicyLayer, deepep_ht.DeepEPHTPrepareAn
 class PolicyDeepEPHTAll2AllManager(all2all.DeepEPHTAll2AllManager):
     def __init__(self, cpu_group, tcp_store_group=None):
         super().__init__(cpu_group, tcp_store_group)
-        self._moepolicy = ManagerRun(SETTINGS, "ht", deep_ep.Config)  # a fresh state on every start
+        self._moepolicy = ManagerRun(
+            SETTINGS, "ht", deep_ep.Config
+        )  # a fresh state on every start
         self._moepolicy.start(self)
 
     def _make_all2all_kwargs(self):
@@ -165,7 +230,9 @@ class PolicyDeepEPHTAll2AllManager(all2all.DeepEPHTAll2AllManager):
             return kwargs
         deepep = run.plan.policy.deepep
         kwargs["num_nvl_bytes"] = deepep.num_nvl_bytes
-        if kwargs.get("num_rdma_bytes"):  # internode: the policy's RDMA buffer, and QPs for both SM counts
+        if kwargs.get(
+            "num_rdma_bytes"
+        ):  # internode: the policy's RDMA buffer, and QPs for both SM counts
             kwargs["num_rdma_bytes"] = deepep.num_rdma_bytes or kwargs["num_rdma_bytes"]
             kwargs["num_qps_per_rank"] = internode_qps(deepep.num_sms, run.plan.dbo_num_sms)
         return kwargs

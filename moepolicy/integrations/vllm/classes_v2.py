@@ -41,10 +41,30 @@ class PolicyDeepEPV2PrepareAndFinalize(_PolicyLayer, deepep_v2.DeepEPV2PrepareAn
         if v2 is not None and v2.num_sms:
             self.buffer = _V2NumSms(self.buffer, v2.num_sms)
 
-    def prepare_async(self, a1, topk_weights, topk_ids, num_experts, expert_map, apply_router_weight_on_input,
-                      quant_config, defer_input_quant=False):
-        args = (a1, topk_weights, topk_ids, num_experts, expert_map, apply_router_weight_on_input, quant_config)
-        if self._moepolicy_run is None or self._moepolicy_entry(a1).action.kind != actions.BF16_THEN_QUANT:
+    def prepare_async(
+        self,
+        a1,
+        topk_weights,
+        topk_ids,
+        num_experts,
+        expert_map,
+        apply_router_weight_on_input,
+        quant_config,
+        defer_input_quant=False,
+    ):
+        args = (
+            a1,
+            topk_weights,
+            topk_ids,
+            num_experts,
+            expert_map,
+            apply_router_weight_on_input,
+            quant_config,
+        )
+        if (
+            self._moepolicy_run is None
+            or self._moepolicy_entry(a1).action.kind != actions.BF16_THEN_QUANT
+        ):
             return super().prepare_async(*args, defer_input_quant)
         receiver = super().prepare_async(*args, True)
         return lambda: _quantize_received(receiver(), quant_config)
@@ -53,11 +73,15 @@ class PolicyDeepEPV2PrepareAndFinalize(_PolicyLayer, deepep_v2.DeepEPV2PrepareAn
 class PolicyDeepEPV2All2AllManager(all2all.DeepEPV2All2AllManager):
     def __init__(self, cpu_group, tcp_store_group=None, device_group=None):
         super().__init__(cpu_group, tcp_store_group, device_group)
-        self._moepolicy = ManagerRun(classes.SETTINGS, "v2", _no_config)  # v2 dispatches take no chunk config
+        self._moepolicy = ManagerRun(
+            classes.SETTINGS, "v2", _no_config
+        )  # v2 dispatches take no chunk config
         self._moepolicy.start(self)
 
     def _make_all2all_kwargs(self, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch):
-        kwargs = super()._make_all2all_kwargs(num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch)
+        kwargs = super()._make_all2all_kwargs(
+            num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch
+        )
         run = self._moepolicy
         if not run.applied:
             return kwargs
@@ -65,7 +89,9 @@ class PolicyDeepEPV2All2AllManager(all2all.DeepEPV2All2AllManager):
         if v2 is not None:
             kwargs["prefer_overlap_with_compute"] = v2.prefer_overlap_with_compute
             kwargs["allow_multiple_reduction"] = v2.allow_multiple_reduction
-        if sends_bf16(policy):  # room for bf16 rows where a block layer goes bf16 (vLLM sizes it for fp8)
+        if sends_bf16(
+            policy
+        ):  # room for bf16 rows where a block layer goes bf16 (vLLM sizes it for fp8)
             kwargs["use_fp8_dispatch"] = False
         return kwargs
 

@@ -41,8 +41,12 @@ def install(path: Optional[str], strict: bool = False) -> Optional[PluginSetting
     here, and only the start-up agreement is installed (this rank votes "not applied")."""
     version = importlib.metadata.version("vllm")
     if not version.startswith(CHECKED_RELEASES):
-        _refuse(f"vLLM {version} is not a release this plugin was checked against "
-                f"({', '.join(r + 'x' for r in CHECKED_RELEASES)})", path, strict)
+        _refuse(
+            f"vLLM {version} is not a release this plugin was checked against "
+            f"({', '.join(r + 'x' for r in CHECKED_RELEASES)})",
+            path,
+            strict,
+        )
         return None
     try:
         from moepolicy.integrations.vllm import classes, pins
@@ -51,15 +55,20 @@ def install(path: Optional[str], strict: bool = False) -> Optional[PluginSetting
         return None
     drift = pins.drift(pins.PINNED)
     if drift:
-        _refuse(f"vLLM {version}'s {', '.join(drift)} differ from the source this plugin was checked against",
-                path, strict)
+        _refuse(
+            f"vLLM {version}'s {', '.join(drift)} differ from the source this plugin was checked against",
+            path,
+            strict,
+        )
         return None
     settings = PluginSettings(path, strict, (("moepolicy", _version()), ("vllm", version)))
     classes.SETTINGS = settings
     _swap_ht(classes)
     v2 = _install_v2(pins)
-    report.debug(f"installed for vLLM {version}: DeepEP high-throughput{' and v2' if v2 else ''}"
-                 f"{'' if path else ' (start-up agreement only: MOEPOLICY_POLICY is not set)'}")
+    report.debug(
+        f"installed for vLLM {version}: DeepEP high-throughput{' and v2' if v2 else ''}"
+        f"{'' if path else ' (start-up agreement only: MOEPOLICY_POLICY is not set)'}"
+    )
     return settings
 
 
@@ -96,8 +105,14 @@ def _install_v2(pins) -> bool:
     if drift:
         message = f"DeepEP v2: vLLM's {', '.join(drift)} differ from the source this plugin was checked against"
         settings = classes_v2.classes.SETTINGS
-        if settings.path and settings.strict:  # refused where it matters: when vLLM builds a v2 manager
-            _swap(all2all, "DeepEPV2All2AllManager", _refusing(all2all.DeepEPV2All2AllManager, message))
+        if (
+            settings.path and settings.strict
+        ):  # refused where it matters: when vLLM builds a v2 manager
+            _swap(
+                all2all,
+                "DeepEPV2All2AllManager",
+                _refusing(all2all.DeepEPV2All2AllManager, message),
+            )
         elif settings.path:
             report.warn(f"not applied on DeepEP v2: {message}; vLLM's v2 path runs as it is")
         return False

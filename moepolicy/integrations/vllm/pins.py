@@ -18,13 +18,34 @@ _A2A = "vllm.distributed.device_communicators.all2all"
 # (module, dotted attribute) -> sha256 (first 16 hex digits) of inspect.getsource (a signature for
 # moe_kernel_quantize_input: its body is free to change, its parameters are not)
 PINNED = {
-    (f"{_FUSED}.prepare_finalize.deepep_ht", "DeepEPHTPrepareAndFinalize.__init__"): "82d3446d4e50fcb4",
-    (f"{_FUSED}.prepare_finalize.deepep_ht", "DeepEPHTPrepareAndFinalize.prepare_async"): "66f8e54d3fd5db6f",
-    (f"{_FUSED}.prepare_finalize.deepep_ht", "DeepEPHTPrepareAndFinalize._do_dispatch"): "371fbc0b607f6411",
-    (f"{_FUSED}.prepare_finalize.deepep_ht", "DeepEPHTPrepareAndFinalize._receiver"): "4857f4885f02785f",
-    (f"{_FUSED}.prepare_finalize.deepep_ht", "DeepEPHTPrepareAndFinalize._finalize"): "ee13b98dea43ba35",
-    (f"{_FUSED}.prepare_finalize.deepep_ht", "DeepEPHTPrepareAndFinalize._get_dispatch_config"): "43c759ab45d71630",
-    (f"{_FUSED}.prepare_finalize.deepep_ht", "DeepEPHTPrepareAndFinalize._get_combine_config"): "e1fe7d9786c9bfd8",
+    (
+        f"{_FUSED}.prepare_finalize.deepep_ht",
+        "DeepEPHTPrepareAndFinalize.__init__",
+    ): "82d3446d4e50fcb4",
+    (
+        f"{_FUSED}.prepare_finalize.deepep_ht",
+        "DeepEPHTPrepareAndFinalize.prepare_async",
+    ): "66f8e54d3fd5db6f",
+    (
+        f"{_FUSED}.prepare_finalize.deepep_ht",
+        "DeepEPHTPrepareAndFinalize._do_dispatch",
+    ): "371fbc0b607f6411",
+    (
+        f"{_FUSED}.prepare_finalize.deepep_ht",
+        "DeepEPHTPrepareAndFinalize._receiver",
+    ): "4857f4885f02785f",
+    (
+        f"{_FUSED}.prepare_finalize.deepep_ht",
+        "DeepEPHTPrepareAndFinalize._finalize",
+    ): "ee13b98dea43ba35",
+    (
+        f"{_FUSED}.prepare_finalize.deepep_ht",
+        "DeepEPHTPrepareAndFinalize._get_dispatch_config",
+    ): "43c759ab45d71630",
+    (
+        f"{_FUSED}.prepare_finalize.deepep_ht",
+        "DeepEPHTPrepareAndFinalize._get_combine_config",
+    ): "e1fe7d9786c9bfd8",
     (_A2A, "DeepEPAll2AllManagerBase.__init__"): "29c3837c8edb91c5",
     (_A2A, "DeepEPHTAll2AllManager._make_all2all_kwargs"): "66cffb5f91e5176e",
     (_A2A, "DeepEPHTAll2AllManager.get_handle"): "2f2a93bbda3e9ef8",
@@ -35,7 +56,10 @@ PINNED = {
     (f"{_FUSED}.utils", "moe_kernel_quantize_input()"): "39eff9c05b8a2364",
     (f"{_FUSED}.runner.moe_runner", "register_layer_for_moe_forward_op"): "a9cdc80578761181",
     (f"{_FUSED}.experts.triton_moe", "TritonExperts.apply"): "b6ccd70b10a439b2",
-    (f"{_FUSED}.experts.flashinfer_cutlass_moe", "FlashInferExperts.expects_unquantized_inputs"): "667d52c96e7086a5",
+    (
+        f"{_FUSED}.experts.flashinfer_cutlass_moe",
+        "FlashInferExperts.expects_unquantized_inputs",
+    ): "667d52c96e7086a5",
     (f"{_FUSED}.oracle.fp8", "_get_priority_backends"): "36180d9c8ebb4d60",
     (f"{_FUSED}.oracle.fp8", "select_fp8_moe_backend"): "80d06185355ff828",
     ("vllm.forward_context", "DPMetadata"): "3af6051ba807b25d",
@@ -44,10 +68,22 @@ PINNED = {
 
 # DeepEP v2 (deepep_v2 backend): checked separately, so that a v2 change leaves high-throughput working
 PINNED_V2 = {
-    (f"{_FUSED}.prepare_finalize.deepep_v2", "DeepEPV2PrepareAndFinalize.__init__"): "00d9eae285527b46",
-    (f"{_FUSED}.prepare_finalize.deepep_v2", "DeepEPV2PrepareAndFinalize.prepare_async"): "8dcb8f143d2c986f",
-    (f"{_FUSED}.prepare_finalize.deepep_v2", "DeepEPV2PrepareAndFinalize._do_dispatch"): "548fffe5be4de355",
-    (f"{_FUSED}.prepare_finalize.deepep_v2", "DeepEPV2PrepareAndFinalize._receiver"): "3efa0a03b733bba0",
+    (
+        f"{_FUSED}.prepare_finalize.deepep_v2",
+        "DeepEPV2PrepareAndFinalize.__init__",
+    ): "00d9eae285527b46",
+    (
+        f"{_FUSED}.prepare_finalize.deepep_v2",
+        "DeepEPV2PrepareAndFinalize.prepare_async",
+    ): "8dcb8f143d2c986f",
+    (
+        f"{_FUSED}.prepare_finalize.deepep_v2",
+        "DeepEPV2PrepareAndFinalize._do_dispatch",
+    ): "548fffe5be4de355",
+    (
+        f"{_FUSED}.prepare_finalize.deepep_v2",
+        "DeepEPV2PrepareAndFinalize._receiver",
+    ): "3efa0a03b733bba0",
     (_A2A, "DeepEPV2All2AllManager.__init__"): "398e6d481fe20e86",
     (_A2A, "DeepEPV2All2AllManager._make_all2all_kwargs"): "01325434d6871795",
     (_A2A, "DeepEPV2All2AllManager.get_handle"): "8a93a5bf0301c875",

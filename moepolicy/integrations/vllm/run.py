@@ -20,8 +20,14 @@ from moepolicy.names import Backend
 from moepolicy.errors import PolicyError
 from moepolicy.export import vllm_actions as actions
 from moepolicy.integrations.vllm import report
-from moepolicy.integrations.vllm.serving import (ServingPlan, Vote, digest, digest_fields, policy_index,
-                                                 verdict)
+from moepolicy.integrations.vllm.serving import (
+    ServingPlan,
+    Vote,
+    digest,
+    digest_fields,
+    policy_index,
+    verdict,
+)
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,14 @@ def serving_facts(manager) -> ServingFacts:
     mode = getattr(getattr(cfg, "compilation_config", None), "cudagraph_mode", None)
     name = getattr(mode, "name", str(mode))
     dbo = bool(getattr(getattr(cfg, "parallel_config", None), "enable_dbo", False))
-    return ServingFacts(manager.world_size, manager.rank, model, "" if mode is None or name == "NONE" else name,
-                        dbo, int(envs.VLLM_DBO_COMM_SMS))
+    return ServingFacts(
+        manager.world_size,
+        manager.rank,
+        model,
+        "" if mode is None or name == "NONE" else name,
+        dbo,
+        int(envs.VLLM_DBO_COMM_SMS),
+    )
 
 
 @contextlib.contextmanager
@@ -81,7 +93,12 @@ def _loader_lines():
 def gather_votes(group, vote: Vote) -> list[Vote]:
     """Every rank's vote, over the manager's CPU group (gloo), as plain dicts: a rank with another
     moepolicy still answers."""
-    mine = {"rank": vote.rank, "applied": vote.applied, "digest": vote.digest, "reason": vote.reason}
+    mine = {
+        "rank": vote.rank,
+        "applied": vote.applied,
+        "digest": vote.digest,
+        "reason": vote.reason,
+    }
     if hasattr(group, "all_gather_obj"):  # vLLM's StatelessProcessGroup
         answers = group.all_gather_obj(mine)
     else:
@@ -89,9 +106,17 @@ def gather_votes(group, vote: Vote) -> list[Vote]:
 
         answers = [None] * dist.get_world_size(group)
         dist.all_gather_object(answers, mine, group=group)
-    return [Vote(int(a.get("rank", i)), bool(a.get("applied")), str(a.get("digest", "")), str(a.get("reason", "")))
-            if isinstance(a, dict) else Vote(i, False, "", "an answer this moepolicy cannot read")
-            for i, a in enumerate(answers)]
+    return [
+        Vote(
+            int(a.get("rank", i)),
+            bool(a.get("applied")),
+            str(a.get("digest", "")),
+            str(a.get("reason", "")),
+        )
+        if isinstance(a, dict)
+        else Vote(i, False, "", "an answer this moepolicy cannot read")
+        for i, a in enumerate(answers)
+    ]
 
 
 _STARTS = itertools.count()
@@ -128,26 +153,39 @@ class ManagerRun:
         except Exception as exc:  # noqa: BLE001 (the group failed: no rank can know the others agree)
             disagreement = f"the ranks could not be asked ({type(exc).__name__}: {exc})"
         self.applied = not disagreement
-        if disagreement and fields is not None:  # this rank would apply it; another would not, or not the same
+        if (
+            disagreement and fields is not None
+        ):  # this rank would apply it; another would not, or not the same
             self.reason = f"the ranks do not agree: {disagreement}"
         self._report(manager, disagreement)
 
     def _report(self, manager, disagreement: str) -> None:
         if self.applied:
             if self.kind == "ht":
-                manager.num_sms = self.plan.policy.deepep.num_sms  # vLLM fixes 20; set_num_sms only lowers it
-            report.debug(f"rank {manager.rank}: all {manager.world_size} ranks agree on digest {self.digest}; the "
-                         "policy applies from the first DeepEP dispatch")
+                manager.num_sms = (
+                    self.plan.policy.deepep.num_sms
+                )  # vLLM fixes 20; set_num_sms only lowers it
+            report.debug(
+                f"rank {manager.rank}: all {manager.world_size} ranks agree on digest {self.digest}; the "
+                "policy applies from the first DeepEP dispatch"
+            )
             return
         self.plan = None
         if not self.settings.path:
-            report.debug(f"rank {manager.rank}: MOEPOLICY_POLICY is not set here; agreed: vLLM's behaviour "
-                         f"({disagreement or 'no rank applies'})")
+            report.debug(
+                f"rank {manager.rank}: MOEPOLICY_POLICY is not set here; agreed: vLLM's behaviour "
+                f"({disagreement or 'no rank applies'})"
+            )
             return
-        report.say_once(self.key, f"not applied: {self.reason}; vLLM's own DeepEP behaviour is kept on every rank",
-                        logging.WARNING)
+        report.say_once(
+            self.key,
+            f"not applied: {self.reason}; vLLM's own DeepEP behaviour is kept on every rank",
+            logging.WARNING,
+        )
         if self.settings.strict:
-            raise PolicyError(f"MOEPOLICY_STRICT: the policy is not applied ({self.reason}); refusing to start")
+            raise PolicyError(
+                f"MOEPOLICY_STRICT: the policy is not applied ({self.reason}); refusing to start"
+            )
 
     def _prepare(self) -> Optional[dict]:
         """Load and check the policy on this rank; the digest's fields, or None with ``reason`` set."""
@@ -155,15 +193,23 @@ class ManagerRun:
             self.reason = "MOEPOLICY_POLICY is not set on this rank"
             return None
         policy = self._load()
-        for warning in policy.warnings:  # the loader's own (unknown keys ignored, ...), once per start
+        for (
+            warning
+        ) in policy.warnings:  # the loader's own (unknown keys ignored, ...), once per start
             report.say_once(self.key, warning, logging.WARNING)
         problem = self._problem(policy)
         if problem:
             self.reason = problem
             return None
         facts = self.facts
-        dbo_sms = min(facts.dbo_comm_sms, policy.deepep.num_sms) if facts.dbo and self.kind == "ht" else None
-        self.plan = ServingPlan(policy, self.make_config, dbo_num_sms=dbo_sms, deepep_v2=self.kind == "v2")
+        dbo_sms = (
+            min(facts.dbo_comm_sms, policy.deepep.num_sms)
+            if facts.dbo and self.kind == "ht"
+            else None
+        )
+        self.plan = ServingPlan(
+            policy, self.make_config, dbo_num_sms=dbo_sms, deepep_v2=self.kind == "v2"
+        )
         buffers = {"nvl": policy.deepep.num_nvl_bytes, "rdma": policy.deepep.num_rdma_bytes}
         return digest_fields(policy, buffers, dbo_sms, dict(self.settings.versions))
 
@@ -172,23 +218,34 @@ class ManagerRun:
 
         facts = self.facts
         with _loader_lines():
-            return load_policy(self.settings.path, ep_size=facts.ep_size, model=facts.model, strict=False,
-                               schedule="overlapped" if facts.dbo else "serial")
+            return load_policy(
+                self.settings.path,
+                ep_size=facts.ep_size,
+                model=facts.model,
+                strict=False,
+                schedule="overlapped" if facts.dbo else "serial",
+            )
 
     def _problem(self, policy) -> str:
         facts = self.facts
         if facts.cudagraphs and self.kind == "ht":
-            return (f"CUDA graphs are on ({facts.cudagraphs}); per-bucket choices cannot follow the token count "
-                    "inside a captured graph (vLLM turns them off for DeepEP high-throughput with DP > 1)")
+            return (
+                f"CUDA graphs are on ({facts.cudagraphs}); per-bucket choices cannot follow the token count "
+                "inside a captured graph (vLLM turns them off for DeepEP high-throughput with DP > 1)"
+            )
         if policy.is_fallback:
             return str(policy.fallback_reason)
         if self.settings.strict and policy.warnings:
             return f"{policy.warnings[0]} (MOEPOLICY_STRICT)"
         target = policy.target
         wanted = "v2" if self.kind == "v2" else "legacy"
-        if target.deepep_api != wanted or (self.kind == "ht" and target.backend != Backend.DEEPEP_HT):
-            return (f"the policy is for DeepEP {target.deepep_api} {target.backend}; vLLM runs "
-                    f"{'deepep_v2' if self.kind == 'v2' else 'deepep_high_throughput'}")
+        if target.deepep_api != wanted or (
+            self.kind == "ht" and target.backend != Backend.DEEPEP_HT
+        ):
+            return (
+                f"the policy is for DeepEP {target.deepep_api} {target.backend}; vLLM runs "
+                f"{'deepep_v2' if self.kind == 'v2' else 'deepep_high_throughput'}"
+            )
         if self.kind == "ht" and policy.deepep.num_nvl_bytes is None:
             return "the policy has no buffer sizes"
         return ""
@@ -201,7 +258,9 @@ class ManagerRun:
                 self._bound = True
                 self._bind_all(owner_class, layer_quant)
             if instance._moepolicy_table is None:
-                instance._moepolicy_table = self.plan.left_to_vllm("the layer is not in vLLM's forward context")
+                instance._moepolicy_table = self.plan.left_to_vllm(
+                    "the layer is not in vLLM's forward context"
+                )
             return instance._moepolicy_table
 
     def _bind_all(self, owner_class, layer_quant) -> None:
@@ -218,7 +277,9 @@ class ManagerRun:
             if index is None:
                 self.unmatched[prefix] = why
                 return self.plan.left_to_vllm(why)
-            quant = layer_quant(impl.fused_experts, self.plan.policy.target.layer_kernels.get(index, ""))
+            quant = layer_quant(
+                impl.fused_experts, self.plan.policy.target.layer_kernels.get(index, "")
+            )
             table = self.plan.layer_table(index, quant)
             self.per_layer[index] = table.bucket_actions
             self.bound[prefix] = all(b.action.applied for b in table.bucket_actions)
@@ -234,20 +295,39 @@ class ManagerRun:
         deepep = policy.deepep
         if self.kind == "v2":
             v2 = deepep.v2
-            settings = ("DeepEP v2 " + (f"num_sms {v2.num_sms}, prefer_overlap_with_compute "
-                                        f"{v2.prefer_overlap_with_compute}" if v2 is not None else "defaults"))
+            settings = "DeepEP v2 " + (
+                f"num_sms {v2.num_sms}, prefer_overlap_with_compute "
+                f"{v2.prefer_overlap_with_compute}"
+                if v2 is not None
+                else "defaults"
+            )
         else:
-            settings = (f"DeepEP num_sms {deepep.num_sms}"
-                        + (f" ({self.plan.dbo_num_sms} in DBO micro-batches, vLLM's split)" if self.plan.dbo_num_sms else "")
-                        + f", {actions.configs_line(deepep.source, len(deepep.buckets))}")
-        report.say_once(self.key, f"applied (digest {self.digest}): {self.settings.path} for {facts.model} "
-                                  f"(EP {facts.ep_size}): {settings}; {summary}")
+            settings = (
+                f"DeepEP num_sms {deepep.num_sms}"
+                + (
+                    f" ({self.plan.dbo_num_sms} in DBO micro-batches, vLLM's split)"
+                    if self.plan.dbo_num_sms
+                    else ""
+                )
+                + f", {actions.configs_line(deepep.source, len(deepep.buckets))}"
+            )
+        report.say_once(
+            self.key,
+            f"applied (digest {self.digest}): {self.settings.path} for {facts.model} "
+            f"(EP {facts.ep_size}): {settings}; {summary}",
+        )
         applied, left = actions.layer_lines(self.per_layer)
-        for line in applied + left + [f"{prefix}: left to vLLM: {why}" for prefix, why in self.unmatched.items()]:
+        for line in (
+            applied
+            + left
+            + [f"{prefix}: left to vLLM: {why}" for prefix, why in self.unmatched.items()]
+        ):
             report.debug(line)
         held_back = [line for line in left]
         if self.settings.strict and held_back:
-            raise PolicyError(f"MOEPOLICY_STRICT: policy layers left to vLLM ({held_back[0]}); refusing to run")
+            raise PolicyError(
+                f"MOEPOLICY_STRICT: policy layers left to vLLM ({held_back[0]}); refusing to run"
+            )
 
 
 def moe_kernels():

@@ -36,8 +36,12 @@ def cached_snapshot(repo_id: str, revision: Optional[str], cache: Optional[Path]
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(repo_id=repo_id, filename="config.json", cache_dir=str(cache),
-                                       revision=revision or None)
+        found = try_to_load_from_cache(
+            repo_id=repo_id,
+            filename="config.json",
+            cache_dir=str(cache),
+            revision=revision or None,
+        )
     except Exception:  # noqa: BLE001 (a malformed id or cache: not found)
         return None
     return str(Path(found).parent) if isinstance(found, str) else None
@@ -48,7 +52,9 @@ def served_model(model_config: Any, download_dir: Optional[str] = None) -> Serve
     name = str(getattr(model_config, "model", "") or "")
     if name and Path(name).expanduser().is_dir():
         return ServedModel(name, folder=str(Path(name).expanduser()))
-    folder = cached_snapshot(name, getattr(model_config, "revision", None), hub_cache_dir(download_dir))
+    folder = cached_snapshot(
+        name, getattr(model_config, "revision", None), hub_cache_dir(download_dir)
+    )
     if folder is not None:
         return ServedModel(name, folder=folder)
     hf_config = getattr(model_config, "hf_config", None)

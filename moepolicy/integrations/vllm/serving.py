@@ -22,7 +22,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from moepolicy.export import vllm_actions as actions
 
-_DECODER = re.compile(r"^(?:model|language_model\.model|model\.language_model|language_model)\.layers\.(\d+)\.")
+_DECODER = re.compile(
+    r"^(?:model|language_model\.model|model\.language_model|language_model)\.layers\.(\d+)\."
+)
 _DEEPSEEK_MTP = re.compile(r"^model\.layers\.(\d+)\.mtp_block\.")
 _QWEN_NEXT_MTP = re.compile(r"^mtp\.layers\.(\d+)\.")
 
@@ -33,10 +35,18 @@ def policy_index(prefix: str, target) -> tuple[Optional[int], str]:
     mtp = _DEEPSEEK_MTP.match(prefix)
     if mtp is None and (qwen := _QWEN_NEXT_MTP.match(prefix)) is not None:
         index = target.num_hidden_layers + int(qwen.group(1))
-        return (index, "") if index in target.mtp_layers else (None, "an MTP module the policy does not hold")
+        return (
+            (index, "")
+            if index in target.mtp_layers
+            else (None, "an MTP module the policy does not hold")
+        )
     if mtp is not None:
         index = int(mtp.group(1))
-        return (index, "") if index in target.mtp_layers else (None, "an MTP module the policy does not hold")
+        return (
+            (index, "")
+            if index in target.mtp_layers
+            else (None, "an MTP module the policy does not hold")
+        )
     decoder = _DECODER.match(prefix)
     if decoder is None:
         return None, "not a decoder or MTP layer of the served model (a draft model's module?)"
@@ -90,9 +100,15 @@ class ServingPlan:
         dbo_sms = self.dbo_num_sms or deepep.num_sms
         self.bucket_bounds = tuple(_bound(b.max_tokens) for b in deepep.buckets)
         self.bucket_configs = tuple(
-            ((self.make_config(deepep.num_sms, *b.dispatch), self.make_config(deepep.num_sms, *b.combine)),
-             (self.make_config(dbo_sms, *b.dispatch), self.make_config(dbo_sms, *b.combine)))
-            for b in deepep.buckets)
+            (
+                (
+                    self.make_config(deepep.num_sms, *b.dispatch),
+                    self.make_config(deepep.num_sms, *b.combine),
+                ),
+                (self.make_config(dbo_sms, *b.dispatch), self.make_config(dbo_sms, *b.combine)),
+            )
+            for b in deepep.buckets
+        )
 
     def _configs(self, tokens_bound: int) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
         i = min(bisect.bisect_left(self.bucket_bounds, tokens_bound), len(self.bucket_bounds) - 1)
@@ -104,39 +120,76 @@ class ServingPlan:
         order_bounds = [_bound(b.max_tokens) for b in bucket_actions]
         entries = []
         for bound in bounds:
-            action = bucket_actions[min(bisect.bisect_left(order_bounds, bound), len(bucket_actions) - 1)].action
+            action = bucket_actions[
+                min(bisect.bisect_left(order_bounds, bound), len(bucket_actions) - 1)
+            ].action
             serial, dbo = self._configs(bound)
             entries.append(Entry(action, serial, dbo))
         return LayerTable(tuple(bounds[:-1]), tuple(entries), tuple(bucket_actions))
 
     def left_to_vllm(self, reason: str) -> LayerTable:
         """A layer the policy does not decide: vLLM's order and wire, the policy's DeepEP configs."""
-        return self.table([actions.BucketAction(None, actions.Action(actions.VLLM, f"left to vLLM: {reason}",
-                                                                      applied=False))])
+        return self.table(
+            [
+                actions.BucketAction(
+                    None, actions.Action(actions.VLLM, f"left to vLLM: {reason}", applied=False)
+                )
+            ]
+        )
 
     def layer_table(self, index: int, layer: actions.LayerQuant) -> LayerTable:
         decision = self.policy.layer(index)
-        decisions = [(o.max_tokens, o.order, o.wire) for o in decision.orders] or [(None, decision.order, decision.wire)]
-        quant = layer if not self.deepep_v2 else actions.LayerQuant(**{**layer.__dict__, "deepep_v2": True})
-        return self.table([actions.BucketAction(bound, actions.action_for(
-            order, wire.dtype, wire.scale.granularity if wire.scale else None, quant))
-            for bound, order, wire in decisions])
+        decisions = [(o.max_tokens, o.order, o.wire) for o in decision.orders] or [
+            (None, decision.order, decision.wire)
+        ]
+        quant = (
+            layer
+            if not self.deepep_v2
+            else actions.LayerQuant(**{**layer.__dict__, "deepep_v2": True})
+        )
+        return self.table(
+            [
+                actions.BucketAction(
+                    bound,
+                    actions.action_for(
+                        order, wire.dtype, wire.scale.granularity if wire.scale else None, quant
+                    ),
+                )
+                for bound, order, wire in decisions
+            ]
+        )
 
 
-def digest_fields(policy, buffers: Mapping[str, Any], dbo_num_sms: Optional[int], versions: Mapping[str, str]) -> dict:
+def digest_fields(
+    policy, buffers: Mapping[str, Any], dbo_num_sms: Optional[int], versions: Mapping[str, str]
+) -> dict:
     """What every rank must agree on before any rank applies the policy."""
     deepep, target = policy.deepep, policy.target
     layers = {}
     for index in sorted(target.layer_kernels):
         d = policy.layer(index)
-        orders = [(o.max_tokens, o.order, str(o.wire)) for o in d.orders] or [(None, d.order, str(d.wire))]
+        orders = [(o.max_tokens, o.order, str(o.wire)) for o in d.orders] or [
+            (None, d.order, str(d.wire))
+        ]
         layers[str(index)] = [orders, target.layer_kernels[index]]
-    return {"applied": True, "versions": dict(versions), "policy_content_sha256": target.content_key,
-            "num_sms": deepep.num_sms, "dbo_num_sms": dbo_num_sms, "buffers": dict(buffers),
-            "buckets": [[b.max_tokens, list(b.dispatch), list(b.combine)] for b in deepep.buckets],
-            "v2": None if deepep.v2 is None else [deepep.v2.num_sms, deepep.v2.prefer_overlap_with_compute,
-                                                  deepep.v2.allow_multiple_reduction],
-            "mtp_layers": sorted(target.mtp_layers), "layers": layers}
+    return {
+        "applied": True,
+        "versions": dict(versions),
+        "policy_content_sha256": target.content_key,
+        "num_sms": deepep.num_sms,
+        "dbo_num_sms": dbo_num_sms,
+        "buffers": dict(buffers),
+        "buckets": [[b.max_tokens, list(b.dispatch), list(b.combine)] for b in deepep.buckets],
+        "v2": None
+        if deepep.v2 is None
+        else [
+            deepep.v2.num_sms,
+            deepep.v2.prefer_overlap_with_compute,
+            deepep.v2.allow_multiple_reduction,
+        ],
+        "mtp_layers": sorted(target.mtp_layers),
+        "layers": layers,
+    }
 
 
 def digest(fields: Mapping[str, Any]) -> str:
@@ -155,16 +208,21 @@ class Vote:
 
 
 def verdict(votes: Sequence[Vote]) -> str:
-    """"" when every rank applies the same thing; else why every rank keeps vLLM's behaviour."""
+    """ "" when every rank applies the same thing; else why every rank keeps vLLM's behaviour."""
     if all(v.applied for v in votes) and len({v.digest for v in votes}) == 1:
         return ""
     refusing = [v for v in votes if not v.applied]
     if refusing:
         first = refusing[0]
-        return (f"rank(s) {','.join(str(v.rank) for v in refusing)} of {len(votes)} would not apply it "
-                f"(rank {first.rank}: {first.reason or 'not applied'})")
+        return (
+            f"rank(s) {','.join(str(v.rank) for v in refusing)} of {len(votes)} would not apply it "
+            f"(rank {first.rank}: {first.reason or 'not applied'})"
+        )
     by_digest: dict[str, list[int]] = {}
     for v in votes:
         by_digest.setdefault(v.digest, []).append(v.rank)
-    return "the ranks' digests differ (" + "; ".join(f"{d}: ranks {','.join(map(str, r))}"
-                                                      for d, r in by_digest.items()) + ")"
+    return (
+        "the ranks' digests differ ("
+        + "; ".join(f"{d}: ranks {','.join(map(str, r))}" for d, r in by_digest.items())
+        + ")"
+    )
