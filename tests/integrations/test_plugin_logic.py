@@ -67,7 +67,9 @@ def test_a_layer_table_joins_its_order_buckets_and_deepeps():
     from moepolicy.deepep.settings import Bucket, DeepEPSettings
     from moepolicy.deepep.configs import ChunkConfig
 
-    chunk = lambda n: ChunkConfig(n, 256, 6, 128)  # noqa: E731
+    def chunk(n):
+        return ChunkConfig(n, 256, 6, 128)
+
     deepep = DeepEPSettings(
         num_sms=24,
         num_nvl_bytes=1,
@@ -121,12 +123,15 @@ def _policy(tmp_path, mutate=None):
 
 def test_the_digest_covers_what_the_ranks_must_share(tmp_path):
     base = _policy(tmp_path)
-    fields = lambda p, **kw: digest_fields(
-        p,
-        {"nvl": p.deepep.num_nvl_bytes, "rdma": 0},
-        kw.get("dbo"),  # noqa: E731
-        kw.get("versions", {"moepolicy": "1"}),
-    )
+
+    def fields(p, **kw):
+        return digest_fields(
+            p,
+            {"nvl": p.deepep.num_nvl_bytes, "rdma": 0},
+            kw.get("dbo"),
+            kw.get("versions", {"moepolicy": "1"}),
+        )
+
     same = digest(fields(base))
     assert same == digest(fields(_policy(tmp_path))) and len(same) == 16
     changed = [

@@ -74,12 +74,15 @@ def plan_file(tmp_path, model, ep=2, name=None, mutate=None, **target):
 
 def with_buckets(doc):
     """Three DeepEP buckets whose chunks differ (and buffers that fit the largest)."""
-    chunk = lambda send, recv: {
-        "num_max_nvl_chunked_send_tokens": send,
-        "num_max_nvl_chunked_recv_tokens": recv,  # noqa: E731
-        "num_max_rdma_chunked_send_tokens": 6,
-        "num_max_rdma_chunked_recv_tokens": 132,
-    }
+
+    def chunk(send, recv):
+        return {
+            "num_max_nvl_chunked_send_tokens": send,
+            "num_max_nvl_chunked_recv_tokens": recv,
+            "num_max_rdma_chunked_send_tokens": 6,
+            "num_max_rdma_chunked_recv_tokens": 132,
+        }
+
     doc["deepep"]["buckets"] = [
         {"max_tokens": 128, "dispatch": chunk(4, 256), "combine": chunk(2, 256)},
         {"max_tokens": 1024, "dispatch": chunk(8, 256), "combine": chunk(3, 256)},
