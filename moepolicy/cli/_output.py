@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from typing import Optional, Sequence
 
 STDOUT = "-"
@@ -78,6 +79,8 @@ class progress_to_stderr:
         self._attach("moepolicy.tuning", _Lines(bars), logging.DEBUG if verbose else logging.INFO)
         if bars is not None:
             self._attach("moepolicy.tuning.progress", bars, logging.INFO)
+        elif not verbose:  # a log file, a pipe, CI: no bar, but a long phase still shows it moves
+            self._attach("moepolicy.tuning.progress", _PlainProgress(), logging.INFO)
         return self
 
     def _attach(self, name: str, handler, level: int) -> None:
@@ -162,6 +165,37 @@ class _Bars(logging.Handler):
             self._bar.close()
             self._bar = None
         super().close()
+
+
+class _PlainProgress(logging.Handler):
+    """Progress without a terminal: a line at most every ``every_s`` seconds (none for a short run),
+    with the phase, its steps done and, once a step is done, the time its remaining steps should take."""
+
+    every_s = 30.0
+
+    def __init__(self):
+        super().__init__()
+        self._last = time.monotonic()
+        self._phase, self._total, self._done, self._began = None, 0, 0, self._last
+
+    def emit(self, record) -> None:
+        now = time.monotonic()
+        if hasattr(record, "phase"):
+            self._phase, self._total, self._done, self._began = record.phase, record.total, 0, now
+        elif hasattr(record, "advance"):
+            self._done += record.advance
+        if self._phase is None or now - self._last < self.every_s:
+            return
+        self._last = now
+        took = now - self._began
+        left = ""
+        if 0 < self._done < self._total:
+            left = f", about {took / self._done * (self._total - self._done):.0f} s left"
+        print(
+            f"  {self._phase}: {self._done}/{self._total} steps in {took:.0f} s{left}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class SafeStream:

@@ -24,6 +24,15 @@ class SubCheck:
         return f"{self.part}.{self.name}: {self.status} ({self.detail})"
 
 
+def _read_from(source: str) -> str:
+    """Where a plain name's facts were read, in words: the catalog, the Hugging Face cache, a path."""
+    if source.startswith("catalog:"):
+        return "moepolicy's catalog"
+    if source.startswith("hub:"):
+        return f"the Hugging Face cache, {source[len('hub:') :]}"
+    return f"the local path {source}"
+
+
 def _served_facts(model, engine: str):
     """The served model's facts and where they were read: a :class:`ServedModel` from its folder
     (local or a Hugging Face cache snapshot) or from the config the engine parsed; a plain name from
@@ -32,7 +41,8 @@ def _served_facts(model, engine: str):
     from moepolicy.runtime.policy import ServedModel
 
     if not isinstance(model, ServedModel):
-        return read_model(str(model), engine=engine, hub=False), "local folder or catalog"
+        facts = read_model(str(model), engine=engine, hub=False)
+        return facts, _read_from(facts.source)
     import dataclasses
 
     from moepolicy.checkpoint.reader import facts_from_raw
@@ -49,7 +59,8 @@ def _served_facts(model, engine: str):
             hf_quant_config=dict(model.quant_config) if model.quant_config else None,
         )
         return facts_from_raw(raw, engine=engine), "the config the engine loaded"
-    return read_model(model.name, engine=engine, hub=False), "the catalog"
+    facts = read_model(model.name, engine=engine, hub=False)
+    return facts, _read_from(facts.source)
 
 
 def _facts_check(doc: PolicyView, model) -> SubCheck:

@@ -22,6 +22,10 @@ SHARED_REFUSAL = (
     "cross no NVLink); tune with --bench model here, or check a policy's DeepEP settings on this "
     "GPU with 'moepolicy validate POLICY --live'"
 )
+# What ranks sharing a GPU time measures nothing, so a functional run times each point with few
+# repetitions: eight ranks time-slicing one GPU take ~60 ms a dispatch, and the protocol's rounds at
+# the usual 20 repetitions ran past 8 minutes at EP 8 (2026-12-03, 1 x H200).
+FUNCTIONAL_REPS = 3
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class BenchSource:
         return BenchChoice(
             "live",
             f"{ep_size} ranks on {gpus} GPU(s) ({SHARED_RANKS_ENV}=1): a functional run, "
-            "not for serving",
+            f"not for serving; {FUNCTIONAL_REPS} repetitions per timing",
             ep_size,
             shared=True,
         )
@@ -86,6 +90,8 @@ class BenchSource:
             return ModelBench(gpu)
         from moepolicy.tuning.live_bench import LiveBench
 
+        if choice.shared:
+            reps = min(reps, FUNCTIONAL_REPS)
         return LiveBench(
             choice.ranks, max_buffer_bytes, trial_timeout_s=trial_timeout_s, reps=reps
         )
@@ -94,4 +100,6 @@ class BenchSource:
         """The live bench for DeepEP v2 on the visible GPUs (``tuning.v2_live``)."""
         from moepolicy.tuning.v2_live import V2LiveBench
 
+        if choice.shared:
+            reps = min(reps, FUNCTIONAL_REPS)
         return V2LiveBench(choice.ranks, trial_timeout_s=trial_timeout_s, reps=reps)

@@ -415,3 +415,26 @@ def test_a_storage_that_is_a_fifo_a_device_or_a_folder_is_refused_before_it_is_o
         )
         _one_line_refusal(result, 7, what)
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_without_a_terminal_a_long_phase_prints_a_progress_line_and_a_short_one_nothing(
+    capsys, monkeypatch
+):
+    from moepolicy.cli import _output
+    from moepolicy.tuning import progress
+
+    clock = [1000.0]
+    monkeypatch.setattr(_output.time, "monotonic", lambda: clock[0])
+    with _output.progress_to_stderr():  # capsys's stderr is not a terminal
+        progress.phase("select T=512", 10)
+        for _ in range(4):
+            clock[0] += 5
+            progress.advance()
+        assert capsys.readouterr().err == ""  # 20 s: too short to say anything
+        for _ in range(4):
+            clock[0] += 5
+            progress.advance()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["  select T=512: 6/10 steps in 30 s, about 20 s left"]  # then none for 30 s
+    progress.advance()  # after the block the handler is gone
+    assert capsys.readouterr().err == ""

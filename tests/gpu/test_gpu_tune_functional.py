@@ -44,6 +44,8 @@ def test_a_shared_rank_tune_runs_the_whole_protocol_and_is_labelled(tmp_path, wo
             "512",
             "--trials",
             "3",
+            "--confirm-rounds",
+            "7",  # the least the protocol runs: 8 ranks time-slicing one GPU are slow
             "--storage",
             f"sqlite:///{tmp_path}/s.db",
             "-o",

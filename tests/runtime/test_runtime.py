@@ -557,3 +557,28 @@ def test_the_served_model_matches_from_its_folder_or_the_config_the_engine_loade
         load_policy(ds_policy, ep_size=8).target.content_key
         == yaml.safe_load(ds_policy.read_text())["key"]["content"]
     )
+
+
+def test_the_key_check_says_where_the_served_model_was_read(tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    from moepolicy.checkpoint.catalog import lookup
+
+    policy = load_policy(_write(tmp_path / "cat.yaml", plan_doc()), ep_size=8, model="DeepSeek-V3")
+    assert any("(from moepolicy's catalog)" in line for line in policy.report_details)
+    repo = tmp_path / "hub" / "models--acme--ds-ft"  # a fine-tune in the Hugging Face cache
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("c0ffee")
+    snapshot = repo / "snapshots" / "c0ffee"
+    snapshot.mkdir(parents=True)
+    config = json.loads((lookup("DeepSeek-V3").folder / "config.json").read_text())
+    (snapshot / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    doc = plan_doc("acme/ds-ft")
+    cached = load_policy(_write(tmp_path / "ft.yaml", doc), ep_size=8, model="acme/ds-ft")
+    line = next(x for x in cached.report_details if "model_facts" in x)
+    assert "matched" in line and "(from the Hugging Face cache, acme/ds-ft@c0ffee)" in line
+
+
+def _write(path, doc):
+    write_document(doc, path)
+    return path

@@ -49,6 +49,20 @@ def test_the_functional_switch_runs_shared_ranks_and_says_so(machine, monkeypatc
         BenchSource().choose("live")
 
 
+def test_a_functional_run_times_with_few_repetitions_and_a_real_one_with_all(machine, monkeypatch):
+    machine(1)
+    monkeypatch.setenv(SHARED_RANKS_ENV, "1")
+    shared = BenchSource().choose("live", 8)
+    bench = BenchSource().build(shared, "h200", 1 << 28, 60.0, 20)
+    assert bench.world == 8 and bench.reps == bench_source.FUNCTIONAL_REPS < 20
+    assert f"{bench_source.FUNCTIONAL_REPS} repetitions" in shared.why
+    machine(2)
+    monkeypatch.delenv(SHARED_RANKS_ENV)
+    assert (
+        BenchSource().build(BenchSource().choose("live", 2), "h200", 1 << 28, 60.0, 20).reps == 20
+    )
+
+
 def test_a_gpu_per_rank_is_the_ordinary_live_bench(machine):
     machine(2)
     choice = BenchSource().choose("live", 2)

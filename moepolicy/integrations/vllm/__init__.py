@@ -46,9 +46,8 @@ def register() -> None:
         return
     try:
         strict = strict_from_env()
-    except (
-        Exception
-    ) as exc:  # an unknown spelling: refuse in one line (strict or not cannot be told)
+    # an unknown spelling: refuse in one line (strict or not cannot be told)
+    except Exception as exc:
         from moepolicy.integrations.vllm.report import warn
 
         warn(f"refused: {exc}")
@@ -62,4 +61,4 @@ def register() -> None:
             raise
         from moepolicy.integrations.vllm.report import warn
 
-        warn(f"not applied: {type(exc).__name__}: {exc}")
+        warn(f"not applied: {type(exc).__name__}: {exc}; vLLM runs as it is")

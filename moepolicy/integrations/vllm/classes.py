@@ -88,9 +88,7 @@ def _with_scale(result, scale):
 def _tag(handle, run: ManagerRun):
     try:
         handle._moepolicy_run = run
-    except (
-        AttributeError
-    ):  # a handle that takes no attribute: its layers keep vLLM's path (on every rank)
+    except AttributeError:  # a handle that takes no attribute: its layers keep vLLM's path
         pass
     return handle
 
