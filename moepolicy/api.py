@@ -146,7 +146,9 @@ def policy_document(result, command: str = "") -> dict:
     """The policy document of a :class:`Plan` (DeepEP's defaults) or of a tune's result."""
     if isinstance(result, Plan):
         return build_document(result, command=command)
-    return result.document
+    from moepolicy.planner import tuned_document
+
+    return tuned_document(result.plan, result.deepep, result.timings, command or result.command)
 
 
 def write_policy(

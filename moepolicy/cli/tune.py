@@ -9,6 +9,7 @@ which first. Outside the model's measured envelope the policy keeps DeepEP's def
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 
@@ -384,12 +385,13 @@ def _tune_and_write(
             plan, choice, options, objective, space, bench=build_bench(plan, objective)
         )
     if choice.shared:
-        mark_functional(result.document, choice)
-    render(result)
+        result = functional(result, choice)
+    document = api.policy_document(result)
+    render(result, document)
     _closing_line(plan, result)
     write_result(
         _output_for(result, output),
-        dumps(result.document),
+        dumps(document),
         "a partial result, marked so in the file" if result.interrupted else "",
     )
     return _after_interrupt(result)
@@ -454,19 +456,19 @@ def _closing_line(plan, result) -> None:
         note(line)
 
 
-def mark_functional(document: dict, choice: BenchChoice) -> None:
-    """A tune whose ranks shared GPUs checked the live path's function only: its document says so
-    where the runtime looks (``deepep.partial``: the serving runtime uses DeepEP's defaults for it)."""
+def functional(result, choice: BenchChoice):
+    """A tune whose ranks shared GPUs checked the live path's function only: its result is marked
+    partial with why (the serving runtime uses DeepEP's defaults for a partial policy)."""
     from moepolicy.measure.placement import SHARED_LABEL
 
-    from moepolicy.document.keys import compute_keys
-
     note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
-    document["deepep"]["partial"] = {
-        "reason": f"functional run, {SHARED_LABEL} ({choice.why}); its times "
-        "measure no communication and its configs are not for serving"
-    }
-    document["key"] = compute_keys(document)
+    reason = (
+        f"functional run, {SHARED_LABEL} ({choice.why}); its times measure no communication "
+        "and its configs are not for serving"
+    )
+    if result.deepep.partial:
+        reason += f"; {result.deepep.partial}"
+    return dataclasses.replace(result, deepep=dataclasses.replace(result.deepep, partial=reason))
 
 
 def _after_interrupt(result) -> int:
@@ -509,13 +511,13 @@ def _output_for(result, output: Optional[str]) -> Optional[str]:
     return beside
 
 
-def render(result) -> None:
+def render(result, document: dict) -> None:
     """The tune's summary on stderr: the overlap split per bucket, or per bucket the config kept with
     what backs it: the report rounds' speed-ups (live) or the model's answers (modelled)."""
     if result.overlap is not None:
         found = result.overlap
         note(f"overlap: {found.comm_sms} communication SMs, GEMM on {found.gemm_sms}: {found.why}")
-        stored = [bucket["measured"] for bucket in result.document["deepep"]["buckets"]]
+        stored = [bucket["measured"] for bucket in document["deepep"]["buckets"]]
         for tokens, measured in zip(found.rows, stored):  # rendered as audit renders the file
             note(f"  T={tokens}:")
             for line in overlap_lines(OverlapBucketRow.from_doc(measured)):

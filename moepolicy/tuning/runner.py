@@ -17,7 +17,7 @@ from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_s
 from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
 from moepolicy.deepep.settings import Bucket
 from moepolicy.errors import TuningError
-from moepolicy.planner import OrderTiming, Plan, tuned_document
+from moepolicy.planner import OrderTiming, Plan
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
 from moepolicy.tuning.confirm import (
     BucketCandidates,
@@ -58,9 +58,9 @@ class BucketOutcome:
 
 @dataclass(frozen=True)
 class TuneResult:
-    """What a tune found: the DeepEP settings it kept and what backs them (``deepep``), the order
-    timings measured at them, and the policy document composed from the plan and those (not yet
-    written)."""
+    """What a tune found: the DeepEP settings it kept and what backs them (``deepep``) and the order
+    timings measured at them, with the plan and command they were tuned for; the composer
+    (``moepolicy.api.policy_document``) turns it into the policy document."""
 
     deepep: KeptDeepEP
     label: str  # measured | modelled | extrapolated
@@ -79,7 +79,8 @@ class TuneResult:
     timings: tuple[
         OrderTiming, ...
     ] = ()  # both orders at the kept configs: measured facts for the rules
-    document: dict[str, Any] = dataclasses.field(default_factory=dict)  # composed by tune_plan
+    plan: Optional[Plan] = None  # what was tuned (set by tune_plan)
+    command: str = ""  # the command line, recorded in the document's provenance
 
     @property
     def interrupted(self) -> bool:
@@ -457,16 +458,15 @@ def study_name(plan: Plan, label: str) -> str:
 def tune_plan(
     plan: Plan, bench: Bench, options: TuneOptions, space: Space, objective: dict
 ) -> TuneResult:
-    """Tune DeepEP for ``plan`` on ``bench``; the result carries what was kept and the policy document
-    composed from the plan and it (:func:`moepolicy.planner.tuned_document`: the one composer).
+    """Tune DeepEP for ``plan`` on ``bench``; the result carries what was kept, as values (the policy
+    document is composed from it by :func:`moepolicy.api.policy_document`, never here).
 
     The search (SM counts x token buckets, optuna) proposes; the re-measurement protocol
     (``tuning.confirm``) decides what is kept and what may be claimed. A ``KeyboardInterrupt`` ends
     the work early: the result is marked ``interrupted`` (a partial result) and holds what was found.
     """
     result = _tune(plan, bench, options, space, objective)
-    document = tuned_document(plan, result.deepep, result.timings, options.command)
-    return dataclasses.replace(result, document=document)
+    return dataclasses.replace(result, plan=plan, command=options.command)
 
 
 def _tune(

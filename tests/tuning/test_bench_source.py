@@ -83,35 +83,33 @@ def test_without_deep_ep_or_gpus_the_default_is_the_model_bench(machine):
 
 
 def test_the_functional_policy_is_marked_not_for_serving(tmp_path):
-    """The marked document still reads (its keys recomputed), validate refuses it and serving
-    uses DeepEP's defaults for it."""
-    import yaml
-
+    """A shared-ranks result is composed marked partial (keys as the composer computes them):
+    validate refuses it and serving uses DeepEP's defaults for it."""
+    pytest.importorskip("optuna")
     from conftest import run_cli
     from moepolicy import load_policy
-    from moepolicy.cli.tune import mark_functional
+    from moepolicy.api import policy_document, write_policy
+    from moepolicy.cli.tune import functional
+    from moepolicy.checkpoint.reader import read_model
     from moepolicy.document.reader import read_policy
+    from moepolicy.planner import make_plan
+    from moepolicy.rules.packs import pack_stack
+    from moepolicy.target import TargetSpec, resolve_target
+    from moepolicy.tuning.model_bench import ModelBench
+    from moepolicy.tuning.options import TuneOptions
+    from moepolicy.tuning.runner import tune_plan
+    from moepolicy.tuning.space import load_objective, load_space
 
+    target = resolve_target(TargetSpec(gpu="h200", ep_size=2), probe=False)
+    plan = make_plan(read_model("Qwen3-30B-A3B-FP8", hub=False), target, pack_stack())
+    options = TuneOptions(buckets=((1024, 1.0),), trials=2, storage=f"sqlite:///{tmp_path}/s.db")
+    result = tune_plan(plan, ModelBench("h200"), options, load_space(), load_objective())
+    assert policy_document(result)["deepep"].get("partial") is None
+    marked = functional(
+        result, bench_source.BenchChoice("live", "2 ranks on 1 GPU(s)", 2, shared=True)
+    )
     path = tmp_path / "p.yaml"
-    assert (
-        run_cli(
-            "plan",
-            "--model",
-            "Qwen3-30B-A3B-FP8",
-            "--ep-size",
-            "2",
-            "--gpu",
-            "h200",
-            "-o",
-            str(path),
-        ).returncode
-        == 0
-    )
-    document = yaml.safe_load(path.read_text())
-    mark_functional(
-        document, bench_source.BenchChoice("live", "2 ranks on 1 GPU(s)", 2, shared=True)
-    )
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    write_policy(marked, path)
     assert "functional run" in read_policy(path).doc.deepep.partial.reason
     policy = load_policy(path, ep_size=2)
     assert policy.is_fallback and policy.deepep.is_default

@@ -1,5 +1,6 @@
-"""A tune returns what it kept (``deepep.kept.KeptDeepEP``); one composer (``planner.tuned_document``)
-turns the plan and it into the document, entering the planner at most twice along the way."""
+"""A tune returns what it kept (``deepep.kept.KeptDeepEP``); one composer (``api.policy_document``,
+through ``planner.tuned_document``) turns the plan and it into the document, entering the planner at
+most twice along the way (the tuner itself composes nothing)."""
 
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from moepolicy.deepep.kept import KeptDeepEP  # noqa: E402
 from moepolicy.document.deepep_section import chunk_doc  # noqa: E402
 from moepolicy.rules.packs import pack_stack  # noqa: E402
 from moepolicy.target import TargetSpec, resolve_target  # noqa: E402
+from moepolicy.api import policy_document  # noqa: E402
 from moepolicy.tuning.model_bench import ModelBench  # noqa: E402
 from moepolicy.tuning.options import TuneOptions  # noqa: E402
 from moepolicy.tuning.runner import tune_plan  # noqa: E402
@@ -54,15 +56,18 @@ def test_a_tune_enters_the_planner_at_most_twice_and_returns_what_it_kept(tmp_pa
     options = TuneOptions(
         buckets=((1024, 1.0), (4096, 1.0)), trials=2, storage=f"sqlite:///{tmp_path}/s.db"
     )
-    entries, result = _planner_entries(
-        lambda: tune_plan(plan, ModelBench("h200"), options, load_space(), load_objective())
-    )
+
+    def tune_and_compose():
+        result = tune_plan(plan, ModelBench("h200"), options, load_space(), load_objective())
+        return result, policy_document(result)
+
+    entries, (result, document) = _planner_entries(tune_and_compose)
     entries = [
         name for name in entries if name != "kernel_label"
     ]  # a property read, not a call into it
     assert len(entries) <= 2, entries
     assert isinstance(result.deepep, KeptDeepEP)
-    section = result.document["deepep"]
+    section = document["deepep"]
     assert section["num_sms"] == result.deepep.num_sms == result.num_sms
     assert [b["max_tokens"] for b in section["buckets"]] == [
         b.max_tokens for b in result.deepep.buckets
@@ -96,7 +101,7 @@ def test_the_buckets_a_tune_keeps_are_what_the_runtime_loads(tmp_path):
         buckets=((128, 1.0), (4096, 1.0)), trials=2, storage=f"sqlite:///{tmp_path}/s.db"
     )
     result = tune_plan(plan, ModelBench("h200"), options, load_space(), load_objective())
-    write_document(result.document, tmp_path / "p.yaml")
+    write_document(policy_document(result), tmp_path / "p.yaml")
     policy = load_policy(tmp_path / "p.yaml", ep_size=2, strict=True)
     kept = tuple(
         Bucket(b.max_tokens, b.dispatch.effective(), b.combine.effective())

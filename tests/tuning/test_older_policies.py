@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from conftest import run_cli
+from moepolicy.api import policy_document
 from moepolicy import load_policy
 from moepolicy.document.keys import compute_keys
 from moepolicy.document.reader import read_policy
@@ -116,7 +117,9 @@ def test_a_22_tune_validates_strictly_with_its_new_keys(tmp_path):
         confirm_rounds=7,
     )
     path = tmp_path / "p.yaml"
-    write_document(tune_plan(plan, Flat(), options, load_space(), load_objective()).document, path)
+    write_document(
+        policy_document(tune_plan(plan, Flat(), options, load_space(), load_objective())), path
+    )
     doc = read_policy(path, strict=True).doc
     assert (
         doc.schema_version == "2.3"

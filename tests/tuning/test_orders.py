@@ -8,6 +8,7 @@ import pytest
 
 optuna = pytest.importorskip("optuna", reason="tuning needs optuna")
 
+from moepolicy.api import policy_document  # noqa: E402
 from moepolicy.checkpoint.reader import read_model  # noqa: E402
 from moepolicy.planner import OrderTiming, make_plan, overall_faster  # noqa: E402
 from moepolicy.rules.packs import pack_stack  # noqa: E402
@@ -127,7 +128,9 @@ def test_the_rules_order_stands_unless_the_other_wins_beyond_noise(tmp_path, gai
         storage=f"sqlite:///{tmp_path}/s.db",
         confirm_rounds=9,
     )
-    doc = tune_plan(plan, OrdersFlat(gain), options, load_space(), load_objective()).document
+    doc = policy_document(
+        tune_plan(plan, OrdersFlat(gain), options, load_space(), load_objective())
+    )
     timed = doc["deepep"]["measured_orders"]
     assert [t["rounds"] for t in timed] == [9, 9] and all(len(t["ci95"]) == 2 for t in timed)
     assert {t["faster"] for t in timed} == {"neither" if gain == 1.0 else "dispatch_then_quant"}

@@ -11,6 +11,7 @@ import yaml
 optuna = pytest.importorskip("optuna", reason="tuning needs optuna")
 
 from conftest import run_cli  # noqa: E402
+from moepolicy.api import policy_document  # noqa: E402
 from moepolicy.checkpoint.reader import read_model  # noqa: E402
 from moepolicy.deepep.configs import default_configs  # noqa: E402
 from moepolicy.planner import make_plan  # noqa: E402
@@ -234,7 +235,7 @@ def _tune(bench, tmp_path, plan=None, **kw):
 
 def test_where_nothing_beats_the_engine_beyond_noise_the_engine_default_is_kept(tmp_path):
     result = _tune(FlatBench(seed=4), tmp_path)
-    deepep = result.document["deepep"]
+    deepep = policy_document(result)["deepep"]
     assert deepep["num_sms"] == 20 and "the engine's default kept" in deepep["provenance"]["why"]
     for bucket in deepep["buckets"]:
         measured = bucket["measured"]
@@ -252,7 +253,7 @@ def test_where_nothing_beats_the_engine_beyond_noise_the_engine_default_is_kept(
 
 def test_a_real_sm_gain_is_kept_with_its_interval_from_the_report_rounds(tmp_path):
     result = _tune(FlatBench(seed=5, sigma=0.03, sms_effect=1.0), tmp_path)  # time falls as 1/SMs
-    deepep = result.document["deepep"]
+    deepep = policy_document(result)["deepep"]
     assert deepep["num_sms"] == 48
     assert deepep["provenance"]["protocol"]["gate"]["sms"]["verdict"] == "faster"
     for bucket in deepep["buckets"]:
