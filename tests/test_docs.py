@@ -131,3 +131,12 @@ def test_a_stale_citation_is_caught():
         ("tests/x.py", ""),
     ]
     assert cited_tests("`::orphan`") == [("", "orphan")]
+
+
+def test_the_documented_default_rounds_are_the_codes():
+    from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
+
+    said = re.findall(
+        r"`--confirm-rounds`, default (\d+), at least (\d+)", (ROOT / "README.md").read_text()
+    )
+    assert said == [(str(DEFAULT_ROUNDS), str(MIN_ROUNDS))]

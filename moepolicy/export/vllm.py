@@ -338,9 +338,16 @@ def _v2(doc: PolicyDoc, env: dict, applied: list, cannot: list) -> None:
             f"DeepEP v2 prefer_overlap_with_compute={v2.prefer_overlap_with_compute}, "
             f"allow_multiple_reduction={v2.allow_multiple_reduction} (also set by the plugin on the buffer)"
         )
-    applied_lines, left_lines = actions.layer_lines(policy_actions(doc, deepep_v2=True))
+    applied_lines, left_lines = actions.layer_lines(
+        policy_actions(doc, deepep_v2=True), mtp_indices(doc)
+    )
     applied.extend(applied_lines)
     cannot.extend(left_lines)
+
+
+def mtp_indices(doc: PolicyDoc) -> frozenset[int]:
+    """The policy's MTP layers (vLLM builds them only with MTP speculation)."""
+    return frozenset(x.index for x in doc.layers if (x.facts or {}).get("layer.is_mtp"))
 
 
 def policy_actions(
@@ -389,7 +396,7 @@ def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, canno
             f"dual-batch overlap with {comm} communication SMs (VLLM_DBO_COMM_SMS; above vLLM's "
             f"{VLLM_HT_NUM_SMS} only with the plugin applied, which raises the manager's cap)"
         )
-    applied_lines, left_lines = actions.layer_lines(policy_actions(doc))
+    applied_lines, left_lines = actions.layer_lines(policy_actions(doc), mtp_indices(doc))
     applied.extend(applied_lines)
     cannot.extend(left_lines)
     cannot.append(

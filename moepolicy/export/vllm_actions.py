@@ -15,7 +15,7 @@ when quantizing on receive.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Collection, Mapping, Optional, Sequence
 
 from moepolicy.names import Order, WireDtype
 from moepolicy.text import index_ranges
@@ -239,19 +239,24 @@ def describe(actions: Sequence[BucketAction]) -> str:
     return "per token bucket: " + "; ".join(parts)
 
 
-def layer_lines(per_layer: Mapping[int, Sequence[BucketAction]]) -> tuple[list[str], list[str]]:
-    """(applied, left to vLLM): ``layers 0-47: <what>``, one line per distinct action, in layer order."""
-    groups: dict[tuple[bool, str], list[int]] = {}
+def layer_lines(
+    per_layer: Mapping[int, Sequence[BucketAction]], mtp: Collection[int] = ()
+) -> tuple[list[str], list[str]]:
+    """(applied, left to vLLM): ``layers 0-47: <what>``, one line per distinct action, in layer order;
+    the MTP layers (``mtp``) on lines of their own, since vLLM builds them only with MTP speculation."""
+    groups: dict[tuple[bool, bool, str], list[int]] = {}
     for index in sorted(per_layer):
         actions = per_layer[index]
         applied = all(a.action.applied for a in actions)
-        groups.setdefault((applied, describe(actions)), []).append(index)
-    applied_lines = [
-        f"layers {index_ranges(idx)}: {what}" for (ok, what), idx in groups.items() if ok
-    ]
-    left_lines = [
-        f"layers {index_ranges(idx)}: {what}" for (ok, what), idx in groups.items() if not ok
-    ]
+        groups.setdefault((index in mtp, applied, describe(actions)), []).append(index)
+
+    def line(is_mtp: bool, idx: list[int], what: str) -> str:
+        if is_mtp:
+            return f"MTP layers {index_ranges(idx)} (built by vLLM only with --speculative-config): {what}"
+        return f"layers {index_ranges(idx)}: {what}"
+
+    applied_lines = [line(m, idx, what) for (m, ok, what), idx in groups.items() if ok]
+    left_lines = [line(m, idx, what) for (m, ok, what), idx in groups.items() if not ok]
     return applied_lines, left_lines
 
 

@@ -81,7 +81,7 @@ def test_the_launch_is_the_plugin_with_the_policys_ep_layout(tmp_path):
     assert words[words.index("--moe-backend") + 1] == "flashinfer_cutlass"
     assert any("without it:" in line and "TritonOrDeepGemmExperts" in line for line in lines)
     assert (
-        "#  - layers 3-61: bf16 on the wire; FlashInferExperts quantize it themselves, as in vLLM"
+        "#  - layers 3-60: bf16 on the wire; FlashInferExperts quantize it themselves, as in vLLM"
         in lines
     )
 
@@ -115,7 +115,11 @@ def test_a_policy_for_deepgemm_experts_launches_them_and_says_what_changes_witho
     assert (
         "without it: vLLM runs FlashInferExperts" in note and "leaves these layers to vLLM" in note
     )
-    assert "#  - layers 3-61: block fp8 quantized before dispatch, as in vLLM" in lines
+    assert "#  - layers 3-60: block fp8 quantized before dispatch, as in vLLM" in lines
+    assert (
+        "#  - MTP layers 61 (built by vLLM only with --speculative-config): block fp8 quantized "
+        "before dispatch, as in vLLM" in lines
+    )
 
 
 def test_a_policy_planned_from_a_local_folder_serves_that_folder(tmp_path):

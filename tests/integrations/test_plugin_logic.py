@@ -43,19 +43,16 @@ def target(**kw):
         ("model.layers.3.mlp.experts", 3),
         ("language_model.model.layers.7.mlp.experts", 7),
         ("model.language_model.layers.60.mlp.experts", 60),
-        (
-            "model.layers.61.mtp_block.mlp.experts",
-            61,
-        ),  # DeepSeek's MTP module (deepseek_mtp.py:157-158)
-        (
-            "mtp.layers.0.mlp.experts",
-            61,
-        ),  # Qwen3-Next's naming, mapped to the policy's first MTP layer
-        ("model.layers.61.mlp.experts", None),  # a decoder name for the policy's MTP index
+        # DeepSeek's MTP layer: vLLM 0.33 builds its decoder layer with the MTP layer's own prefix
+        # (deepseek_mtp.py:157-158 and 104-110, the experts at deepseek_v2.py:386)
+        ("model.layers.61.mlp.experts", 61),
+        # Qwen3-Next's naming, mapped to the policy's first MTP layer
+        ("mtp.layers.0.mlp.experts", 61),
+        ("mtp.layers.1.mlp.experts", None),  # an MTP module the policy does not hold
         ("model.layers.1.mlp.experts", None),  # dense in the policy
+        ("model.layers.62.mlp.experts", None),
         ("model.layers.99.mlp.experts", None),
         ("draft_model.model.layers.0.mlp.experts", None),
-        ("model.layers.62.mtp_block.mlp.experts", None),
     ],
 )
 def test_a_vllm_module_maps_to_a_policy_layer_by_its_prefix(prefix, index):
@@ -309,6 +306,12 @@ def test_layer_lines_and_the_summary():
         left_lines[1].startswith("layers 5: per token bucket: <=64 tokens: bf16")
         and ">64 tokens: left" in left_lines[1]
     )
+    with_mtp = {**per_layer, 6: [actions.BucketAction(None, same)]}
+    applied, _ = actions.layer_lines(with_mtp, mtp={6})
+    assert applied == [
+        "layers 0-3: bf16 on the wire, as in vLLM",
+        "MTP layers 6 (built by vLLM only with --speculative-config): bf16 on the wire, as in vLLM",
+    ]
     bound = {f"model.layers.{i}.mlp.experts": i < 4 for i in range(6)}
     line = actions.summary_line(bound, per_layer, {"draft_model.x": "a draft model's module"})
     assert (

@@ -373,12 +373,12 @@ def test_layers_are_matched_by_prefix_and_what_the_policy_lacks_is_left_to_vllm(
     moe = h.moe_config(7168, 2)
     prefixes = [
         "model.layers.3.mlp.experts",
-        "model.layers.61.mtp_block.mlp.experts",  # the MTP layer, mapped
+        "model.layers.61.mlp.experts",  # the MTP layer, named by vLLM with its own index
         "language_model.model.layers.4.mlp.experts",
         "draft_model.model.layers.0.mlp.experts",
         "model.layers.99.mlp.experts",
-        "model.layers.61.mlp.experts",
-    ]  # 61: the policy's MTP layer
+        "mtp.layers.1.mlp.experts",
+    ]
     kernels = {p: h.make_kernel(manager, monkeypatch, "block", moe) for p in prefixes}
     h.forward_context(monkeypatch, kernels, tokens_across_dp=[8, 8])
     for kernel in kernels.values():
@@ -387,12 +387,15 @@ def test_layers_are_matched_by_prefix_and_what_the_policy_lacks_is_left_to_vllm(
     applied = {p for p, t in tables.items() if all(b.action.applied for b in t.bucket_actions)}
     assert applied == {
         "model.layers.3.mlp.experts",
-        "model.layers.61.mtp_block.mlp.experts",
+        "model.layers.61.mlp.experts",
         "language_model.model.layers.4.mlp.experts",
     }
     summary = next(m for m in messages(caplog, logging.INFO) if "applied (digest" in m)
     assert "3/6 MoE layers applied; 3 left to vLLM" in summary and "draft model" in summary
-    assert "does not hold" in summary and "holds this index as an MTP layer" in summary
+    assert (
+        "does not hold as a MoE layer" in summary
+        and "an MTP module the policy does not hold" in summary
+    )
 
 
 def test_policy_layer_lookup_raises_for_an_index_it_does_not_hold(tmp_path):
@@ -999,9 +1002,8 @@ def test_on_v2_a_block_layer_may_go_bf16_and_is_quantized_on_receive(
 
 # ------------------------------------------------------ the export says what the plugin does, and vLLM
 def _vllm_prefix(index: int, num_hidden_layers: int) -> str:
-    """vLLM's module name for a policy layer (DeepSeek's MTP layer: deepseek_mtp.py:157-158)."""
-    if index >= num_hidden_layers:
-        return f"model.layers.{index}.mtp_block.mlp.experts"
+    """vLLM's module name for a policy layer; DeepSeek's MTP layer too is named with its own index
+    (deepseek_mtp.py:157-158 passes ``model.layers.N`` to the decoder layer it builds)."""
     return f"model.layers.{index}.mlp.experts"
 
 
@@ -1010,7 +1012,8 @@ def test_the_exports_launch_and_applies_lines_are_what_the_plugin_logs(
     vllm_env, tmp_path, monkeypatch, caplog, model
 ):
     """The default H200 target, EP 8: the plugin, set up as the export's launch says (model, EP size,
-    --moe-backend, environment), logs the export's per-layer lines word for word."""
+    --moe-backend, environment), logs the export's per-layer lines word for word. The launch has no
+    --speculative-config, so vLLM builds no MTP layer: the export lists DeepSeek's apart."""
     from conftest import run_cli
     from moepolicy.export.vllm import render_shell
 
@@ -1043,7 +1046,7 @@ def test_the_exports_launch_and_applies_lines_are_what_the_plugin_logs(
             manager, monkeypatch, h.scheme_of(e["facts"]), moe
         )
         for e in doc["layers"]
-        if e["kind"] == "moe"
+        if e["kind"] == "moe" and not e["facts"].get("layer.is_mtp")
     }
     h.forward_context(monkeypatch, kernels, tokens_across_dp=[4] * ep)
     h.run_kernel(next(iter(kernels.values())), 4, hidden)
@@ -1056,6 +1059,12 @@ def test_the_exports_launch_and_applies_lines_are_what_the_plugin_logs(
         line for line in result["applied"] + result["cannot_express"] if line.startswith("layers ")
     ]
     assert logged == exported_lines and logged
+    mtp_lines = [
+        line for line in result["applied"] + result["cannot_express"] if line.startswith("MTP ")
+    ]
+    assert [line.split(" (")[0] for line in mtp_lines] == (
+        ["MTP layers 61"] if model == "DeepSeek-V3" else []
+    )
     summary = next(m for m in messages(caplog, logging.INFO) if "applied (digest" in m)
     assert (
         f"for {result['model']} (EP {ep})" in summary

@@ -316,7 +316,7 @@ class ManagerRun:
             f"applied (digest {self.digest}): {self.settings.path} for {facts.model} "
             f"(EP {facts.ep_size}): {settings}; {summary}",
         )
-        applied, left = actions.layer_lines(self.per_layer)
+        applied, left = actions.layer_lines(self.per_layer, self.plan.policy.target.mtp_layers)
         for line in (
             applied
             + left

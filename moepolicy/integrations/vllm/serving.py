@@ -4,10 +4,12 @@ and the digest every rank must agree on.
 
 A vLLM MoE module is matched to a policy layer by its module prefix: decoder layers
 ``model.layers.N.`` and the VLM variants (``language_model.model.layers.N.``,
-``model.language_model.layers.N.``); DeepSeek's MTP module ``model.layers.N.mtp_block.`` and
-Qwen3-Next's ``mtp.layers.K.`` map to the policy's MTP layer (``N``, or the first MTP index plus
-``K``) only where the policy holds that index as an MTP layer. Anything else (a draft model under
-``draft_model.``, an index the policy lacks) is left to vLLM.
+``model.language_model.layers.N.``). DeepSeek's MTP layer is built by vLLM 0.33 with its own
+index as the prefix (``deepseek_mtp.py:157-158`` passes ``model.layers.N`` to the decoder layer, whose
+experts are ``model.layers.N.mlp.experts``), so a decoder index the policy holds as an MTP layer is that
+MTP layer; Qwen3-Next's ``mtp.layers.K.`` maps to the policy's first MTP index plus ``K``, where the
+policy holds it. Anything else (a draft model under ``draft_model.``, an index the policy lacks) is
+left to vLLM.
 """
 
 from __future__ import annotations
@@ -25,23 +27,15 @@ from moepolicy.export import vllm_actions as actions
 _DECODER = re.compile(
     r"^(?:model|language_model\.model|model\.language_model|language_model)\.layers\.(\d+)\."
 )
-_DEEPSEEK_MTP = re.compile(r"^model\.layers\.(\d+)\.mtp_block\.")
 _QWEN_NEXT_MTP = re.compile(r"^mtp\.layers\.(\d+)\.")
 
 
 def policy_index(prefix: str, target) -> tuple[Optional[int], str]:
     """The policy layer index of vLLM's MoE module ``prefix`` (``target``: the policy's
     :class:`~moepolicy.runtime.policy.PolicyTarget`), or None and why the module is left to vLLM."""
-    mtp = _DEEPSEEK_MTP.match(prefix)
-    if mtp is None and (qwen := _QWEN_NEXT_MTP.match(prefix)) is not None:
+    qwen = _QWEN_NEXT_MTP.match(prefix)
+    if qwen is not None:
         index = target.num_hidden_layers + int(qwen.group(1))
-        return (
-            (index, "")
-            if index in target.mtp_layers
-            else (None, "an MTP module the policy does not hold")
-        )
-    if mtp is not None:
-        index = int(mtp.group(1))
         return (
             (index, "")
             if index in target.mtp_layers
@@ -51,8 +45,8 @@ def policy_index(prefix: str, target) -> tuple[Optional[int], str]:
     if decoder is None:
         return None, "not a decoder or MTP layer of the served model (a draft model's module?)"
     index = int(decoder.group(1))
-    if index in target.mtp_layers:
-        return None, "the policy holds this index as an MTP layer, not a decoder layer"
+    if index in target.mtp_layers:  # DeepSeek's MTP layer, named with its own index
+        return index, ""
     if index not in target.layer_kernels:
         return None, "a layer the policy does not hold as a MoE layer"
     return index, ""
