@@ -120,7 +120,9 @@ def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, 
     try:
         import optuna
     except ImportError:
-        raise UsageError("tuning needs optuna: pip install 'moepolicy[tune]'") from None
+        raise UsageError(
+            "tuning needs optuna: pip install optuna (or, in a moepolicy checkout, pip install '.[tune]')"
+        ) from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from moepolicy.tuning.runner import tune_plan
 

@@ -140,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UsageError(
-            "bench needs torch (the CPU build is enough for the emulated transport)"
+            "bench needs torch; the CPU build is enough for the emulated transport: pip install torch "
+            "--index-url https://download.pytorch.org/whl/cpu"
         ) from None
     from moepolicy.moe_step.measure import StepSpec, run as run_step, spec_doc
 

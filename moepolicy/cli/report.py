@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError(
-            "report --plots needs matplotlib: pip install 'moepolicy[plots]'"
+            "report needs matplotlib: pip install matplotlib (or, in a moepolicy checkout, "
+            "pip install '.[plots]')"
         ) from None
     notes: list[str] = []
     written = draw(loaded.raw, folder, notes)

@@ -223,7 +223,7 @@ def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
         raise UsageError(f"--max-buffer-mb must be at least 1, got {args.max_buffer_mb}")
     if not (math.isfinite(args.trial_timeout) and 0 < args.trial_timeout <= MAX_TRIAL_TIMEOUT_S):
         raise UsageError(
-            f"--trial-timeout must be a number of seconds from 0 to {MAX_TRIAL_TIMEOUT_S} (the live "
+            f"--trial-timeout must be a number of seconds above 0, at most {MAX_TRIAL_TIMEOUT_S} (the live "
             f"watchdog; nan and inf would turn it off), got {args.trial_timeout}"
         )
     overlap = None
