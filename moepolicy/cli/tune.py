@@ -118,10 +118,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--regime",
         choices=list(REGIMES),
         default=None,
-        help="what the timings include: host (each call as an eager engine runs it, the host's "
-        "launches and waits on the critical path: vLLM's DeepEP high-throughput path, CUDA "
-        "graphs off with DP > 1) or gpu (the GPU's own time, the host enqueued ahead: a CUDA-graph "
-        "or run-ahead engine); default: the engine's (host for vllm and sglang with deepep_ht)",
+        help="what the timings include: host (each call started on an idle GPU after an L2 flush "
+        "and a barrier, the host's launches and waits charged: an upper bound on what an eager "
+        "engine such as vLLM's DeepEP high-throughput path pays, since its host runs ahead) or gpu "
+        "(the GPU's own time, the host enqueued ahead: a CUDA-graph engine); default: host for "
+        "vllm and sglang with deepep_ht",
     )
     p.add_argument(
         "-v", "--verbose", action="store_true", help="a line per trial instead of progress bars"
