@@ -167,7 +167,7 @@ def test_the_verdict_is_unanimity():
 
 
 def test_votes_travel_as_plain_dicts():
-    from moepolicy.integrations.vllm.run import gather_votes
+    from moepolicy.integrations.vllm.vote import gather_votes
 
     class Group:
         def all_gather_obj(self, mine):
@@ -416,3 +416,50 @@ def test_a_layer_whose_binding_fails_is_left_to_vllm_with_the_reason(tmp_path):
         and "AttributeError: no quant_config" in action.why
     )
     assert run.unmatched == {"model.layers.3.mlp.experts": "AttributeError: no quant_config"}
+
+
+class _StoreGroup:
+    """The shape of vLLM's StatelessProcessGroup that the vote uses: a store, a rank, a world size."""
+
+    def __init__(self, store, rank: int, world: int):
+        self.store, self.rank, self.world_size = store, rank, world
+
+
+def _vote_in_threads(store, votes, timeout_s: float) -> dict:
+    import threading
+
+    from moepolicy.integrations.vllm.vote import agree
+
+    decided = {}
+
+    def one(v):
+        decided[v.rank] = agree(_StoreGroup(store, v.rank, len(votes)), v, timeout_s=timeout_s)
+
+    threads = [threading.Thread(target=one, args=(v,)) for v in votes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return decided
+
+
+def test_the_vote_goes_through_the_store_and_every_rank_reads_one_decision():
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.HashStore()
+    same = [Vote(r, True, "abc") for r in range(3)]
+    assert _vote_in_threads(store, same, 30) == {0: "", 1: "", 2: ""}
+    other = [Vote(0, True, "abc"), Vote(1, True, "abd"), Vote(2, True, "abc")]
+    again = _vote_in_threads(store, other, 30)  # the next start on the same store: a new round
+    assert len(set(again.values())) == 1 and "digests differ" in again[0]
+
+
+def test_a_rank_that_never_votes_and_one_that_votes_late_follow_the_same_decision():
+    dist = pytest.importorskip("torch.distributed")
+    from moepolicy.integrations.vllm.vote import agree
+
+    store = dist.HashStore()
+    early = agree(_StoreGroup(store, 0, 2), Vote(0, True, "abc"), timeout_s=0.5)
+    assert early.startswith("rank(s) 1 of 2 cast no vote in 0.5 s")
+    # rank 1 arrives after rank 0 gave up: every vote is in the store now, yet it follows rank 0
+    late = agree(_StoreGroup(store, 1, 2), Vote(1, True, "abc"), timeout_s=5)
+    assert late == early

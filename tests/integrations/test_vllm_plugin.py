@@ -872,7 +872,7 @@ def test_without_the_variable_even_inside_vllm_nothing_is_installed():
 
 
 # ----------------------------------------------------------------------------- two ranks over gloo
-def _two_ranks(tmp_path, policies):
+def _two_ranks(tmp_path, policies, vote_timeout_s=None):
     script = Path(__file__).parent / "vllm_two_ranks.py"
     init = tmp_path / "gloo-init"
     procs, outs = [], []
@@ -889,6 +889,7 @@ def _two_ranks(tmp_path, policies):
                     str(policy),
                     str(out),
                     str(local),
+                    *([] if vote_timeout_s is None else [str(vote_timeout_s)]),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -923,6 +924,22 @@ def test_over_gloo_a_rank_with_another_policy_makes_both_keep_vllms_behaviour(vl
     ranks = _two_ranks(tmp_path, [mine, other])
     assert not any(r["applied"] for r in ranks) and all(r["num_sms"] == 20 for r in ranks)
     assert "digests differ" in ranks[0]["reason"]
+    assert (
+        ranks[0]["dispatch"] == ranks[1]["dispatch"] == list(h.Buffer.get_dispatch_config(2).key())
+    )
+
+
+@pytest.mark.slow
+def test_over_gloo_a_rank_without_the_plugin_leaves_both_on_vllms_behaviour(vllm_env, tmp_path):
+    """Rank 1 has no plugin (MOEPOLICY_POLICY unset there): it casts no vote and goes straight to
+    DeepEP, whose stand-in exchanges the Config over the same gloo group. Rank 0 waits for the vote
+    through the group's store, gives up and keeps vLLM's behaviour, so both hand DeepEP the same
+    Config; a vote sent as a collective would have met rank 1's exchange instead."""
+    mine = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", mutate=with_buckets)
+    ranks = _two_ranks(tmp_path, [mine, "none"], vote_timeout_s=5)
+    assert ranks[0]["plugin"] and not ranks[1]["plugin"]
+    assert not ranks[0]["applied"] and "rank(s) 1 of 2 cast no vote in 5 s" in ranks[0]["reason"]
+    assert ranks[0]["num_sms"] == ranks[1]["num_sms"] == 20
     assert (
         ranks[0]["dispatch"] == ranks[1]["dispatch"] == list(h.Buffer.get_dispatch_config(2).key())
     )

@@ -5,9 +5,9 @@ outside any ``try``. Without ``MOEPOLICY_POLICY`` it does nothing at all (no imp
 moepolicy installed but not asked for never changes vLLM. With the variable it installs the plugin's
 classes where vLLM constructs its DeepEP managers and prepare/finalize objects (see
 :mod:`moepolicy.integrations.vllm.patches`); at each manager start the ranks vote over the manager's
-CPU group and apply the policy only if every rank would apply the same one. Set the variable on every
-rank: a rank without it casts no vote, so the others' vote (a collective on that group) meets that
-rank's next collective there (DeepEP's buffer set-up) instead; nothing here can detect that. A plugin that cannot apply the policy leaves vLLM as it is and says why in one line;
+CPU group's store and apply the policy only if every rank would apply the same one
+(:mod:`moepolicy.integrations.vllm.vote`). Set the variable on every rank: a rank without it casts no
+vote, and the others wait for it (``VOTE_TIMEOUT_S``), then keep vLLM's behaviour as it does. A plugin that cannot apply the policy leaves vLLM as it is and says why in one line;
 with ``MOEPOLICY_STRICT`` on it refuses to start instead.
 """
 

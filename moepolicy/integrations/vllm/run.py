@@ -26,8 +26,8 @@ from moepolicy.integrations.vllm.serving import (
     digest,
     digest_fields,
     policy_index,
-    verdict,
 )
+from moepolicy.integrations.vllm.vote import agree
 
 
 @dataclass(frozen=True)
@@ -90,35 +90,6 @@ def _loader_lines():
         lg.propagate = propagate
 
 
-def gather_votes(group, vote: Vote) -> list[Vote]:
-    """Every rank's vote, over the manager's CPU group (gloo), as plain dicts: a rank with another
-    moepolicy still answers."""
-    mine = {
-        "rank": vote.rank,
-        "applied": vote.applied,
-        "digest": vote.digest,
-        "reason": vote.reason,
-    }
-    if hasattr(group, "all_gather_obj"):  # vLLM's StatelessProcessGroup
-        answers = group.all_gather_obj(mine)
-    else:
-        import torch.distributed as dist
-
-        answers = [None] * dist.get_world_size(group)
-        dist.all_gather_object(answers, mine, group=group)
-    return [
-        Vote(
-            int(a.get("rank", i)),
-            bool(a.get("applied")),
-            str(a.get("digest", "")),
-            str(a.get("reason", "")),
-        )
-        if isinstance(a, dict)
-        else Vote(i, False, "", "an answer this moepolicy cannot read")
-        for i, a in enumerate(answers)
-    ]
-
-
 _STARTS = itertools.count()
 
 
@@ -149,7 +120,7 @@ class ManagerRun:
         self.digest = digest(fields) if fields else ""
         vote = Vote(manager.rank, fields is not None, self.digest, self.reason)
         try:
-            disagreement = verdict(gather_votes(manager.cpu_group, vote))
+            disagreement = agree(manager.cpu_group, vote)
         except Exception as exc:  # noqa: BLE001 (the group failed: no rank can know the others agree)
             disagreement = f"the ranks could not be asked ({type(exc).__name__}: {exc})"
         self.applied = not disagreement
