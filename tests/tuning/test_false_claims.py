@@ -12,16 +12,25 @@ import pytest
 from moepolicy.measure.rounds import DEFAULT_ROUNDS
 from moepolicy.testing.claims_sim import NOISE_MODELS, POLICIES, inflation, rate
 
-RUNS = 24  # per noise model: 120 null runs per policy
+RUNS = (
+    240  # per noise model: 1200 null runs per policy (power: a true 6.3 % rate fails every policy)
+)
 LEVEL = {"bench": 0.05}  # any claim in either direction among 12 comparisons; the rest 2.5 %
 
 
 def consistent_with(count: int, runs: int, level: float) -> bool:
     """Could ``count`` of ``runs`` come from a rate at ``level``? (one-sided binomial test at 0.2 %)"""
-    tail = sum(
-        math.comb(runs, k) * level**k * (1 - level) ** (runs - k) for k in range(count, runs + 1)
-    )
-    return tail > 0.002
+
+    def log_pmf(k: int) -> float:  # in logs: math.comb(1200, k) overflows a float
+        return (
+            math.lgamma(runs + 1)
+            - math.lgamma(k + 1)
+            - math.lgamma(runs - k + 1)
+            + k * math.log(level)
+            + (runs - k) * math.log1p(-level)
+        )
+
+    return sum(math.exp(log_pmf(k)) for k in range(count, runs + 1)) > 0.002
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -34,6 +43,10 @@ def test_no_policy_makes_false_claims_above_its_stated_level(policy):
 def test_the_binomial_check_can_fail():
     # the 2.1 protocol's rates (issue 32: 14 % of policies moved the SM count under iid noise) are caught
     assert not consistent_with(17, 120, 0.025) and consistent_with(6, 120, 0.025)
+    # at this test's size a true 6.3 % (the old percentile bootstrap's rate) fails, 2.5 % passes
+    runs = RUNS * len(NOISE_MODELS)
+    assert not consistent_with(round(0.063 * runs), runs, 0.025)
+    assert consistent_with(round(0.025 * runs), runs, 0.025)
 
 
 def test_a_small_true_gain_is_printed_without_inflation():
