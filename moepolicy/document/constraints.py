@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from moepolicy import names
+
 SCHEMA_VERSION = "2.3"
 READABLE_MAJORS = (
     1,
     2,
 )  # 1.x documents load as they are: every 2.0 field has a default that 1.x meant
-QUANTIZED_ORDERS = ("quant_then_dispatch", "in_kernel_quant")
+QUANTIZED_ORDERS = tuple(order.value for order in names.QUANTIZED_ORDERS)
 # what a quantized order may put on the wire; 2.1 adds NVFP4 (e2m1 packed two per byte, e4m3 1x16 scales)
 QUANTIZED_WIRES = ("fp8_e4m3", "nvfp4")
 # values a 2.0 reader does not know: a document that uses one must say 2.1 or newer

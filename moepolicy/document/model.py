@@ -17,13 +17,13 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from moepolicy import names
 from moepolicy.document import constraints as rules
 
 
 SCHEMA_VERSION = rules.SCHEMA_VERSION
-Order = Literal[
-    "quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none", "fused"
-]
+# the shared names (moepolicy.names) as Literals: the document and its JSON Schema keep plain strings
+Order = Literal[names.Order.values()]
 
 
 class _Doc(BaseModel):
@@ -38,7 +38,7 @@ class ScaleDoc(_Doc):
 
 
 class WireDoc(_Doc):
-    dtype: Literal["bf16", "fp8_e4m3", "nvfp4", "none"]  # 2.1: nvfp4
+    dtype: Literal[names.WireDtype.values()]  # 2.1: nvfp4
     scale: Optional[ScaleDoc] = None
 
 
