@@ -327,11 +327,12 @@ def _overlap(deepep: dict, label: str):
     )
     chosen = _number(overlap.get("comm_sms"))
     chosen = chosen if chosen is not None else deepep["num_sms"]
-    ax.axvline(
-        chosen,
-        color="green",
-        label=f"kept ({chosen:g} SMs: decided on fresh rounds, not on this scan)",
+    how = (  # a gate in fresh rounds from schema 2.2; older files kept what the scan chose
+        "decided on fresh rounds, not on this scan"
+        if isinstance(overlap.get("gate"), dict)
+        else "chosen from these samples: no fresh rounds"
     )
+    ax.axvline(chosen, color="green", label=f"kept ({chosen:g} SMs: {how})")
     ax.axvline(
         VLLM_HT_NUM_SMS, color="grey", linestyle=":", label=f"vLLM's split ({VLLM_HT_NUM_SMS} SMs)"
     )

@@ -119,3 +119,18 @@ def test_every_figure_says_which_model_target_and_tune_it_shows(tuned, tmp_path)
             and "µs" in joined
             and " us" not in joined
         )
+
+
+@pytest.mark.parametrize(
+    "gate, words", [(None, "no fresh rounds"), ({"moved": True}, "fresh rounds, not on this scan")]
+)
+def test_the_overlap_legend_says_how_the_split_was_kept(gate, words):
+    """A 2.1-era overlap policy kept what its scan chose; from 2.2 a gate in fresh rounds decides."""
+    from moepolicy.export.plots import _overlap
+
+    overlap = {"comm_sms": 32, "splits_us": {20: 850.0, 32: 800.0}}
+    if gate is not None:
+        overlap["gate"] = gate
+    fig = _overlap({"num_sms": 20, "overlap": overlap}, "measured")
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any("kept (32 SMs: " in t and words in t for t in labels), labels
