@@ -8,16 +8,14 @@ decision without them (``unmeasured``) for a runtime whose tuning key does not m
 
 from __future__ import annotations
 
-import datetime as _dt
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from moepolicy._resources import sheets_sha256
-from moepolicy._version import __version__
 from moepolicy.errors import InfeasibleError
 from moepolicy.expert_kernel import Deployment, Execution, execution_for
 from moepolicy.feasibility import model_problems, wire_problem
-from moepolicy.document.keys import compute_keys
+from moepolicy.document.builder import assemble
 from moepolicy.rules.engine import Decision, decide
 from moepolicy.rules.grammar import RulePack
 from moepolicy.rules.vocabulary import UNMEASURED, layer_facts
@@ -26,7 +24,6 @@ from moepolicy.deepep.configs import ChunkConfig, default_num_sms
 from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
 from moepolicy.document.deepep_section import deepep_section
 from moepolicy.schema.facts import LayerFacts, ModelFacts
-from moepolicy.document.model import SCHEMA_VERSION
 from moepolicy.target import Target
 
 LL_MAX_TOKENS_DEFAULT = 128
@@ -365,9 +362,8 @@ def build_document(
     defaults where None)."""
     facts, target = plan.model, plan.target
     first = facts.first_moe
-    doc: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "model": {
+    return assemble(
+        model={
             "name": facts.name,
             "facts_sha256": facts.sha256(),
             "hidden_size": facts.hidden_size,
@@ -375,7 +371,7 @@ def build_document(
             "num_experts": first.num_experts if first else 0,
             "top_k": first.top_k if first else 0,
         },
-        "target": {
+        target={
             "gpu": target.gpu,
             "arch": target.arch,
             "sm_count": target.profile.sm_count,
@@ -395,14 +391,8 @@ def build_document(
             "static_scale": target.static_scale,
             "sheets_sha256": sheets_sha256(target.deepep.name),
         },
-        "rules": {"packs": [pack.ref() for pack in plan.packs]},
-        "deepep": _deepep_doc(plan, deepep or default_deepep(plan)),
-        "layers": _layer_entries(plan.layers),
-    }
-    doc["key"] = compute_keys(doc)
-    doc["generated"] = {
-        "by": f"moepolicy {__version__}",
-        "at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        **({"command": command} if command else {}),
-    }
-    return doc
+        packs=[pack.ref() for pack in plan.packs],
+        deepep=_deepep_doc(plan, deepep or default_deepep(plan)),
+        layers=_layer_entries(plan.layers),
+        command=command,
+    )
