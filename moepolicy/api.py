@@ -136,12 +136,36 @@ def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, 
             int(objective.get("reps", 20)),
         )
     try:
-        return tune_plan(plan, bench, options, space, objective)
+        result = tune_plan(plan, bench, options, space, objective)
     except Exception as exc:  # noqa: BLE001 (the study database failing: one line; anything else re-raised)
         failed = storage_failure(exc, options.storage)
         if failed is None:
             raise
         raise failed from None
+    return functional(result, choice) if getattr(choice, "shared", False) else result
+
+
+def functional(result, choice):
+    """A tune whose ranks shared GPUs checked the live path's function only: its result is marked
+    partial with why (the serving runtime uses DeepEP's defaults for a partial policy)."""
+    import dataclasses
+
+    return dataclasses.replace(result, deepep=functional_deepep(result.deepep, choice))
+
+
+def functional_deepep(kept, choice):
+    """``kept`` (a ``deepep.kept.KeptDeepEP``) marked partial: timed by ranks that share GPUs."""
+    import dataclasses
+
+    from moepolicy.measure.placement import SHARED_LABEL
+
+    reason = (
+        f"functional run, {SHARED_LABEL} ({choice.why}); its times measure no communication "
+        "and its configs are not for serving"
+    )
+    if kept.partial:
+        reason += f"; {kept.partial}"
+    return dataclasses.replace(kept, partial=reason)
 
 
 def policy_document(result, command: str = "") -> dict:

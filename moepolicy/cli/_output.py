@@ -78,12 +78,14 @@ class progress_to_stderr:
         bars = _Bars() if not verbose and sys.stderr.isatty() else None
         self._attach("moepolicy.tuning", _Lines(bars), logging.DEBUG if verbose else logging.INFO)
         if bars is not None:
-            self._attach("moepolicy.tuning.progress", bars, logging.INFO)
+            self._attach("moepolicy.tuning.progress", bars, logging.INFO, log_file=False)
         elif not verbose:  # a log file, a pipe, CI: no bar, but a long phase still shows it moves
-            self._attach("moepolicy.tuning.progress", _PlainProgress(), logging.INFO)
+            self._attach(
+                "moepolicy.tuning.progress", _PlainProgress(), logging.INFO, log_file=False
+            )
         return self
 
-    def _attach(self, name: str, handler, level: int) -> None:
+    def _attach(self, name: str, handler, level: int, log_file: bool = True) -> None:
         from moepolicy.cli._logging import Settings
 
         logger = logging.getLogger(name)
@@ -91,8 +93,12 @@ class progress_to_stderr:
         logger.addHandler(handler)
         logger.setLevel(level)
         logger.propagate = False
-        if Settings.file_handler is not None and Settings.file_handler not in logger.handlers:
-            logger.addHandler(Settings.file_handler)  # --log-file keeps the progress lines too
+        if (
+            log_file
+            and Settings.file_handler is not None
+            and Settings.file_handler not in logger.handlers
+        ):
+            logger.addHandler(Settings.file_handler)  # --log-file keeps the tuning lines too
             self._loggers.append((logger, Settings.file_handler, logger.level, False))
 
     def __exit__(self, *exc) -> None:

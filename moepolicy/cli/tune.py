@@ -9,13 +9,13 @@ which first. Outside the model's measured envelope the policy keeps DeepEP's def
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 
 from typing import Optional
 
 from moepolicy import api
+from moepolicy.measure.placement import SHARED_LABEL
 from moepolicy.cli._deepep_summary import overlap_lines
 from moepolicy.cli._output import (
     add_output_flag,
@@ -385,8 +385,8 @@ def _tune_and_write(
         result = api.tune_with(
             plan, choice, options, objective, space, bench=build_bench(plan, objective)
         )
-    if choice.shared:
-        result = functional(result, choice)
+    if choice.shared:  # api.tune_with marked the result partial: not for serving
+        note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
     document = api.policy_document(result)
     render(result, document)
     _closing_line(plan, result)
@@ -421,6 +421,9 @@ def _tune_v2(
         "DeepEP v2: measuring its SM count and prefer-overlap option (unverified on this project's machines)"
     )
     kept, chosen = tune_v2_plan(plan, build_v2_bench(), options)
+    if choice.shared:
+        note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
+        kept = api.functional_deepep(kept, choice)
     document = tuned_document(plan, kept, command=options.command)
     note(f"DeepEP v2: kept {chosen.kept.name} ({chosen.why})")
     for (
@@ -457,21 +460,6 @@ def _closing_line(plan, result) -> None:
         note(line)
 
 
-def functional(result, choice: BenchChoice):
-    """A tune whose ranks shared GPUs checked the live path's function only: its result is marked
-    partial with why (the serving runtime uses DeepEP's defaults for a partial policy)."""
-    from moepolicy.measure.placement import SHARED_LABEL
-
-    note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
-    reason = (
-        f"functional run, {SHARED_LABEL} ({choice.why}); its times measure no communication "
-        "and its configs are not for serving"
-    )
-    if result.deepep.partial:
-        reason += f"; {result.deepep.partial}"
-    return dataclasses.replace(result, deepep=dataclasses.replace(result.deepep, partial=reason))
-
-
 def _after_interrupt(result) -> int:
     if result.interruption is not None:
         raise result.interruption
@@ -490,11 +478,12 @@ def tune_inputs(args: argparse.Namespace, storage: str) -> list[tuple[str, objec
 
 
 def _output_for(result, output: Optional[str]) -> Optional[str]:
-    """Where the result goes: ``output``, unless the tune was interrupted and ``output`` holds a
-    complete policy, which a partial result never replaces (it goes beside it, ``*.partial.yaml``)."""
+    """Where the result goes: ``output``, unless the result is partial (an interrupted tune, a
+    functional run on shared ranks) and ``output`` holds a complete policy, which a partial result
+    never replaces (it goes beside it, ``*.partial.yaml``)."""
     from pathlib import Path
 
-    if output is None or not result.interrupted or not Path(output).exists():
+    if output is None or result.deepep.partial is None or not Path(output).exists():
         return output
     from moepolicy.document.reader import read_policy
 
@@ -507,7 +496,8 @@ def _output_for(result, output: Optional[str]) -> Optional[str]:
     p = Path(output)
     beside = str(p.with_name(p.stem + ".partial" + (p.suffix or ".yaml")))
     note(
-        f"interrupted: {output} holds a complete policy and is kept; the partial result goes to {beside}"
+        f"{'interrupted' if result.interrupted else 'a partial result'}: {output} holds a complete "
+        f"policy and is kept; the partial result goes to {beside}"
     )
     return beside
 

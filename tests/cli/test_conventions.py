@@ -44,6 +44,26 @@ def test_log_file_keeps_the_tunes_lines_with_times(tmp_path):
     assert done.stderr == ""  # -q: nothing on stderr, everything in the file
 
 
+def test_the_log_file_gets_the_tunes_lines_not_its_progress_events(monkeypatch):
+    import io
+    import logging
+
+    from moepolicy.cli import _output
+    from moepolicy.cli._logging import Settings
+    from moepolicy.tuning import progress
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    monkeypatch.setattr(Settings, "file_handler", handler)
+    monkeypatch.setattr(Settings, "quiet", False)
+    with _output.progress_to_stderr():  # stderr is not a terminal here: plain progress, no bar
+        logging.getLogger("moepolicy.tuning").info("a tuning line")
+        progress.phase("search", 3)
+        progress.advance()
+    assert stream.getvalue().splitlines() == ["moepolicy.tuning: a tuning line"]
+
+
 def test_an_unopenable_log_file_is_one_line(tmp_path):
     done = run_cli("models", "--log-file", str(tmp_path / "no" / "such" / "x.log"))
     assert done.returncode == 8 and done.stderr.strip().startswith("moepolicy: --log-file")

@@ -88,8 +88,7 @@ def test_the_functional_policy_is_marked_not_for_serving(tmp_path):
     pytest.importorskip("optuna")
     from conftest import run_cli
     from moepolicy import load_policy
-    from moepolicy.api import policy_document, write_policy
-    from moepolicy.cli.tune import functional
+    from moepolicy.api import policy_document, tune_with, write_policy
     from moepolicy.checkpoint.reader import read_model
     from moepolicy.document.reader import read_policy
     from moepolicy.planner import make_plan
@@ -105,8 +104,10 @@ def test_the_functional_policy_is_marked_not_for_serving(tmp_path):
     options = TuneOptions(buckets=((1024, 1.0),), trials=2, storage=f"sqlite:///{tmp_path}/s.db")
     result = tune_plan(plan, ModelBench("h200"), options, load_space(), load_objective())
     assert policy_document(result)["deepep"].get("partial") is None
-    marked = functional(
-        result, bench_source.BenchChoice("live", "2 ranks on 1 GPU(s)", 2, shared=True)
+    shared = bench_source.BenchChoice("live", "2 ranks on 1 GPU(s)", 2, shared=True)
+    # the library's tune marks it, not only the CLI (a stand-in bench in place of the shared ranks)
+    marked = tune_with(
+        plan, shared, options, load_objective(), load_space(), bench=ModelBench("h200")
     )
     path = tmp_path / "p.yaml"
     write_policy(marked, path)
@@ -115,3 +116,20 @@ def test_the_functional_policy_is_marked_not_for_serving(tmp_path):
     assert policy.is_fallback and policy.deepep.is_default
     done = run_cli("validate", str(path))
     assert done.returncode == 6 and "functional run" in done.stderr
+
+
+def test_a_functional_result_never_replaces_a_complete_policy(tmp_path):
+    import types
+
+    from conftest import run_cli
+    from moepolicy.cli.tune import _output_for
+
+    path = tmp_path / "p.yaml"
+    done = run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "-o", str(path))
+    assert done.returncode == 0, done.stderr
+    functional = types.SimpleNamespace(
+        interrupted=False, deepep=types.SimpleNamespace(partial="functional run, ...")
+    )
+    assert _output_for(functional, str(path)) == str(tmp_path / "p.partial.yaml")
+    complete = types.SimpleNamespace(interrupted=False, deepep=types.SimpleNamespace(partial=None))
+    assert _output_for(complete, str(path)) == str(path)

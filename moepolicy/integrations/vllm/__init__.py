@@ -7,7 +7,7 @@ classes where vLLM constructs its DeepEP managers and prepare/finalize objects (
 :mod:`moepolicy.integrations.vllm.patches`); at each manager start the ranks vote over the manager's
 CPU group's store and apply the policy only if every rank would apply the same one
 (:mod:`moepolicy.integrations.vllm.vote`). Set the variable on every rank: a rank without it casts no
-vote, and the others wait for it (``VOTE_TIMEOUT_S``), then keep vLLM's behaviour as it does. A plugin that cannot apply the policy leaves vLLM as it is and says why in one line;
+vote, and the others wait for it (``VOTE_TIMEOUT_S``, 2 minutes), then keep vLLM's behaviour as it does. A plugin that cannot apply the policy leaves vLLM as it is and says why in one line;
 with ``MOEPOLICY_STRICT`` on it refuses to start instead.
 """
 

@@ -20,9 +20,10 @@ from typing import Optional
 
 from moepolicy.integrations.vllm.serving import Vote, verdict
 
-VOTE_TIMEOUT_S = (
-    600.0  # every rank's vote is awaited this long (ranks load the model at their pace)
-)
+# every rank's vote is awaited this long: the vote runs as vLLM builds the EP group's manager, just
+# after the gloo rendezvous that lined the ranks up (before the model loads), so ranks arrive close
+# together; it stays well under gloo's default 30-minute collective timeout
+VOTE_TIMEOUT_S = 120.0
 _PREFIX = "moepolicy-vote"
 _AGREED = "agreed"
 
@@ -43,13 +44,9 @@ def _store_of(group):
     """(store, rank, world size) of vLLM's ``StatelessProcessGroup`` or a torch process group."""
     if all(hasattr(group, a) for a in ("store", "rank", "world_size")):
         return group.store, int(group.rank), int(group.world_size)
-    try:
-        import torch.distributed as dist
-        from torch.distributed.distributed_c10d import _get_process_group_store
-
-        # torch's own accessor (private, present in torch 2.13 and 2.14): the group's PrefixStore
-        return _get_process_group_store(group), dist.get_rank(group), dist.get_world_size(group)
-    except Exception:  # noqa: BLE001 (another torch, a group without a store: the collective instead)
+    try:  # a torch ProcessGroup (also one built outside torch's registry, as vLLM's elastic EP does)
+        return group.get_group_store(), int(group.rank()), int(group.size())
+    except Exception:  # noqa: BLE001 (a group without a store: the collective instead)
         return None
 
 
@@ -62,12 +59,15 @@ def _agree_through(store, rank: int, world: int, vote: Vote, timeout_s: float) -
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
     except Exception:  # noqa: BLE001 (DistStoreError on timeout): decide without the missing ranks
         missing = [r for r, key in enumerate(keys) if not store.check([key])]
+    else:
+        missing = []
+    if missing:
         proposal = (
             f"rank(s) {','.join(map(str, missing))} of {world} cast no vote in {timeout_s:g} s "
             "(MOEPOLICY_POLICY unset there, moepolicy not installed, or another vLLM: keep the "
             "nodes alike)"
         )
-    else:
+    else:  # every vote is in (the last may have landed just as the wait gave up)
         proposal = verdict([_vote(store.get(key), i) for i, key in enumerate(keys)]) or _AGREED
     decided = store.compare_set(f"{base}/decision", "", proposal)
     decided = decided.decode() if isinstance(decided, bytes) else str(decided)
