@@ -63,8 +63,9 @@ def tune(
     seed: int = 0,
     options: Optional[TuneOptions] = None,
 ):
-    """Tune DeepEP's SM count and chunk sizes for ``plan`` with optuna, returning the
-    ``tuning.runner.TuneResult`` (write it with :func:`write_policy`). ``tokens`` are the token
+    """Tune DeepEP's SM count and chunk sizes for ``plan`` with optuna (on DeepEP v2: its own SM
+    count and overlap option, live only), returning the ``tuning.runner.TuneResult`` (write it with
+    :func:`write_policy`). ``tokens`` are the token
     buckets per rank (default: moepolicy/data/tuning/objective.yaml's); ``bench`` is ``auto`` (live
     when deep_ep imports and GPUs are visible, else the calibrated model), ``live`` or ``model``; ``options`` (a full
     :class:`TuneOptions`) replaces ``tokens``, ``trials``, ``storage``, ``study_name`` and ``seed``."""
@@ -107,16 +108,14 @@ def buckets(tokens: Sequence[int], objective: dict) -> tuple[tuple[int, float], 
 
 
 def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, bench=None):
-    """The tune itself, for a bench already chosen: optuna's study over the plan's wire formats.
-    ``bench`` is a bench already built (the CLI's torchrun ranks, a test's); by default ``choice``'s."""
+    """The tune itself, for a bench already chosen: optuna's study over the plan's wire formats, or
+    on DeepEP v2 its settings measured in turn. ``bench`` is a bench already built (the CLI's torchrun
+    ranks, a test's; a ``v2_tune.V2Bench`` on v2); by default ``choice``'s."""
     from moepolicy.tuning.bench_source import BenchSource
     from moepolicy.tuning.storage import check_storage, storage_failure
 
     if plan.target.deepep.api == "v2":
-        raise UsageError(
-            f"{plan.target.deepep.name}: DeepEP v2 is tuned only by 'moepolicy tune' on GPUs with it "
-            "(its own live bench); plan it to get DeepEP's defaults"
-        )
+        return _tune_v2(plan, choice, options, bench)
     try:
         import optuna
     except ImportError:
@@ -142,6 +141,27 @@ def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, 
         if failed is None:
             raise
         raise failed from None
+    return functional(result, choice) if getattr(choice, "shared", False) else result
+
+
+V2_REPS = 20  # timings per DeepEP v2 measurement (their median counts)
+
+
+def _tune_v2(plan: Plan, choice, options: TuneOptions, bench=None):
+    """DeepEP v2: its SM count and prefer-overlap option, measured live (no model of v2 exists)."""
+    from moepolicy.tuning.bench_source import BenchSource
+    from moepolicy.tuning.v2_tune import tune_v2_plan
+
+    if choice.kind != "live":
+        raise UsageError(
+            f"{plan.target.deepep.name}: DeepEP v2 sizes its own buffers and chunks; its settings "
+            "(num_sms, 0 = its analytical count, and prefer_overlap_with_compute) are measured only "
+            "live, on GPUs with DeepEP v2 (it needs NCCL with GIN; unverified on this project's "
+            "machines), not with the model bench; 'moepolicy plan' writes DeepEP's defaults as deepep.v2"
+        )
+    if bench is None:
+        bench = BenchSource().build_v2(choice, options.trial_timeout_s, V2_REPS)
+    result = tune_v2_plan(plan, bench, options)
     return functional(result, choice) if getattr(choice, "shared", False) else result
 
 

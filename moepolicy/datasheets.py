@@ -19,7 +19,6 @@ from moepolicy.schema.capability import DeepEPSheet, GpuProfile, GpuSheet, Kerne
 from moepolicy.schema.locations import yaml_path
 
 T = TypeVar("T", bound=BaseModel)
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 MAX_DATA_FILE_BYTES = 16 * 1024 * 1024  # a rule pack, sheet, search space or calibration file
@@ -33,10 +32,10 @@ def read_yaml(path: Path) -> Any:
         text = read_bounded(path, MAX_DATA_FILE_BYTES, RulePackError).decode("utf-8")
     except UnicodeDecodeError:
         raise RulePackError(f"{path}: is not UTF-8 text") from None
-    from moepolicy.document.yaml_io import parse_text, yaml_problem
+    from moepolicy.safe_yaml import loads, yaml_problem
 
     try:
-        return parse_text(text)
+        return loads(text)
     except yaml.YAMLError as exc:
         raise RulePackError(f"{path}: {yaml_problem(exc)}") from None
     except (ValueError, RecursionError) as exc:

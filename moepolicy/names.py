@@ -33,6 +33,9 @@ class Order(_Name):
     FUSED = "fused"  # the expert kernel dispatches itself (DeepGEMM Mega MoE)
 
 
+# a measured fact's value where no order was measured faster beyond noise: the rules' order stands
+UNMEASURED = "unmeasured"
+
 QUANTIZED_ORDERS = (
     Order.QUANT_THEN_DISPATCH,
     Order.IN_KERNEL_QUANT,

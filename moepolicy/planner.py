@@ -15,7 +15,7 @@ from moepolicy._resources import sheets_sha256
 from moepolicy.errors import InfeasibleError
 from moepolicy.expert_kernel import Deployment, Execution, execution_for
 from moepolicy.feasibility import model_problems, wire_problem
-from moepolicy.document.builder import assemble
+from moepolicy.document.builder import assemble, section
 from moepolicy.rules.engine import Decision, decide
 from moepolicy.rules.grammar import RulePack
 from moepolicy.rules.vocabulary import UNMEASURED, layer_facts
@@ -23,69 +23,12 @@ from moepolicy.deepep.buffers import ht_buffer_bytes, low_latency_bytes_hint
 from moepolicy.deepep.configs import ChunkConfig, default_num_sms
 from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
 from moepolicy.document.deepep_section import deepep_section
+from moepolicy.document.model import DeepEPDoc, LayerDoc, ModelDoc, PackRefDoc, TargetDoc
 from moepolicy.schema.facts import LayerFacts, ModelFacts
+from moepolicy.schema.measured import OrderTiming, overall_faster
 from moepolicy.target import Target
 
 LL_MAX_TOKENS_DEFAULT = 128
-
-
-@dataclass(frozen=True)
-class OrderTiming:
-    """Both orders timed at one token bucket (per rank), for the payload ``tune`` measured: medians
-    over rotated rounds and the paired test's verdict (``verdict``: the order faster beyond noise, or
-    ``unmeasured`` where neither is, so the rules' order stands). Without a verdict (a document written
-    before schema 2.2: one sample each) the smaller time."""
-
-    tokens: int
-    quant_then_dispatch_us: float
-    dispatch_then_quant_us: float
-    rounds: int = 1
-    speedup: Optional[float] = (
-        None  # quantizing first: dispatch_then_quant time / quant_then_dispatch time
-    )
-    ci95: Optional[tuple[float, float]] = None
-    verdict: Optional[str] = None  # quant_then_dispatch | dispatch_then_quant | unmeasured
-    correction: str = ""
-
-    @property
-    def faster(self) -> str:
-        if self.verdict is not None:
-            return self.verdict
-        return (
-            "quant_then_dispatch"
-            if self.quant_then_dispatch_us <= self.dispatch_then_quant_us
-            else "dispatch_then_quant"
-        )
-
-    def to_doc(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "tokens": self.tokens,
-            "quant_then_dispatch_us": round(self.quant_then_dispatch_us, 2),
-            "dispatch_then_quant_us": round(self.dispatch_then_quant_us, 2),
-        }
-        if self.verdict is not None:
-            out.update(
-                {
-                    "rounds": self.rounds,
-                    "quant_first_speedup": round(self.speedup, 4),
-                    "ci95": None if self.ci95 is None else [round(x, 4) for x in self.ci95],
-                    "faster": "neither" if self.verdict == UNMEASURED else self.verdict,
-                }
-            )
-            if self.correction:
-                out["correction"] = self.correction
-        return out
-
-
-def overall_faster(timings: Sequence[OrderTiming]) -> str:
-    """The order for every token count: where the timings carry tests, the order every bucket found
-    faster beyond noise, else ``unmeasured`` (the rules' order); without tests the smaller total."""
-    if timings and all(t.verdict is not None for t in timings):
-        verdicts = {t.verdict for t in timings}
-        return verdicts.pop() if len(verdicts) == 1 else UNMEASURED
-    qtd = sum(t.quant_then_dispatch_us for t in timings)
-    dtq = sum(t.dispatch_then_quant_us for t in timings)
-    return "quant_then_dispatch" if qtd <= dtq else "dispatch_then_quant"
 
 
 @dataclass(frozen=True)
@@ -267,7 +210,7 @@ def default_deepep(plan: Plan) -> KeptDeepEP:
     return deepep_defaults(target.deepep, target.ep_size, note)
 
 
-def _deepep_doc(plan: Plan, kept: KeptDeepEP) -> dict[str, Any]:
+def _deepep_doc(plan: Plan, kept: KeptDeepEP) -> DeepEPDoc:
     """The ``deepep`` section: ``kept`` with buffers sized for the plan's shapes, a low-latency
     target's settings and the order timings the layers were decided with."""
     target = plan.target
@@ -283,7 +226,7 @@ def _deepep_doc(plan: Plan, kept: KeptDeepEP) -> dict[str, Any]:
         kept,
         buffer_bytes(target, hidden, experts, kept.num_sms, configs),
         low_latency,
-        [t.to_doc() for t in plan.timings],
+        plan.timings,
     )
 
 
@@ -313,39 +256,34 @@ def replayed_decisions(layers, target: Target, packs: Sequence[RulePack]) -> dic
     return out
 
 
-def _layer_entries(layers: Sequence[LayerPlan]) -> list[dict[str, Any]]:
-    """Layer entries, each with its facts (the YAML writer puts each distinct set once in a table)."""
-    out = []
-    for lp in layers:
-        d = lp.decision
-        entry = {
-            "index": lp.layer.index,
-            "kind": lp.layer.kind,
-            "order": d.order,
-            "wire": d.wire.as_dict(),
-            "numerics": d.numerics,
-            "rule": d.rule,
-            "reason": d.reason,
-            "facts": stored_facts(lp.facts),
-        }
-        if lp.layer.kind == "moe":
-            entry["combine"] = {"dtype": d.combine}
-        if lp.bucket_decisions:
-            entry["orders"] = [
-                {"max_tokens": bound, "order": b.order, "wire": b.wire.as_dict(), "rule": b.rule}
-                for bound, b in lp.bucket_decisions
-            ]
-        if lp.unmeasured is not None:
-            u = lp.unmeasured
-            entry["unmeasured"] = {
-                "order": u.order,
-                "wire": u.wire.as_dict(),
-                "numerics": u.numerics,
-                "rule": u.rule,
-                "reason": u.reason,
-            }
-        out.append(entry)
-    return out
+def _decision_fields(d: Decision) -> dict[str, Any]:
+    return {
+        "order": d.order,
+        "wire": d.wire.as_dict(),
+        "numerics": d.numerics,
+        "rule": d.rule,
+        "reason": d.reason,
+    }
+
+
+def _layer_entry(lp: LayerPlan) -> LayerDoc:
+    """A layer's entry with its facts (the YAML writer puts each distinct set once in a table)."""
+    fields: dict[str, Any] = {
+        "index": lp.layer.index,
+        "kind": lp.layer.kind,
+        **_decision_fields(lp.decision),
+        "facts": stored_facts(lp.facts),
+    }
+    if lp.layer.kind == "moe":
+        fields["combine"] = {"dtype": lp.decision.combine}
+    if lp.bucket_decisions:
+        fields["orders"] = [
+            {"max_tokens": bound, "order": b.order, "wire": b.wire.as_dict(), "rule": b.rule}
+            for bound, b in lp.bucket_decisions
+        ]
+    if lp.unmeasured is not None:
+        fields["unmeasured"] = _decision_fields(lp.unmeasured)
+    return section(LayerDoc, **fields)
 
 
 def tuned_document(
@@ -363,36 +301,38 @@ def build_document(
     facts, target = plan.model, plan.target
     first = facts.first_moe
     return assemble(
-        model={
-            "name": facts.name,
-            "facts_sha256": facts.sha256(),
-            "hidden_size": facts.hidden_size,
-            "num_layers": facts.num_hidden_layers,
-            "num_experts": first.num_experts if first else 0,
-            "top_k": first.top_k if first else 0,
-        },
-        target={
-            "gpu": target.gpu,
-            "arch": target.arch,
-            "sm_count": target.profile.sm_count,
-            "ep_size": target.ep_size,
-            "gpus_per_node": target.gpus_per_node,
-            "layout": target.layout,
-            "backend": target.backend,
-            "expert_kernel": plan.kernel_label,
-            "engine": target.engine,
-            "deep_ep": {
+        model=section(
+            ModelDoc,
+            name=facts.name,
+            facts_sha256=facts.sha256(),
+            hidden_size=facts.hidden_size,
+            num_layers=facts.num_hidden_layers,
+            num_experts=first.num_experts if first else 0,
+            top_k=first.top_k if first else 0,
+        ),
+        target=section(
+            TargetDoc,
+            gpu=target.gpu,
+            arch=target.arch,
+            sm_count=target.profile.sm_count,
+            ep_size=target.ep_size,
+            gpus_per_node=target.gpus_per_node,
+            layout=target.layout,
+            backend=target.backend,
+            expert_kernel=plan.kernel_label,
+            engine=target.engine,
+            deep_ep={
                 "api": target.deepep.api,
                 "version": target.deepep.version,
                 "evidence": target.deepep_evidence,
                 "sheet": target.deepep.name,
             },
-            "options": sorted(target.options),
-            "static_scale": target.static_scale,
-            "sheets_sha256": sheets_sha256(target.deepep.name),
-        },
-        packs=[pack.ref() for pack in plan.packs],
+            options=sorted(target.options),
+            static_scale=target.static_scale,
+            sheets_sha256=sheets_sha256(target.deepep.name),
+        ),
+        packs=[section(PackRefDoc, **pack.ref()) for pack in plan.packs],
         deepep=_deepep_doc(plan, deepep or default_deepep(plan)),
-        layers=_layer_entries(plan.layers),
+        layers=[_layer_entry(lp) for lp in plan.layers],
         command=command,
     )

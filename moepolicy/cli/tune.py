@@ -347,11 +347,8 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
         )
 
     return _tune_and_write(
-        args, choice, build, lambda: source.build_v2(choice, args.trial_timeout, V2_REPS)
+        args, choice, build, lambda: source.build_v2(choice, args.trial_timeout, api.V2_REPS)
     )
-
-
-V2_REPS = 20  # timings per DeepEP v2 measurement (their median counts)
 
 
 def _tune_and_write(
@@ -379,15 +376,31 @@ def _tune_and_write(
             "(pass --ep-size to choose)"
         )
     plan = build_plan(args, default_ep=default_ep)
-    if plan.target.deepep.api == "v2":
-        return _tune_v2(args, choice, plan, options, build_v2_bench, output)
-    with progress_to_stderr(verbose=args.verbose):
-        result = api.tune_with(
-            plan, choice, options, objective, space, bench=build_bench(plan, objective)
+    v2 = plan.target.deepep.api == "v2"
+    if not v2:
+        bench = build_bench(plan, objective)
+    elif build_v2_bench is None:  # torchrun's ranks time DeepEP's legacy Buffer only
+        raise UsageError(
+            f"{plan.target.deepep.name}: DeepEP v2's settings are measured by its own live bench, "
+            "not with --launcher torchrun; run 'moepolicy tune' on the GPUs with DeepEP v2"
         )
+    elif choice.kind == "live":
+        note(
+            "DeepEP v2: measuring its SM count and prefer-overlap option (unverified on this "
+            "project's machines)"
+        )
+        bench = build_v2_bench()
+    else:
+        bench = None  # api.tune_with refuses DeepEP v2 off the live bench, in one line
+    with progress_to_stderr(verbose=args.verbose):
+        result = api.tune_with(plan, choice, options, objective, space, bench=bench)
     if choice.shared:  # api.tune_with marked the result partial: not for serving
         note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
     document = api.policy_document(result)
+    if v2:
+        _render_v2(result)
+        write_result(_output_for(result, output), dumps(document))
+        return 0
     render(result, document)
     _closing_line(plan, result)
     write_result(
@@ -398,38 +411,11 @@ def _tune_and_write(
     return _after_interrupt(result)
 
 
-def _tune_v2(
-    args: argparse.Namespace,
-    choice: BenchChoice,
-    plan,
-    options,
-    build_v2_bench,
-    output: Optional[str],
-) -> int:
-    """DeepEP v2: its SM count and prefer-overlap option, measured live (no model of v2 exists)."""
-    if choice.kind != "live" or build_v2_bench is None:
-        raise UsageError(
-            f"{plan.target.deepep.name}: DeepEP v2 sizes its own buffers and chunks; its settings (num_sms, 0 = its "
-            "analytical count, and prefer_overlap_with_compute) are measured only live, on GPUs with DeepEP v2 (it "
-            "needs NCCL with GIN; unverified on this project's machines), not with the model bench or torchrun; "
-            "'moepolicy plan' writes DeepEP's defaults as deepep.v2"
-        )
-    from moepolicy.planner import tuned_document
-    from moepolicy.tuning.v2_tune import tune_v2_plan
-
-    note(
-        "DeepEP v2: measuring its SM count and prefer-overlap option (unverified on this project's machines)"
-    )
-    kept, chosen = tune_v2_plan(plan, build_v2_bench(), options)
-    if choice.shared:
-        note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
-        kept = api.functional_deepep(kept, choice)
-    document = tuned_document(plan, kept, command=options.command)
+def _render_v2(result) -> None:
+    """What a DeepEP v2 tune kept and the report rounds' figures (fresh workers; they decided nothing)."""
+    chosen = result.v2
     note(f"DeepEP v2: kept {chosen.kept.name} ({chosen.why})")
-    for (
-        tokens,
-        speedup,
-    ) in chosen.vs_default.items():  # the report rounds: fresh workers, they decided nothing
+    for tokens, speedup in chosen.vs_default.items():
         times = ", ".join(
             f"{name} {us} us" for name, us in chosen.report_us.get(tokens, {}).items()
         )
@@ -438,8 +424,6 @@ def _tune_v2(
         )
     if chosen.report_weighted is not None:
         note(f"  weighted over the buckets, report rounds: {chosen.report_weighted.words()}")
-    write_result(output, dumps(document))
-    return 0
 
 
 def _closing_line(plan, result) -> None:

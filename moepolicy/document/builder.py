@@ -1,37 +1,65 @@
-"""The one place a policy document is assembled: its sections in (the planner maps a plan to them;
-``deepep_section`` builds DeepEP's), the document out with its schema version, its keys and what made
-it. The result is checked against the document's model (:class:`~moepolicy.document.model.PolicyDoc`,
-what the reader returns) before it leaves, so a document this code cannot read back is never written.
+"""The one place a policy document is assembled: typed sections in (the planner maps a plan to
+them, ``deepep_section`` builds DeepEP's), each a model of :mod:`moepolicy.document.model`, the
+document out with its schema version, its keys and what made it. The sections and then the whole are
+:class:`~moepolicy.document.model.PolicyDoc`, what the reader returns, so a document this code cannot
+read back is never written; the tree written holds exactly the fields the sections were given.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
+
+from pydantic import BaseModel, ValidationError
 
 from moepolicy._version import __version__
 from moepolicy.document.keys import compute_keys
-from moepolicy.document.model import SCHEMA_VERSION, PolicyDoc
+from moepolicy.document.model import (
+    SCHEMA_VERSION,
+    DeepEPDoc,
+    KeyDoc,
+    LayerDoc,
+    ModelDoc,
+    PackRefDoc,
+    PolicyDoc,
+    RulesDoc,
+    TargetDoc,
+)
 from moepolicy.errors import PolicyError
+
+
+def section(kind: type[BaseModel], /, **fields: Any) -> Any:
+    """A ``kind`` (a model of the document) built from ``fields``; a moepolicy bug, if they do not
+    fit, said in one line."""
+    try:
+        return kind(**fields)
+    except ValidationError as exc:
+        raise _internal(exc) from None
+
+
+def tree(value: BaseModel) -> dict[str, Any]:
+    """A section as the document's tree: the fields it was given, nested models as mappings."""
+    return value.model_dump(exclude_unset=True)
 
 
 def assemble(
     *,
-    model: Mapping[str, Any],
-    target: Mapping[str, Any],
-    packs: Sequence[Mapping[str, Any]],
-    deepep: Mapping[str, Any],
-    layers: Sequence[Mapping[str, Any]],
+    model: ModelDoc,
+    target: TargetDoc,
+    packs: Sequence[PackRefDoc],
+    deepep: DeepEPDoc,
+    layers: Sequence[LayerDoc],
     command: str = "",
 ) -> dict[str, Any]:
-    """The policy document of these sections, keyed, stamped and checked."""
+    """The policy document of these sections, keyed, stamped and checked as a whole."""
+    rules = section(RulesDoc, packs=list(packs))
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "model": dict(model),
-        "target": dict(target),
-        "rules": {"packs": [dict(p) for p in packs]},
-        "deepep": dict(deepep),
-        "layers": [dict(entry) for entry in layers],
+        "model": tree(model),
+        "target": tree(target),
+        "rules": tree(rules),
+        "deepep": tree(deepep),
+        "layers": [tree(entry) for entry in layers],
     }
     doc["key"] = compute_keys(doc)
     doc["generated"] = {
@@ -39,19 +67,24 @@ def assemble(
         "at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         **({"command": command} if command else {}),
     }
-    _check(doc)
+    section(  # the whole: the checks across sections (layer order, schema version)
+        PolicyDoc,
+        schema_version=SCHEMA_VERSION,
+        model=model,
+        target=target,
+        rules=rules,
+        deepep=deepep,
+        layers=list(layers),
+        key=KeyDoc(**doc["key"]),
+        generated=doc["generated"],
+    )
     return doc
 
 
-def _check(doc: dict[str, Any]) -> None:
-    from pydantic import ValidationError
-
-    try:
-        PolicyDoc.model_validate(doc)
-    except ValidationError as exc:  # a moepolicy bug: say where, in one line
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise PolicyError(
-            f"internal error: the document built does not pass its own schema at {where}: "
-            f"{first.get('msg', exc)}; please report it"
-        ) from None
+def _internal(exc: ValidationError) -> PolicyError:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in (exc.title, *first.get("loc", ())))
+    return PolicyError(
+        f"internal error: the document built does not pass its own schema at {where}: "
+        f"{first.get('msg', exc)}; please report it"
+    )

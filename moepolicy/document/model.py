@@ -248,7 +248,6 @@ class DeepEPDoc(_Doc):
     num_rdma_bytes: int = Field(ge=0, le=2**40)
     buckets: list[BucketDoc] = Field(min_length=1)
     provenance: ProvenanceDoc
-    low_latency: Optional[dict[str, int]] = None
     overlap: Optional[dict[str, Any]] = None  # tune --overlap: the communication/GEMM SM split
     # 2.0: the engine schedule the configs were chosen for (serial: DeepEP then the experts' GEMM on
     # every SM; overlapped: beside it, as DBO/TBO), the timing regime (host: the host's launch and
@@ -256,9 +255,11 @@ class DeepEPDoc(_Doc):
     # measured times, and the partial-result marker of an interrupted tune
     schedule: Literal["serial", "overlapped"] = "serial"
     regime: Literal["host", "gpu"] = "host"
-    measured_orders: Optional[list[OrderTimingDoc]] = None
-    partial: Optional[PartialDoc] = None
     v2: Optional[DeepEPV2Doc] = None  # 2.1: only for a DeepEP v2 target
+    low_latency: Optional[dict[str, int]] = None
+    partial: Optional[PartialDoc] = None
+    measured_orders: Optional[list[OrderTimingDoc]] = None
+    # (fields in the order the document is written)
 
     @field_validator("num_sms")
     @classmethod

@@ -64,7 +64,8 @@ def check_version(raw: dict[str, Any], source: str) -> None:
 
 
 def _parse_raw(text: str, source: str) -> dict[str, Any]:
-    from moepolicy.document.yaml_io import parse_text, yaml_problem
+    from moepolicy.document.yaml_io import parse_text
+    from moepolicy.safe_yaml import yaml_problem
 
     import yaml
 

@@ -19,10 +19,10 @@ from typing import Any
 import yaml
 
 from moepolicy.document.facts_table import FACTS_TABLE, resolved_facts, with_facts_table  # noqa: F401
+from moepolicy import safe_yaml
 from moepolicy.files import atomic_write  # noqa: F401 (the writers' one home; imported from here by callers)
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class _Flow(dict):
@@ -89,49 +89,9 @@ def write_document(doc: dict[str, Any], path: str | os.PathLike, fmt: str | None
     atomic_write(path, dumps(doc, fmt))
 
 
-MAX_EXPANDED_NODES = 2_000_000
-
-
-def expanded_size(node: Any, limit: int = MAX_EXPANDED_NODES) -> int:
-    """How many nodes ``node`` has once YAML aliases are expanded, counting shared objects once
-    per reference (linear time over distinct objects); stops early past ``limit``."""
-    memo: dict[int, int] = {}
-
-    def size(n: Any, depth: int) -> int:
-        if depth > 200:
-            raise ValueError("nested deeper than 200 levels")
-        if not isinstance(n, (dict, list)):
-            return 1
-        key = id(n)
-        if key in memo:
-            return memo[key]
-        items = n.values() if isinstance(n, dict) else n
-        total = 1
-        for item in items:
-            total += size(item, depth + 1)
-            if total > limit:
-                break
-        memo[key] = total
-        return total
-
-    return size(node, 0)
-
-
 def parse_text(text: str) -> Any:
-    """Safe-load YAML (JSON is YAML), a policy's named layer facts resolved. Raises yaml.YAMLError
-    on bad input, ValueError for a document that explodes when its aliases are expanded (a
-    'billion laughs') and PolicyError for named facts that do not resolve (one line, no file)."""
-    data = resolved_facts(yaml.load(text, Loader=_Loader))  # noqa: S506 (safe loader)
-    if expanded_size(data) > MAX_EXPANDED_NODES:
-        raise ValueError(
-            f"more than {MAX_EXPANDED_NODES} nodes once aliases and named facts are expanded"
-        )
-    return data
-
-
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML parse error as one phrase: ``invalid YAML at line 3 column 5: <problem>``."""
-    mark = getattr(exc, "problem_mark", None)
-    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f"invalid YAML{where}: {problem}"
+    """Safe-load a policy (YAML; JSON is YAML), its named layer facts resolved. Raises
+    yaml.YAMLError on bad input, ValueError for a document that explodes when its aliases and named
+    facts are expanded (a 'billion laughs') and PolicyError for named facts that do not resolve
+    (one line, no file)."""
+    return safe_yaml.loads(text, then=resolved_facts)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moepolicy.expert_kernel import Execution
+from moepolicy.names import UNMEASURED
 from moepolicy.schema.facts import LayerFacts
 
 DTYPES = ("fp8_e4m3", "fp8_e5m2", "int8", "int4", "nvfp4", "mxfp4", "mxfp8", "none", "unknown")
@@ -97,8 +98,6 @@ VOCABULARY: dict[str, FactType] = {
         "the order measured faster for this layer's wire on this target (tune, live)",
     ),
 }
-
-UNMEASURED = "unmeasured"
 
 
 def layer_facts(

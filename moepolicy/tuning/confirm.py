@@ -614,8 +614,8 @@ def time_both_orders(
     stands. A failed measurement raises (the caller leaves the decisions unmeasured)."""
     import dataclasses
 
-    from moepolicy.planner import OrderTiming
-    from moepolicy.rules.vocabulary import UNMEASURED
+    from moepolicy.names import UNMEASURED
+    from moepolicy.schema.measured import OrderTiming
 
     orders = ("quant_then_dispatch", "dispatch_then_quant")
     progress.phase("orders", len(points) * (rounds + 1))

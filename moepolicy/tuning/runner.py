@@ -11,13 +11,13 @@ import dataclasses
 import datetime as dt
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
 from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
 from moepolicy.deepep.settings import Bucket
 from moepolicy.errors import TuningError
-from moepolicy.planner import OrderTiming, Plan
+from moepolicy.schema.measured import OrderTiming
 from moepolicy.tuning.bench import Bench, TunePoint, Workload
 from moepolicy.tuning.confirm import (
     BucketCandidates,
@@ -42,6 +42,9 @@ from moepolicy.tuning.study import (
     pareto_front,
     tune_bucket,
 )
+
+if TYPE_CHECKING:  # the tuner reads a plan; it imports nothing of the planner or the document
+    from moepolicy.planner import Plan
 
 log = logging.getLogger("moepolicy.tuning")
 
@@ -81,6 +84,7 @@ class TuneResult:
     ] = ()  # both orders at the kept configs: measured facts for the rules
     plan: Optional[Plan] = None  # what was tuned (set by tune_plan)
     command: str = ""  # the command line, recorded in the document's provenance
+    v2: Any = None  # v2_tune.V2Choice: what a DeepEP v2 tune measured and kept (its own settings)
 
     @property
     def interrupted(self) -> bool:

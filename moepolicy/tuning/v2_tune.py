@@ -18,10 +18,10 @@ search is tested against benches whose times are known; the live measurement is
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
-from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
+from moepolicy.deepep.kept import deepep_defaults
 from moepolicy.deepep.settings import V2Settings
 from moepolicy.errors import TuningError
 from moepolicy.measure.rounds import (
@@ -50,10 +50,6 @@ class V2Point:
     def settings(self) -> V2Settings:
         """What the policy keeps (``deepep.v2``)."""
         return V2Settings(self.num_sms, self.prefer_overlap)
-
-    def to_doc(self) -> dict:
-        """The policy's ``deepep.v2`` section."""
-        return asdict(self.settings())
 
 
 DEFAULT = V2Point()  # ElasticBuffer's defaults at dd758ca
@@ -241,13 +237,12 @@ def v2_provenance(choice: V2Choice, rounds: int) -> dict:
 V2_SMS = (8, 16, 24, 32, 48, 64)
 
 
-def tune_v2_plan(
-    plan, bench: V2Bench, options, routing: str = "uniform"
-) -> tuple[KeptDeepEP, V2Choice]:
+def tune_v2_plan(plan, bench: V2Bench, options, routing: str = "uniform"):
     """Measure DeepEP v2's settings for ``plan`` on ``bench`` (``options``: a ``TuneOptions``: its
-    buckets, ``sms``, ``confirm_rounds``, seed, regime and command); what is kept and the choice
-    (:func:`moepolicy.planner.tuned_document` composes the policy from the plan and them)."""
-    from moepolicy.tuning.runner import workload_for
+    buckets, ``sms``, ``confirm_rounds``, seed, regime and command). Returns a
+    ``runner.TuneResult`` like every tune: what is kept (``deepep``, with ``deepep.v2`` set) and the
+    choice that backs it (``v2``); ``moepolicy.api.policy_document`` composes the policy."""
+    from moepolicy.tuning.runner import TuneResult, workload_for
 
     workload = workload_for(plan, routing, options.regime)
     rounds = 1 if bench.noise_free else options.confirm_rounds
@@ -270,7 +265,16 @@ def tune_v2_plan(
         "note": "DeepEP v2 sizes its own buffers and chunks; deepep.v2 holds the measured settings; the legacy "
         "fields are unused",
     }
-    kept = deepep_defaults(plan.target.deepep, plan.target.ep_size, "")
-    return kept.with_provenance(
+    kept = deepep_defaults(plan.target.deepep, plan.target.ep_size, "").with_provenance(
         provenance, v2=choice.kept.settings(), regime=options.regime
-    ), choice
+    )
+    return TuneResult(
+        deepep=kept,
+        label="measured",
+        region="full",
+        num_sms=choice.kept.num_sms,
+        why=choice.why,
+        plan=plan,
+        command=options.command,
+        v2=choice,
+    )

@@ -418,6 +418,36 @@ def test_a_layer_whose_binding_fails_is_left_to_vllm_with_the_reason(tmp_path):
     assert run.unmatched == {"model.layers.3.mlp.experts": "AttributeError: no quant_config"}
 
 
+def test_a_layer_table_vllm_cannot_list_leaves_every_layer_to_vllm_in_one_warning(
+    tmp_path, monkeypatch, caplog
+):
+    """``bind`` runs inside vLLM's first dispatch: a layer table it cannot read must not fail the
+    forward pass; the layer is left to vLLM and the warning says why."""
+    import logging
+
+    from moepolicy.integrations.vllm import run as run_module
+    from moepolicy.integrations.vllm.run import ManagerRun, PluginSettings
+
+    run = ManagerRun(PluginSettings("p.yaml", False), "ht", lambda *a: a)
+    run.plan = ServingPlan(_policy(tmp_path), lambda *a: a)
+
+    def unreadable():
+        raise KeyError("no_compile_layers")
+
+    monkeypatch.setattr(run_module, "moe_kernels", unreadable)
+    layer = types.SimpleNamespace(_moepolicy_table=None)
+    with caplog.at_level(logging.WARNING, logger="moepolicy"):
+        table = run.bind(layer, object, None)
+    action = table.entry(10).action
+    assert action.kind == actions.VLLM and not action.applied
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if "could not read vLLM's MoE layers" in r.getMessage()
+    ]
+    assert len(said) == 1 and "KeyError" in said[0]
+
+
 class _StoreGroup:
     """The shape of vLLM's StatelessProcessGroup that the vote uses: a store, a rank, a world size."""
 

@@ -508,6 +508,24 @@ def test_sequence_parallel_moe_buckets_on_the_local_sizes(vllm_env, tmp_path, mo
     assert bucket_chunks(path, 500) != bucket_chunks(path, 2000)
 
 
+def test_dp_metadata_it_cannot_read_takes_the_largest_bucket_on_every_rank(
+    vllm_env, tmp_path, monkeypatch, caplog
+):
+    """Another vLLM's DP metadata (here: no token counts) must not fail the forward pass nor let the
+    ranks pick different buckets: every rank takes the policy's last bucket, said once."""
+    path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", mutate=with_buckets)
+    manager = start(monkeypatch, path)
+    kernel = layer(manager, monkeypatch, moe_backend="flashinfer_cutlass")
+    ctx = h.forward_context(monkeypatch, {"model.layers.3.mlp.experts": kernel}, [100, 100])
+    ctx.dp_metadata = types.SimpleNamespace(local_sizes=None)  # no num_tokens_across_dp_cpu
+    h.run_kernel(kernel, 100, 2048)
+    largest = bucket_chunks(path, 10**9)
+    assert largest != bucket_chunks(path, 100)
+    assert h.dispatched(kernel)["config"].key() == (24, *effective(largest[0]))
+    said = [m for m in messages(caplog, logging.WARNING) if "token counts across DP" in m]
+    assert len(said) == 1 and "largest token bucket" in said[0]
+
+
 # --------------------------------------------------------------------------------- agreement and state
 def test_a_rank_that_would_not_apply_makes_every_rank_keep_vllms_behaviour(
     vllm_env, tmp_path, monkeypatch, caplog

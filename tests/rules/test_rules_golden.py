@@ -8,7 +8,8 @@ import yaml
 
 from moepolicy.checkpoint import read_model
 from moepolicy.errors import InfeasibleError
-from moepolicy.planner import OrderTiming, make_plan, with_measurements
+from moepolicy.planner import make_plan, with_measurements
+from moepolicy.schema.measured import OrderTiming
 from moepolicy.rules.packs import pack_stack
 from moepolicy.target import TargetSpec, resolve_target
 

@@ -12,7 +12,8 @@ from moepolicy.checkpoint import read_model
 from moepolicy.document.yaml_io import write_document
 from moepolicy.errors import PolicyError
 from moepolicy.document.keys import compute_keys
-from moepolicy.planner import OrderTiming, build_document, make_plan, with_measurements
+from moepolicy.planner import build_document, make_plan, with_measurements
+from moepolicy.schema.measured import OrderTiming
 from moepolicy.document.reader import parse_policy, parse_policy_light, read_policy
 from moepolicy.rules.engine import decide
 from moepolicy.rules.packs import pack_stack

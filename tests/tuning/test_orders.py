@@ -10,8 +10,10 @@ optuna = pytest.importorskip("optuna", reason="tuning needs optuna")
 
 from moepolicy.api import policy_document  # noqa: E402
 from moepolicy.checkpoint.reader import read_model  # noqa: E402
-from moepolicy.planner import OrderTiming, make_plan, overall_faster  # noqa: E402
+from moepolicy.document.deepep_section import order_timing_doc  # noqa: E402
+from moepolicy.planner import make_plan  # noqa: E402
 from moepolicy.rules.packs import pack_stack  # noqa: E402
+from moepolicy.schema.measured import OrderTiming, overall_faster  # noqa: E402
 from moepolicy.target import TargetSpec, resolve_target  # noqa: E402
 from moepolicy.testing.claims_sim import BASE_US, BUCKETS, WORK, KnownBench, Noise, _point  # noqa: E402
 from moepolicy.tuning.bench import Bench, Measurement  # noqa: E402
@@ -56,7 +58,7 @@ def test_a_real_win_switches_and_records_its_interval():
             and t.ci95[0] < 1 / 1.2 < t.ci95[1]
             and t.speedup == pytest.approx(1 / 1.2, rel=0.05)
         )
-        doc = t.to_doc()
+        doc = order_timing_doc(t)
         assert doc["faster"] == "dispatch_then_quant" and doc["ci95"] == [
             round(x, 4) for x in t.ci95
         ]

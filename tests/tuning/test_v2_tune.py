@@ -1,6 +1,7 @@
 """DeepEP v2's settings (SM count, prefer-overlap) chosen under the re-measurement protocol, against
 benches whose times are known; and the live v2 bench's worker-group plumbing with stand-in workers."""
 
+import dataclasses
 import math
 import random
 
@@ -52,7 +53,7 @@ def test_a_real_gain_is_kept_by_the_gate_and_reported_from_another_fresh_group()
     assert choice.gate.faster and not any(s.slower for s in choice.losses.values())
     assert all(s.faster and s.low > 1.0 for s in choice.vs_default.values())  # the report rounds
     assert set(choice.report_us[1024]) == {V2Point(32).name, DEFAULT.name}
-    assert choice.kept.to_doc() == {
+    assert dataclasses.asdict(choice.kept.settings()) == {
         "num_sms": 32,
         "prefer_overlap_with_compute": True,
         "allow_multiple_reduction": True,
@@ -174,3 +175,57 @@ def test_tune_on_a_v2_target_writes_the_measured_settings_and_what_backs_them(tm
         backing["selection_us"].values()
     )
     assert load_policy(out, ep_size=2, strict=True).deepep.v2 is not None
+
+
+def _v2_plan():
+    import moepolicy
+
+    return moepolicy.plan(
+        "DeepSeek-V3",
+        moepolicy.TargetSpec(gpu="h200", ep_size=2, deep_ep_version="v2-dd758ca"),
+    )
+
+
+def test_the_library_tunes_deepep_v2_through_its_front_door_like_any_tune():
+    """``api.tune_with`` takes a v2 plan and returns a ``TuneResult`` (its ``v2`` choice); the one
+    composer writes the kept settings and what backs them; the document passes the reader."""
+    pytest.importorskip("optuna", reason="tuning needs optuna")
+    from moepolicy import api
+    from moepolicy.document.reader import parse_policy
+    from moepolicy.document.yaml_io import dumps
+    from moepolicy.tuning.bench_source import BenchChoice
+    from moepolicy.tuning.options import TuneOptions
+    from moepolicy.tuning.runner import TuneResult
+
+    plan = _v2_plan()
+    bench = KnownV2Bench(times(V2Point(32), 1.2), sigma=0.03, seed=1)
+    options = TuneOptions(buckets=BUCKETS, sms=(16, 32, 64), confirm_rounds=7, command="test")
+    result = api.tune_with(plan, BenchChoice("live", "a known bench", 2), options, {}, None, bench)
+    assert isinstance(result, TuneResult) and result.v2.kept == V2Point(32)
+    assert result.plan is plan and result.deepep.partial is None
+    doc = api.policy_document(result)
+    assert doc["deepep"]["v2"] == {
+        "num_sms": 32,
+        "prefer_overlap_with_compute": True,
+        "allow_multiple_reduction": True,
+    }
+    assert doc["deepep"]["provenance"]["v2"]["why"] == result.why
+    assert parse_policy(dumps(doc), "v2.yaml", strict=True).doc.deepep.v2.num_sms == 32
+
+    shared = BenchChoice("live", "2 ranks on 1 GPU", 2, shared=True)
+    bench = KnownV2Bench(times(V2Point(32), 1.2), sigma=0.03, seed=1)
+    partial = api.tune_with(plan, shared, options, {}, None, bench)
+    assert "functional run" in partial.deepep.partial
+
+
+def test_the_library_refuses_deepep_v2_off_the_live_bench_in_one_line():
+    from moepolicy import api
+    from moepolicy.errors import UsageError
+    from moepolicy.tuning.bench_source import BenchChoice
+    from moepolicy.tuning.options import TuneOptions
+
+    with pytest.raises(UsageError, match="measured only live") as info:
+        api.tune_with(
+            _v2_plan(), BenchChoice("model", "asked", 0), TuneOptions(buckets=BUCKETS), {}, None
+        )
+    assert "\n" not in str(info.value)

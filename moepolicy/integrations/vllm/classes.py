@@ -15,6 +15,8 @@ vLLM's own (``super()``).
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any, Optional
 
 import deep_ep
@@ -24,6 +26,7 @@ from vllm.model_executor.layers.fused_moe.utils import moe_kernel_quantize_input
 from vllm.v1.worker.ubatching import dbo_current_ubatch_id, dbo_enabled
 
 from moepolicy.export import vllm_actions as actions
+from moepolicy.integrations.vllm import report
 from moepolicy.integrations.vllm.run import ManagerRun, PluginSettings
 
 SETTINGS = PluginSettings(path=None, strict=False)  # set by patches.install
@@ -31,15 +34,25 @@ SETTINGS = PluginSettings(path=None, strict=False)  # set by patches.install
 
 def agreed_tokens(a1) -> int:
     """A token count every rank agrees on: the max of the sequence-parallel local sizes when vLLM set
-    them, else the max over DP ranks; the local count without DP metadata."""
+    them, else the max over DP ranks; the local count without DP metadata. DP metadata this code
+    cannot read gives the largest count (the policy's last bucket, the same on every rank), said once."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
-    if is_forward_context_available():
-        dp = get_forward_context().dp_metadata
-        if dp is not None:
-            if dp.local_sizes is not None:
-                return int(max(dp.local_sizes))
-            return int(dp.num_tokens_across_dp_cpu.max())
+    try:
+        if is_forward_context_available():
+            dp = get_forward_context().dp_metadata
+            if dp is not None:
+                if dp.local_sizes is not None:
+                    return int(max(dp.local_sizes))
+                return int(dp.num_tokens_across_dp_cpu.max())
+    except Exception as exc:  # noqa: BLE001 (another vLLM's metadata: every rank reads it alike)
+        report.say_once(
+            0,
+            f"could not read vLLM's token counts across DP ranks ({type(exc).__name__}: {exc}); "
+            "every layer uses the policy's largest token bucket",
+            logging.WARNING,
+        )
+        return sys.maxsize
     return int(a1.shape[0])
 
 

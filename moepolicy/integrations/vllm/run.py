@@ -227,7 +227,15 @@ class ManagerRun:
         with self._lock:
             if not self._bound:
                 self._bound = True
-                self._bind_all(owner_class, layer_quant)
+                try:
+                    self._bind_all(owner_class, layer_quant)
+                except Exception as exc:  # noqa: BLE001 (vLLM's layer table not as read here: every rank alike)
+                    report.say_once(
+                        self.key,
+                        f"could not read vLLM's MoE layers ({type(exc).__name__}: {exc}); the layers "
+                        "not yet bound are left to vLLM",
+                        logging.WARNING,
+                    )
             if instance._moepolicy_table is None:
                 instance._moepolicy_table = self.plan.left_to_vllm(
                     "the layer is not in vLLM's forward context"
