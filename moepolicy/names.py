@@ -52,10 +52,26 @@ class WireDtype(_Name):
 
 
 class Regime(_Name):
-    """What a timing includes: the host's launches and waits (an eager engine), or the GPU's own time."""
+    """What a timing includes (``measure.timing``'s launch modes): the host's launches and waits from
+    an idle GPU (``host``, an upper bound on an eager engine), the GPU's own time (``gpu``, a
+    CUDA-graph engine), or consecutive layers with the host running ahead except where DeepEP's
+    dispatch makes it wait (``runahead``, an eager engine's forward pass; ``bench`` only)."""
 
     HOST = "host"
     GPU = "gpu"
+    RUNAHEAD = "runahead"
+
+
+TUNED_REGIMES = (
+    Regime.HOST,
+    Regime.GPU,
+)  # what a policy's configs can be tuned in (its ``regime``)
+# each regime as ``measure.timing.Timer``'s launch mode
+LAUNCH_MODE = {
+    Regime.HOST.value: "synced",
+    Regime.GPU.value: "queued",
+    Regime.RUNAHEAD.value: "runahead",
+}
 
 
 class Backend(_Name):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from moepolicy._resources import data_file
-from moepolicy.names import Backend, Engine, Order, Regime, WireDtype
+from moepolicy.names import LAUNCH_MODE, TUNED_REGIMES, Backend, Engine, Order, Regime, WireDtype
 from moepolicy.rules import grammar
 
 
@@ -19,7 +19,7 @@ def test_the_document_schema_takes_exactly_the_shared_names():
     for defn in ("LayerDoc", "DecisionDoc", "BucketOrderDoc"):
         assert _schema_enum(defn, "order") == list(Order.values())
     assert _schema_enum("WireDoc", "dtype") == list(WireDtype.values())
-    assert _schema_enum("DeepEPDoc", "regime") == list(Regime.values())
+    assert _schema_enum("DeepEPDoc", "regime") == [r.value for r in TUNED_REGIMES]
     assert _schema_enum("TargetDoc", "backend") == list(Backend.values())
     assert _schema_enum("TargetDoc", "engine") == list(Engine.values())
 
@@ -35,7 +35,12 @@ def test_rules_and_cli_use_them():
         tuple(choices["backend"]) == Backend.values()
         and tuple(choices["engine"]) == Engine.values()
     )
-    assert tuple(choices["regime"]) == Regime.values()
+    assert list(choices["regime"]) == [r.value for r in TUNED_REGIMES]
+    bench = parser._subparsers._group_actions[0].choices["bench"]
+    assert list(next(a.choices for a in bench._actions if a.dest == "regime")) == list(
+        Regime.values()
+    )
+    assert set(LAUNCH_MODE) == set(Regime.values())
 
 
 def test_members_are_their_strings():

@@ -20,6 +20,9 @@ from moepolicy.cli._output import STDOUT, add_output_flag, note, output_path, ta
 from moepolicy.errors import UsageError
 from moepolicy.measure.placement import SHARED_LABEL
 from moepolicy.measure.rounds import DEFAULT_ROUNDS
+from moepolicy.names import Regime
+
+RUN_AHEAD = 8  # measure.timing.RUN_AHEAD_CALLS (timing imports torch; a test keeps them equal)
 
 WHAT_IT_IS = (
     "DeepEP with the project's expert GEMM stand-in, following each arm's choices: the 'vllm' arm "
@@ -60,6 +63,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["auto", "deepep", "emulated"],
         default="auto",
         help="deepep (GPUs), emulated (CPU, plumbing only) or auto (deepep when it can run)",
+    )
+    p.add_argument(
+        "--regime",
+        choices=list(Regime.values()),
+        default=None,
+        help="what a timing includes on GPUs (default: the policy's regime): host (each step from an idle "
+        "GPU, the host's launches counted: an upper bound), gpu (the GPU's own time: a CUDA-graph engine) "
+        f"or runahead ({RUN_AHEAD} steps back to back, the host running ahead except where DeepEP's "
+        "dispatch waits for its counts: an eager engine such as vLLM's DeepEP high-throughput path)",
     )
     p.add_argument(
         "--ranks",
@@ -143,22 +155,11 @@ def run(args: argparse.Namespace) -> int:
             "bench needs torch; the CPU build is enough for the emulated transport: pip install torch "
             "--index-url https://download.pytorch.org/whl/cpu"
         ) from None
-    from moepolicy.moe_step.measure import StepSpec, run as run_step, spec_doc
+    from moepolicy.moe_step.measure import run as run_step, spec_doc
 
     if doc.model.num_experts % world:
         raise UsageError(f"{doc.model.num_experts} experts do not divide over --ranks {world}")
-    spec = StepSpec(
-        doc.model.hidden_size,
-        doc.model.num_experts,
-        doc.model.top_k,
-        intermediate=32 if emulated else max(doc.model.hidden_size // 3, 128),
-        tokens=tokens,
-        routings=routings,
-        rounds=args.rounds,
-        reps=args.reps or (3 if emulated else 10),
-        transport=kind,
-        regime=doc.deepep.regime,
-    )
+    spec = _step_spec(args, doc, kind, tokens, routings)
     fused = sum(1 for layer in doc.layers if layer.order == "fused")
     if fused:
         note(
@@ -169,12 +170,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{args.policy}: no MoE layer goes through DeepEP's dispatch; nothing to time"
         )
-    note(f"bench: {kind} ({why}), {world} ranks; {functional or WHAT_IT_IS}")
-    for arm in arms:
-        note(
-            f"  {arm.name}: {arm.label}; "
-            + ", ".join(f"{k.count} layers {k.order}" for k in arm.kinds)
-        )
+    _announce(spec, arms, f"{kind} ({why}), {world} ranks", functional, args.regime)
     if args.dry_run:
         note(
             f"dry run: {len(spec.routings)} routing(s) x {len(spec.tokens)} bucket(s) x {spec.rounds} rounds "
@@ -208,6 +204,39 @@ def run(args: argparse.Namespace) -> int:
             + "\n",
         )
     return 0
+
+
+def _announce(spec, arms, where: str, functional: str, asked_regime) -> None:
+    """What is about to be timed: the transport, the regime (DeepEP only) and each arm's layers."""
+    emulated = spec.transport == "emulated"
+    if emulated and asked_regime:
+        note("--regime applies to DeepEP on GPUs; the emulated transport times plumbing only")
+    regime = "" if emulated else f", {spec.regime} regime"
+    note(f"bench: {where}{regime}; {functional or WHAT_IT_IS}")
+    for arm in arms:
+        note(
+            f"  {arm.name}: {arm.label}; "
+            + ", ".join(f"{k.count} layers {k.order}" for k in arm.kinds)
+        )
+
+
+def _step_spec(args: argparse.Namespace, doc, kind: str, tokens, routings):
+    """What each rank times (``moe_step.measure.StepSpec``) for this policy and these flags."""
+    from moepolicy.moe_step.measure import StepSpec
+
+    emulated = kind == "emulated"
+    return StepSpec(
+        doc.model.hidden_size,
+        doc.model.num_experts,
+        doc.model.top_k,
+        intermediate=32 if emulated else max(doc.model.hidden_size // 3, 128),
+        tokens=tokens,
+        routings=routings,
+        rounds=args.rounds,
+        reps=args.reps or (3 if emulated else 10),
+        transport=kind,
+        regime=args.regime or doc.deepep.regime,
+    )
 
 
 def _checked_request(args: argparse.Namespace, doc) -> tuple[str, ...]:

@@ -1,14 +1,19 @@
 """CUDA-event timing with an L2 flush before every repetition; medians, spreads, max over ranks (of
 the medians, or per repetition).
 
-Two launch modes:
+Three launch modes:
 - ``synced`` (default): host and GPUs are synchronised (barrier, then the GPU idle) right before the
   start event, so the host's launch cost of every call in ``fn`` counts — a host that never runs ahead;
 - ``queued``: after the barrier the GPU first spins for ``HEAD_START_US`` while the host enqueues
   ``fn``; the start event fires after the spin, so the time is the GPU's own (host waits that ``fn``
-  itself contains, like the full dispatch's CPU wait for counts, still count). This is what serving
-  sees when the host runs ahead of the GPU, and what DeepEP's own benchmark measures (it hides the
-  launch cost behind a large kernel: DeepEP ``tests/utils.py``, ``bench_kineto``).
+  itself contains, like the full dispatch's CPU wait for counts, still count). This is what a
+  CUDA-graph engine sees, and what DeepEP's own benchmark measures (it hides the launch cost behind a
+  large kernel: DeepEP ``tests/utils.py``, ``bench_kineto``);
+- ``runahead``: ``fn`` called ``RUN_AHEAD_CALLS`` times back to back from one synchronised start, the
+  time divided by the calls: the host enqueues each call while the GPU still runs the one before,
+  except where ``fn`` makes it wait (DeepEP's full dispatch waits on the host for its receive
+  counts). This is an eager engine's forward pass over consecutive MoE layers (vLLM's DeepEP
+  high-throughput path with CUDA graphs off).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from moepolicy.measure.rounds import rotated_rounds  # noqa: F401 (re-exported: 
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 HEAD_START_US = 500.0
-LAUNCH_MODES = ("synced", "queued")
+RUN_AHEAD_CALLS = 8  # consecutive calls (MoE layers) per runahead sample
+LAUNCH_MODES = ("synced", "queued", "runahead")
 
 
 class Timer:
@@ -84,9 +90,11 @@ class Timer:
     def samples(
         self, fn: Callable[[], object], reps: int = 30, warmup: int = 5, mode: str = "synced"
     ) -> list[float]:
-        """Microseconds of ``fn`` per repetition, each after a barrier and an L2 flush."""
+        """Microseconds of ``fn`` per repetition, each after a barrier and an L2 flush (``runahead``:
+        per call of a repetition's ``RUN_AHEAD_CALLS`` calls back to back)."""
         if mode not in LAUNCH_MODES:
             raise ValueError(f"launch mode must be one of {LAUNCH_MODES}, got {mode!r}")
+        calls = RUN_AHEAD_CALLS if mode == "runahead" else 1
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize(self.device)
@@ -97,10 +105,11 @@ class Timer:
                 self.head_start()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            for _ in range(calls):
+                fn()
             end.record()
             end.synchronize()
-            out.append(start.elapsed_time(end) * 1000.0)
+            out.append(start.elapsed_time(end) * 1000.0 / calls)
         return out
 
     def median_max_over_ranks(

@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from moepolicy.names import Order
+from moepolicy.names import LAUNCH_MODE, Order
 from moepolicy.errors import MeasurementError
 from moepolicy.moe_step.arms import Arm, LayerKind
 
@@ -43,7 +43,9 @@ class StepSpec:
     rounds: int
     reps: int
     transport: str  # emulated | deepep
-    regime: str = "host"  # deepep: host = synced launches, gpu = queued (measure.timing)
+    regime: str = (
+        "host"  # deepep: names.Regime, timed in names.LAUNCH_MODE's mode (measure.timing)
+    )
     zipf_s: float = 1.2
     seed: int = 0
 
@@ -142,7 +144,7 @@ class _Clock:
         import torch.distributed as dist
 
         if self.timer is not None:
-            mode = "synced" if self.regime == "host" else "queued"
+            mode = LAUNCH_MODE[self.regime]
             xs = self.timer.slowest_rank_per_rep(
                 {"t": self.timer.samples(fn, reps, warmup=2, mode=mode)}
             )["t"]

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from moepolicy.names import Regime
+from moepolicy.names import TUNED_REGIMES
 from moepolicy.deepep.configs import ChunkConfig
 
 Chunk = ChunkConfig  # nvl_send, nvl_recv, rdma_send, rdma_recv (effective)
@@ -40,7 +40,7 @@ class Workload:
     internode: bool = False  # EP above the NVLink domain: RDMA chunks are searched too
 
 
-REGIMES = Regime.values()
+REGIMES = tuple(r.value for r in TUNED_REGIMES)  # a tune times in these (bench also: runahead)
 
 
 @dataclass(frozen=True)

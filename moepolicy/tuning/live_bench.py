@@ -18,6 +18,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from moepolicy.names import LAUNCH_MODE
 from moepolicy.tuning.bench import (
     Bench,
     Measurement,
@@ -27,8 +28,6 @@ from moepolicy.tuning.bench import (
     check_measurement,
 )
 
-# the timing regime (Workload.regime) as measure.timing's launch mode: host = synced, gpu = queued
-LAUNCH_MODE = {"host": "synced", "gpu": "queued"}
 SAFE_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moepolicy.tuning.bench import TrialFailed, Workload
-from moepolicy.tuning.live_bench import LAUNCH_MODE, SAFE_ENV, LiveBench, serve_commands
+from moepolicy.names import LAUNCH_MODE
+from moepolicy.tuning.live_bench import SAFE_ENV, LiveBench, serve_commands
 from moepolicy.tuning.v2_tune import V2Point
 
 MAX_TOKENS = 8192  # per rank: the buffers are sized once for the largest bucket the tuner uses

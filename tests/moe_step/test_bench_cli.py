@@ -141,6 +141,23 @@ def test_bench_refuses_what_it_cannot_run_in_one_line(mixtral_policy):
         )
 
 
+def test_the_regime_is_asked_per_run_and_recorded_and_the_emulated_transport_says_it_has_none(
+    mixtral_policy, tmp_path
+):
+    from moepolicy.cli.bench import RUN_AHEAD
+    from moepolicy.measure.timing import RUN_AHEAD_CALLS
+
+    assert RUN_AHEAD == RUN_AHEAD_CALLS  # the help text's count is the timer's
+    out = tmp_path / "bench.json"
+    args = ("--tokens", "16", "--routing", "uniform", "--rounds", "1", "--reps", "1")
+    result = run_cli("bench", str(mixtral_policy), *args, "--regime", "runahead", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["spec"]["regime"] == "runahead"
+    assert "--regime applies to DeepEP on GPUs" in result.stderr
+    bad = run_cli("bench", str(mixtral_policy), *args, "--regime", "eager")
+    assert bad.returncode == 2 and "invalid choice: 'eager'" in bad.stderr
+
+
 def test_zipf_routing_is_skewed_and_uniform_is_not():
     from moepolicy.moe_step.measure import routing
 
