@@ -155,7 +155,7 @@ def remove_stale_temps(directory: Path, name: str) -> None:
         try:
             dead = (
                 not _alive(int(pid))
-                if pid.isdigit()
+                if pid.isascii() and pid.isdigit()
                 else time.time() - stale.stat().st_mtime > STALE_AGE_S
             )
             if dead:

@@ -17,6 +17,12 @@ _CONTROL = re.compile(
 _CONTROL_AND_LINES = re.compile(_CONTROL.pattern[:-1] + r"\t\n]")
 
 
+def is_digits(text: str) -> bool:
+    """Whether ``text`` is a non-negative integer in ASCII digits, as ``int`` reads it (``str.isdigit``
+    also takes '²' and other digits ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def index_ranges(indices: list[int]) -> str:
     """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
     out, start, prev = [], None, None

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from moepolicy.document.constraints import FACTS_TABLE, FACTS_TABLE_SINCE, version_problem
 from moepolicy.errors import PolicyError
-from moepolicy.text import printable
+from moepolicy.text import is_digits, printable
 
 SHOWN_NAMES = 8  # a name the table lacks: the message lists this many of its names
 
@@ -27,7 +27,7 @@ def _facts_name(kind: Any, counts: dict[str, int]) -> str:
 def has_facts_table(version: Any) -> bool:
     """Whether a document of ``version`` writes its layer facts in the table (2.3 on)."""
     parts = str(version).split(".")
-    return all(p.isdigit() for p in parts) and tuple(int(p) for p in parts) >= FACTS_TABLE_SINCE
+    return all(is_digits(p) for p in parts) and tuple(int(p) for p in parts) >= FACTS_TABLE_SINCE
 
 
 def with_facts_table(doc: dict[str, Any]) -> dict[str, Any]:

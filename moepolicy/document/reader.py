@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 from moepolicy.errors import PolicyError
 from moepolicy.schema.locations import yaml_path
+from moepolicy.text import is_digits
 from moepolicy.document.keys import compute_keys
 from moepolicy.document.constraints import READABLE_MAJORS, SCHEMA_VERSION
 
@@ -48,7 +49,7 @@ def check_version(raw: dict[str, Any], source: str) -> None:
     if (
         not isinstance(version, str)
         or version.count(".") != 1
-        or not all(p.isdigit() for p in version.split("."))
+        or not all(is_digits(p) for p in version.split("."))
     ):
         raise PolicyError(
             f"{source}: schema_version must be 'MAJOR.MINOR' (this reader: "

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
+from moepolicy.text import is_digits
 
 
 def _pyplot():
@@ -304,7 +305,7 @@ def _overlap(deepep: dict, label: str):
     points = sorted(
         (int(k), _number(v))
         for k, v in splits.items()
-        if str(k).strip().isdigit() and len(str(k)) < 7 and _number(v) is not None
+        if is_digits(str(k).strip()) and len(str(k)) < 7 and _number(v) is not None
     )[:MAX_POINTS]
     if not points:
         return None

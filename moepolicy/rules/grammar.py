@@ -19,6 +19,7 @@ from moepolicy.errors import RulePackError
 from moepolicy.names import QUANTIZED_ORDERS, Order, WireDtype
 from moepolicy.wire import Scale, Wire
 from moepolicy.rules.vocabulary import VOCABULARY, FactType
+from moepolicy.text import is_digits
 
 ORDERS = Order.values()
 NUMERICS = ("exact", "approximate")
@@ -133,7 +134,7 @@ def parse_ranges(text: Any) -> tuple[tuple[int, int], ...]:
     for part in text.split(","):
         part = part.strip()
         lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not is_digits(lo) or (sep and not is_digits(hi)):
             raise ValueError(f"'{part}' is not N or N-M")
         a, b = int(lo), int(hi) if sep else int(lo)
         if b < a:

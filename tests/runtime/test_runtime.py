@@ -582,3 +582,23 @@ def test_the_key_check_says_where_the_served_model_was_read(tmp_path, monkeypatc
 def _write(path, doc):
     write_document(doc, path)
     return path
+
+
+@pytest.mark.parametrize("version", ["\u00b22.3", "2.\u0663", "\uff12.3"])
+def test_a_schema_version_in_other_digits_is_a_one_line_error_not_a_crash(tmp_path, version):
+    """'²2.3' passes ``str.isdigit`` but not ``int`` (found by the fuzz test in CI): the reader says
+    what is wrong with schema_version, and serving falls back for that reason, not an unexpected one."""
+    import moepolicy
+    from moepolicy.document.yaml_io import dumps
+    from moepolicy.errors import PolicyError
+
+    plan = moepolicy.plan("Qwen3-30B-A3B-FP8", moepolicy.TargetSpec(gpu="h200", ep_size=2))
+    doc = moepolicy.policy_document(plan)
+    doc["schema_version"] = version
+    path = tmp_path / "p.yaml"
+    path.write_text(dumps(doc), encoding="utf-8")
+    with pytest.raises(PolicyError, match="schema_version must be 'MAJOR.MINOR'"):
+        moepolicy.load_policy(path, strict=True)
+    policy = moepolicy.load_policy(path)
+    assert policy.is_fallback and "schema_version" in policy.fallback_reason
+    assert "unexpected error" not in policy.fallback_reason
