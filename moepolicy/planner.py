@@ -283,7 +283,7 @@ def _layer_entry(lp: LayerPlan) -> LayerDoc:
         ]
     if lp.unmeasured is not None:
         fields["unmeasured"] = _decision_fields(lp.unmeasured)
-    return section(LayerDoc, **fields)
+    return section(LayerDoc, f"layers[{lp.layer.index}]", **fields)
 
 
 def tuned_document(
@@ -303,6 +303,7 @@ def build_document(
     return assemble(
         model=section(
             ModelDoc,
+            "model",
             name=facts.name,
             facts_sha256=facts.sha256(),
             hidden_size=facts.hidden_size,
@@ -312,6 +313,7 @@ def build_document(
         ),
         target=section(
             TargetDoc,
+            "target",
             gpu=target.gpu,
             arch=target.arch,
             sm_count=target.profile.sm_count,
@@ -331,7 +333,10 @@ def build_document(
             static_scale=target.static_scale,
             sheets_sha256=sheets_sha256(target.deepep.name),
         ),
-        packs=[section(PackRefDoc, **pack.ref()) for pack in plan.packs],
+        packs=[
+            section(PackRefDoc, f"rules.packs[{i}]", **pack.ref())
+            for i, pack in enumerate(plan.packs)
+        ],
         deepep=_deepep_doc(plan, deepep or default_deepep(plan)),
         layers=[_layer_entry(lp) for lp in plan.layers],
         command=command,

@@ -28,13 +28,13 @@ from moepolicy.document.model import (
 from moepolicy.errors import PolicyError
 
 
-def section(kind: type[BaseModel], /, **fields: Any) -> Any:
-    """A ``kind`` (a model of the document) built from ``fields``; a moepolicy bug, if they do not
-    fit, said in one line."""
+def section(kind: type[BaseModel], where: str, /, **fields: Any) -> Any:
+    """A ``kind`` (a model of the document) built from ``fields``, for the place ``where`` in the
+    document (``deepep``, ``layers[3]``); a moepolicy bug, if they do not fit, said in one line."""
     try:
         return kind(**fields)
     except ValidationError as exc:
-        raise _internal(exc) from None
+        raise _internal(exc, where) from None
 
 
 def tree(value: BaseModel) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def assemble(
     command: str = "",
 ) -> dict[str, Any]:
     """The policy document of these sections, keyed, stamped and checked as a whole."""
-    rules = section(RulesDoc, packs=list(packs))
+    rules = section(RulesDoc, "rules", packs=list(packs))
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "model": tree(model),
@@ -69,6 +69,7 @@ def assemble(
     }
     section(  # the whole: the checks across sections (layer order, schema version)
         PolicyDoc,
+        "",
         schema_version=SCHEMA_VERSION,
         model=model,
         target=target,
@@ -81,10 +82,12 @@ def assemble(
     return doc
 
 
-def _internal(exc: ValidationError) -> PolicyError:
+def _internal(exc: ValidationError, where: str) -> PolicyError:
     first = exc.errors()[0]
-    where = ".".join(str(p) for p in (exc.title, *first.get("loc", ())))
+    path = ".".join([where] if where else [])
+    for part in first.get("loc", ()):
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return PolicyError(
-        f"internal error: the document built does not pass its own schema at {where}: "
+        f"internal error: the document built does not pass its own schema at {path or 'its root'}: "
         f"{first.get('msg', exc)}; please report it"
     )

@@ -24,15 +24,15 @@ def order_timing_doc(timing: OrderTiming) -> dict[str, Any]:
     """A measured order timing as ``deepep.measured_orders`` records it (schema 2.2 adds the test)."""
     out: dict[str, Any] = {
         "tokens": timing.tokens,
-        "quant_then_dispatch_us": round(timing.quant_then_dispatch_us, 2),
-        "dispatch_then_quant_us": round(timing.dispatch_then_quant_us, 2),
+        "quant_then_dispatch_us": round(float(timing.quant_then_dispatch_us), 2),
+        "dispatch_then_quant_us": round(float(timing.dispatch_then_quant_us), 2),
     }
     if timing.verdict is not None:
         out.update(
             {
                 "rounds": timing.rounds,
-                "quant_first_speedup": round(timing.speedup, 4),
-                "ci95": None if timing.ci95 is None else [round(x, 4) for x in timing.ci95],
+                "quant_first_speedup": round(float(timing.speedup), 4),
+                "ci95": None if timing.ci95 is None else [round(float(x), 4) for x in timing.ci95],
                 "faster": "neither" if timing.verdict == UNMEASURED else timing.verdict,
             }
         )
@@ -76,4 +76,4 @@ def deepep_section(
         fields["partial"] = {"reason": kept.partial}
     if measured_orders:
         fields["measured_orders"] = [order_timing_doc(t) for t in measured_orders]
-    return section(DeepEPDoc, **fields)
+    return section(DeepEPDoc, "deepep", **fields)

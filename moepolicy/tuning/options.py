@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from moepolicy.errors import UsageError
 from moepolicy.measure.rounds import DEFAULT_ROUNDS
+from moepolicy.names import TUNED_REGIMES
 
 DEFAULT_STORAGE = "sqlite:///moepolicy-studies.db"
 DEFAULT_TRIALS = 24
@@ -48,6 +50,14 @@ class TuneOptions:
     regime: str = "host"  # Workload.regime: what the timings include (tuning.bench.REGIMES)
     confirm_rounds: int = DEFAULT_ROUNDS  # rotated rounds of each protocol phase (tuning.confirm)
     trial_timeout_s: float = 90.0  # the live bench's watchdog per trial
+
+    def __post_init__(self) -> None:
+        tuned = [r.value for r in TUNED_REGIMES]
+        if self.regime not in tuned:
+            raise UsageError(
+                f"regime: a tune times {' or '.join(tuned)}, got {self.regime!r} (the run-ahead regime "
+                "is timed by 'moepolicy bench POLICY --regime runahead')"
+            )
 
     @property
     def max_buffer_bytes(self) -> int:

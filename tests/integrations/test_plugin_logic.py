@@ -418,34 +418,67 @@ def test_a_layer_whose_binding_fails_is_left_to_vllm_with_the_reason(tmp_path):
     assert run.unmatched == {"model.layers.3.mlp.experts": "AttributeError: no quant_config"}
 
 
+def _bind_one(tmp_path, monkeypatch, kernels, strict=False):
+    from moepolicy.integrations.vllm import run as run_module
+    from moepolicy.integrations.vllm.run import ManagerRun, PluginSettings
+
+    run = ManagerRun(PluginSettings("p.yaml", strict), "ht", lambda *a: a)
+    run.plan = ServingPlan(_policy(tmp_path), lambda *a: a)
+    run.facts = types.SimpleNamespace(model="m", ep_size=8, dbo=False)
+    monkeypatch.setattr(run_module, "moe_kernels", kernels)
+    return run
+
+
+class _Owner:
+    """A prepare/finalize class of the manager (``bind``'s ``owner_class``)."""
+
+
 def test_a_layer_table_vllm_cannot_list_leaves_every_layer_to_vllm_in_one_warning(
     tmp_path, monkeypatch, caplog
 ):
     """``bind`` runs inside vLLM's first dispatch: a layer table it cannot read must not fail the
-    forward pass; the layer is left to vLLM and the warning says why."""
+    forward pass; every layer is left to vLLM with that reason, said once."""
     import logging
-
-    from moepolicy.integrations.vllm import run as run_module
-    from moepolicy.integrations.vllm.run import ManagerRun, PluginSettings
-
-    run = ManagerRun(PluginSettings("p.yaml", False), "ht", lambda *a: a)
-    run.plan = ServingPlan(_policy(tmp_path), lambda *a: a)
 
     def unreadable():
         raise KeyError("no_compile_layers")
 
-    monkeypatch.setattr(run_module, "moe_kernels", unreadable)
+    run = _bind_one(tmp_path, monkeypatch, unreadable)
     layer = types.SimpleNamespace(_moepolicy_table=None)
     with caplog.at_level(logging.WARNING, logger="moepolicy"):
-        table = run.bind(layer, object, None)
-    action = table.entry(10).action
-    assert action.kind == actions.VLLM and not action.applied
-    said = [
-        r.getMessage()
-        for r in caplog.records
-        if "could not read vLLM's MoE layers" in r.getMessage()
-    ]
-    assert len(said) == 1 and "KeyError" in said[0]
+        table = run.bind(layer, _Owner, None)
+        later = run.bind(types.SimpleNamespace(_moepolicy_table=None), _Owner, None)
+    for t in (table, later):
+        action = t.entry(10).action
+        assert action.kind == actions.VLLM and not action.applied
+        assert "could not be read (KeyError" in action.why
+    said = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
+    assert len(said) == 1 and "every layer is left to vLLM" in said[0]
+
+
+def test_strict_still_refuses_at_bind_when_a_layer_is_left_to_vllm(tmp_path, monkeypatch):
+    """MOEPOLICY_STRICT's refusal (a layer the policy decides left to vLLM) reaches vLLM: it is not
+    taken for a table that could not be read."""
+    from moepolicy.errors import PolicyError
+
+    pf = _Owner()
+    impl = types.SimpleNamespace(prepare_finalize=pf, fused_experts=None)
+    run = _bind_one(
+        tmp_path, monkeypatch, lambda: iter([("model.layers.3.mlp.experts", impl)]), strict=True
+    )
+    pf._moepolicy_run, pf._moepolicy_table = run, None
+
+    def unknown_experts(experts, kernel):  # experts the plugin has no action for: left to vLLM
+        return actions.LayerQuant(
+            fp8=True,
+            block=True,
+            per_token=False,
+            experts="UnknownExperts",
+            policy_kernel="deepgemm",
+        )
+
+    with pytest.raises(PolicyError, match="MOEPOLICY_STRICT"):
+        run.bind(pf, _Owner, unknown_experts)
 
 
 class _StoreGroup:

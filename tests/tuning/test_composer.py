@@ -109,3 +109,17 @@ def test_the_buckets_a_tune_keeps_are_what_the_runtime_loads(tmp_path):
     )
     assert policy.deepep.buckets == kept and all(type(b) is Bucket for b in policy.deepep.buckets)
     assert policy.deepep.num_sms == result.deepep.settings.num_sms
+
+
+def test_a_section_the_builder_cannot_write_is_named_by_its_place_in_one_line():
+    """The builder checks each section against the document's model: a value that does not fit
+    (a moepolicy bug) is refused before anything is written, naming where in the document."""
+    import dataclasses
+
+    from moepolicy.errors import PolicyError
+
+    plan = _plan("Qwen3-30B-A3B-FP8", 2)
+    odd = dataclasses.replace(planner.default_deepep(plan), num_sms=21)  # DeepEP takes even counts
+    with pytest.raises(PolicyError, match=r"at deepep\.num_sms: ") as info:
+        planner.build_document(plan, odd)
+    assert "\n" not in str(info.value) and "please report it" in str(info.value)

@@ -229,3 +229,17 @@ def test_the_library_refuses_deepep_v2_off_the_live_bench_in_one_line():
             _v2_plan(), BenchChoice("model", "asked", 0), TuneOptions(buckets=BUCKETS), {}, None
         )
     assert "\n" not in str(info.value)
+
+
+def test_a_tune_refuses_the_run_ahead_regime_before_measuring_anything():
+    """A policy's configs are tuned in the host or gpu regime; runahead is ``bench``'s (before: a
+    v2 tune measured everything, then failed composing the document)."""
+    from moepolicy.errors import UsageError
+    from moepolicy.tuning.options import TuneOptions
+
+    with pytest.raises(
+        UsageError, match="regime: a tune times host or gpu, got 'runahead'"
+    ) as info:
+        TuneOptions(buckets=BUCKETS, regime="runahead")
+    assert "\n" not in str(info.value)
+    assert TuneOptions(buckets=BUCKETS, regime="gpu").regime == "gpu"

@@ -105,6 +105,7 @@ class ManagerRun:
         self.facts: Optional[ServingFacts] = None
         self._lock = threading.Lock()
         self._bound = False
+        self._unbound_why = ""  # why a layer bound after the first dispatch is left to vLLM
         self.key = next(_STARTS)  # what this start has said, it does not say again
         self.per_layer: dict[int, tuple] = {}  # policy index -> its bucket actions
         self.bound: dict[str, bool] = {}  # vLLM prefix -> applied
@@ -227,28 +228,32 @@ class ManagerRun:
         with self._lock:
             if not self._bound:
                 self._bound = True
-                try:
-                    self._bind_all(owner_class, layer_quant)
-                except Exception as exc:  # noqa: BLE001 (vLLM's layer table not as read here: every rank alike)
-                    report.say_once(
-                        self.key,
-                        f"could not read vLLM's MoE layers ({type(exc).__name__}: {exc}); the layers "
-                        "not yet bound are left to vLLM",
-                        logging.WARNING,
-                    )
+                self._unbound_why = self._bind_all(owner_class, layer_quant)
             if instance._moepolicy_table is None:
-                instance._moepolicy_table = self.plan.left_to_vllm(
-                    "the layer is not in vLLM's forward context"
-                )
+                instance._moepolicy_table = self.plan.left_to_vllm(self._unbound_why)
             return instance._moepolicy_table
 
-    def _bind_all(self, owner_class, layer_quant) -> None:
-        for prefix, impl in moe_kernels():
+    def _bind_all(self, owner_class, layer_quant) -> str:
+        """Bind every layer of this manager, then say what applies (MOEPOLICY_STRICT raises there);
+        returns why a layer found unbound later is left to vLLM."""
+        why = "the layer is not in vLLM's forward context"
+        try:
+            kernels = list(moe_kernels())
+        except (
+            AttributeError,
+            KeyError,
+            TypeError,
+        ) as exc:  # another vLLM's table: every rank alike
+            kernels = []
+            why = f"vLLM's MoE layers could not be read ({type(exc).__name__}: {exc})"
+            report.say_once(self.key, f"{why}; every layer is left to vLLM", logging.WARNING)
+        for prefix, impl in kernels:
             pf = getattr(impl, "prepare_finalize", None)
             if not isinstance(pf, owner_class) or pf._moepolicy_run is not self:
                 continue
             pf._moepolicy_table = self._layer_table(prefix, impl, layer_quant)
         self._summarise()
+        return why
 
     def _layer_table(self, prefix: str, impl, layer_quant):
         try:
