@@ -235,7 +235,7 @@ def _step_spec(args: argparse.Namespace, doc, kind: str, tokens, routings):
         rounds=args.rounds,
         reps=args.reps or (3 if emulated else 10),
         transport=kind,
-        regime=args.regime or doc.deepep.regime,
+        regime=None if emulated else (args.regime or doc.deepep.regime),  # no GPU timing emulated
     )
 
 

@@ -20,7 +20,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -43,9 +43,8 @@ class StepSpec:
     rounds: int
     reps: int
     transport: str  # emulated | deepep
-    regime: str = (
-        "host"  # deepep: names.Regime, timed in names.LAUNCH_MODE's mode (measure.timing)
-    )
+    # deepep: a names.Regime, timed in names.LAUNCH_MODE's mode; None on the emulated transport
+    regime: Optional[str] = "host"
     zipf_s: float = 1.2
     seed: int = 0
 
@@ -88,7 +87,12 @@ def _wire(flat: tuple) -> "object":
 
 
 class StandInExperts:
-    """Two matmuls per local expert on the rows routed to it, weighted and summed per received row."""
+    """Two matmuls per local expert on the rows routed to it, weighted and summed per received row.
+
+    The rows are grouped by expert on the device, in groups sized by the per-expert counts DeepEP's
+    dispatch already handed the host, so the host never waits here: like vLLM's expert kernels, the
+    stand-in leaves DeepEP's dispatch the only place a step makes the host wait (what the runahead
+    regime times)."""
 
     def __init__(self, local: int, hidden: int, intermediate: int, device, dtype):
         g = torch.Generator().manual_seed(7)
@@ -106,17 +110,23 @@ class StandInExperts:
         scales: Optional[torch.Tensor],
         topk_idx: torch.Tensor,
         topk_weights: torch.Tensor,
+        tokens_per_expert: Sequence[int],
     ) -> torch.Tensor:
+        """``topk_idx``: each received row's local experts (-1: another rank's); ``tokens_per_expert``:
+        the rows each local expert received (DeepEP's ``num_recv_tokens_per_expert_list``)."""
         rows = _dequant(x, scales).to(self.dtype)
         out = torch.zeros(rows.shape[0], rows.shape[1], dtype=torch.float32, device=rows.device)
-        for e in range(self.w1.shape[0]):
-            hit = topk_idx == e
-            which = hit.any(dim=1).nonzero().flatten()
-            if which.numel() == 0:
-                continue
-            h = torch.relu(rows[which] @ self.w1[e]) @ self.w2[e]
-            weight = (topk_weights[which] * hit[which]).sum(dim=1, keepdim=True)
-            out.index_add_(0, which, h.float() * weight)
+        top_k, flat = topk_idx.shape[1], topk_idx.reshape(-1)
+        pairs = torch.nonzero_static(flat >= 0, size=sum(tokens_per_expert)).reshape(-1)
+        pairs = pairs[torch.argsort(flat[pairs], stable=True)]  # (row, expert) pairs by expert
+        weights = topk_weights.reshape(-1)[pairs].float().unsqueeze(1)
+        start = 0
+        for e, n in enumerate(tokens_per_expert):
+            if n:
+                which = pairs[start : start + n] // top_k
+                h = torch.relu(rows[which] @ self.w1[e]) @ self.w2[e]
+                out.index_add_(0, which, h.float() * weights[start : start + n])
+            start += n
         return out
 
 
@@ -176,6 +186,7 @@ def _transport(arm: Arm, tokens: int, spec: StepSpec, buffer):
         spec.num_experts,
         deep_ep.Config(arm.num_sms, *bucket.dispatch),
         deep_ep.Config(arm.num_sms, *bucket.combine),
+        sources=False,  # the received rows' sources are for checks; reading them waits for the GPU
     )
 
 
@@ -194,7 +205,10 @@ def _kind_step(kind: LayerKind, transport, experts: StandInExperts, inputs, back
 
     def step():
         got = pf.prepare(x, idx, w)
-        pf.finalize(experts(got.x, got.scales, got.topk_idx, got.topk_weights), got.handle)
+        pf.finalize(
+            experts(got.x, got.scales, got.topk_idx, got.topk_weights, got.tokens_per_expert),
+            got.handle,
+        )
 
     return step
 

@@ -24,8 +24,8 @@ class Dispatched:
     topk_idx: torch.Tensor
     topk_weights: torch.Tensor
     tokens_per_expert: list[int]
-    src_rank: torch.Tensor  # [R] source rank of each received row
-    src_token: torch.Tensor  # [R] token index within its source rank
+    src_rank: Optional[torch.Tensor]  # [R] source rank of each received row (None: not asked)
+    src_token: Optional[torch.Tensor]  # [R] token index within its source rank
     handle: Any
 
 
@@ -168,11 +168,19 @@ class GatherTransport:
 class DeepEPTransport:
     """DeepEP's normal (high-throughput) dispatch and combine on a ``deep_ep.Buffer``."""
 
-    def __init__(self, buffer, num_experts: int, dispatch_config=None, combine_config=None):
+    def __init__(
+        self,
+        buffer,
+        num_experts: int,
+        dispatch_config=None,
+        combine_config=None,
+        sources: bool = True,
+    ):
         self.buffer = buffer
         self.rank, self.world = buffer.rank, buffer.group_size
         self.num_experts = num_experts
         self.dispatch_config, self.combine_config = dispatch_config, combine_config
+        self.with_sources = sources  # read each received row's source (the host waits for the GPU)
 
     def dispatch(self, x, scales, topk_idx, topk_weights) -> Dispatched:
         layout = self.buffer.get_dispatch_layout(topk_idx, self.num_experts)
@@ -189,7 +197,9 @@ class DeepEPTransport:
             config=self.dispatch_config,
         )
         recv, recv_scales = recv_x if isinstance(recv_x, tuple) else (recv_x, None)
-        src_rank, src_token = self.sources(handle, recv.shape[0])
+        src_rank, src_token = (
+            self.sources(handle, recv.shape[0]) if self.with_sources else (None, None)
+        )
         return Dispatched(
             recv, recv_scales, recv_idx, recv_w, list(counts), src_rank, src_token, handle
         )

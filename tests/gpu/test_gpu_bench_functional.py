@@ -65,3 +65,52 @@ def test_bench_on_shared_ranks_runs_every_arm_and_compares_nothing(tmp_path, reg
         and "faster" not in done.stdout
         and "slower" not in done.stdout
     )
+
+
+def test_the_steps_own_work_never_makes_the_host_wait():
+    """What ``bench`` runs around DeepEP (quantizing in every format, the expert stand-in) makes no
+    host sync, so under ``--regime runahead`` the host waits only where DeepEP's dispatch does."""
+    require(1)
+    import warnings
+
+    import torch
+
+    from moepolicy.moe_step.measure import StandInExperts
+    from moepolicy.reference.prepare_finalize import QuantSpec, quantize
+
+    device = torch.device("cuda", 0)
+    g = torch.Generator().manual_seed(0)
+    local, hidden, rows, top_k = 8, 2048, 1024, 4
+    experts = StandInExperts(local, hidden, 682, device, torch.bfloat16)
+    x = torch.randn(rows, hidden, generator=g).to(device, torch.bfloat16)
+    idx = torch.randint(-1, local, (rows, top_k), generator=g)
+    counts = [int((idx == e).sum()) for e in range(local)]
+    idx, weights = idx.to(device), torch.rand(rows, top_k, generator=g).to(device)
+    specs = [
+        QuantSpec("block"),
+        QuantSpec("block", ue8m0=True),
+        QuantSpec("token"),
+        QuantSpec("tensor_static", static_scale=0.05),
+        QuantSpec("tensor_dynamic"),
+        QuantSpec("none"),
+    ]
+    for spec in specs:  # compile and warm up outside the check
+        q, s = quantize(x, spec)
+        experts(q, s, idx, weights, counts)
+    torch.cuda.synchronize()
+    synced = {}
+    for spec in specs:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                q, s = quantize(x, spec)
+                experts(q, s, idx, weights, counts)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        synced[spec.kind + ("-ue8m0" if spec.ue8m0 else "")] = [
+            str(w.message)[:120] for w in caught
+        ]
+    torch.cuda.synchronize()
+    print({k: len(v) for k, v in synced.items()})
+    assert not any(synced.values()), synced

@@ -141,7 +141,7 @@ def test_bench_refuses_what_it_cannot_run_in_one_line(mixtral_policy):
         )
 
 
-def test_the_regime_is_asked_per_run_and_recorded_and_the_emulated_transport_says_it_has_none(
+def test_the_regime_is_asked_per_run_and_the_emulated_transport_says_and_records_it_has_none(
     mixtral_policy, tmp_path
 ):
     from moepolicy.cli.bench import RUN_AHEAD
@@ -152,7 +152,7 @@ def test_the_regime_is_asked_per_run_and_recorded_and_the_emulated_transport_say
     args = ("--tokens", "16", "--routing", "uniform", "--rounds", "1", "--reps", "1")
     result = run_cli("bench", str(mixtral_policy), *args, "--regime", "runahead", "-o", str(out))
     assert result.returncode == 0, result.stderr
-    assert json.loads(out.read_text())["spec"]["regime"] == "runahead"
+    assert json.loads(out.read_text())["spec"]["regime"] is None  # the emulated transport has none
     assert "--regime applies to DeepEP on GPUs" in result.stderr
     bad = run_cli("bench", str(mixtral_policy), *args, "--regime", "eager")
     assert bad.returncode == 2 and "invalid choice: 'eager'" in bad.stderr
@@ -168,3 +168,34 @@ def test_zipf_routing_is_skewed_and_uniform_is_not():
         return float(counts.max() / counts.min().clamp(min=1))
 
     assert spread("uniform") < 1.5 and spread("zipf") > 10
+
+
+def _experts_reference(experts, rows, topk_idx, topk_weights):
+    """Each local expert on the rows routed to it, one at a time (the plain reading of the stand-in)."""
+    out = torch.zeros(rows.shape[0], rows.shape[1], dtype=torch.float32)
+    for r in range(rows.shape[0]):
+        for slot in range(topk_idx.shape[1]):
+            e = int(topk_idx[r, slot])
+            if e >= 0:
+                h = torch.relu(rows[r : r + 1] @ experts.w1[e]) @ experts.w2[e]
+                out[r] += h[0].float() * float(topk_weights[r, slot])
+    return out
+
+
+def test_the_stand_in_experts_group_rows_by_the_counts_dispatch_handed_the_host():
+    """The stand-in groups rows by expert with the per-expert counts from dispatch (no host wait):
+    the same result as running each routed (row, expert) pair alone."""
+    from moepolicy.moe_step.measure import StandInExperts
+
+    g = torch.Generator().manual_seed(3)
+    local, hidden, rows_n, top_k = 4, 16, 37, 3
+    experts = StandInExperts(local, hidden, 8, torch.device("cpu"), torch.float32)
+    rows = torch.randn(rows_n, hidden, generator=g)
+    # each received row names up to top_k distinct local experts; -1: an expert of another rank
+    topk_idx = torch.stack([torch.randperm(local + 3, generator=g)[:top_k] for _ in range(rows_n)])
+    topk_idx = torch.where(topk_idx < local, topk_idx, torch.full_like(topk_idx, -1))
+    topk_weights = torch.rand(rows_n, top_k, generator=g)
+    counts = [int((topk_idx == e).sum()) for e in range(local)]
+    got = experts(rows, None, topk_idx, topk_weights, counts)
+    torch.testing.assert_close(got, _experts_reference(experts, rows, topk_idx, topk_weights))
+    assert 0 in counts or sum(counts) < rows_n * top_k  # the test routes some pairs elsewhere
