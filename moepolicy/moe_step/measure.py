@@ -117,8 +117,9 @@ class StandInExperts:
         rows = _dequant(x, scales).to(self.dtype)
         out = torch.zeros(rows.shape[0], rows.shape[1], dtype=torch.float32, device=rows.device)
         top_k, flat = topk_idx.shape[1], topk_idx.reshape(-1)
-        pairs = torch.nonzero_static(flat >= 0, size=sum(tokens_per_expert)).reshape(-1)
-        pairs = pairs[torch.argsort(flat[pairs], stable=True)]  # (row, expert) pairs by expert
+        other_ranks = torch.full_like(flat, len(tokens_per_expert))  # sorted after the local ones
+        by_expert = torch.argsort(torch.where(flat >= 0, flat, other_ranks), stable=True)
+        pairs = by_expert[: sum(tokens_per_expert)]  # the (row, local expert) pairs, by expert
         weights = topk_weights.reshape(-1)[pairs].float().unsqueeze(1)
         start = 0
         for e, n in enumerate(tokens_per_expert):
