@@ -69,7 +69,8 @@ def quantize(
     if spec.kind == "tensor_static":
         if spec.static_scale is None:
             raise ValueError("tensor_static needs the global static scale (the max over experts)")
-        scale = torch.tensor([spec.static_scale], dtype=torch.float32, device=x.device)
+        # a fill on the device: torch.tensor([...], device=cuda) copies from the host and syncs
+        scale = torch.full((1,), float(spec.static_scale), dtype=torch.float32, device=x.device)
         return impl.per_tensor_static(x, scale), None
     if spec.kind == "tensor_dynamic":
         from moepolicy.quant import reference

@@ -109,8 +109,8 @@ def test_the_steps_own_work_never_makes_the_host_wait():
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         synced[spec.kind + ("-ue8m0" if spec.ue8m0 else "")] = [
-            str(w.message)[:120] for w in caught
-        ]
+            str(w.message)[:120] for w in caught if "prototype feature" not in str(w.message)
+        ]  # torch's one-time notice that the mode is a prototype is not a sync
     torch.cuda.synchronize()
     print({k: len(v) for k, v in synced.items()})
     assert not any(synced.values()), synced
