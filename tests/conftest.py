@@ -1,7 +1,10 @@
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +51,65 @@ def run_cli(
         env=full_env,
         timeout=120,
     )
+
+
+class Watched:
+    """A process whose stderr is read line by line as it comes, so a test can act on an event the
+    process reports (a progress line) instead of sleeping a fixed time: under load a fixed sleep lands
+    in the wrong phase. ``wait_for`` returns once a line matches; ``finish`` waits for the exit and
+    returns all of stderr."""
+
+    def __init__(self, args: list[str], env: dict | None = None, **popen):
+        self.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "MOEPOLICY_OFFLINE": "1", **(env or {})},
+            **popen,
+        )
+        self.lines: list[str] = []
+        self._seen = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            with self._seen:
+                self.lines.append(line)
+                self._seen.notify_all()
+        with self._seen:
+            self._seen.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float = 240.0) -> str:
+        """The first stderr line matching ``pattern`` (a regular expression); fails the test if the
+        process ends or ``timeout`` passes first."""
+        wanted = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        checked = 0
+        with self._seen:
+            while True:
+                for line in self.lines[checked:]:
+                    if wanted.search(line):
+                        return line
+                checked = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._reader.is_alive():
+                    pytest.fail(f"no stderr line matched {pattern!r}: {''.join(self.lines)}")
+                self._seen.wait(min(left, 1.0))
+
+    def finish(self, timeout: float = 120.0) -> str:
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=timeout)
+        return "".join(self.lines)
+
+    @property
+    def returncode(self):
+        return self.proc.returncode
 
 
 @pytest.fixture

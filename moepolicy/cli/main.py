@@ -156,7 +156,9 @@ def interrupt_exit(exc: BaseException) -> Optional[int]:
     if isinstance(exc, SystemExit) or not (_RECEIVED or isinstance(exc, KeyboardInterrupt)):
         return None
     terminated = isinstance(exc, Terminated) or (_RECEIVED[:1] == [signal.SIGTERM])
-    print(f"moepolicy: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+    outcome = getattr(exc, "moepolicy_outcome", None)  # what the interrupted command left behind
+    said = "terminated" if terminated else "interrupted"
+    print(f"moepolicy: {said}{outcome or ''}", file=sys.stderr)
     return 143 if terminated else 130
 
 

@@ -46,6 +46,10 @@ from moepolicy.tuning.storage import check_storage
 
 MAX_TRIAL_TIMEOUT_S = 86400.0  # the live watchdog: a day per trial at most
 
+# The one line an interrupt before any result ends with: nothing of this run is on disk but the
+# study's finished trials, which the same command resumes.
+NOTHING_WRITTEN = ": nothing was written (run the same command again to resume the study)"
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="tune DeepEP (optuna, live or modelled) and write the policy")
@@ -392,8 +396,12 @@ def _tune_and_write(
         bench = build_v2_bench()
     else:
         bench = None  # api.tune_with refuses DeepEP v2 off the live bench, in one line
-    with progress_to_stderr(verbose=args.verbose):
-        result = api.tune_with(plan, choice, options, objective, space, bench=bench)
+    try:
+        with progress_to_stderr(verbose=args.verbose):
+            result = api.tune_with(plan, choice, options, objective, space, bench=bench)
+    except KeyboardInterrupt as exc:  # before a result existed (the tune writes only below)
+        exc.moepolicy_outcome = NOTHING_WRITTEN
+        raise
     if choice.shared:  # api.tune_with marked the result partial: not for serving
         note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
     document = api.policy_document(result)

@@ -241,6 +241,8 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
     clock = _Clock(device, spec.regime)
     results: dict = {}
     done = 0
+    if rank == 0:  # the group is up and its buffer made: measuring starts (a test waits for this)
+        _progress(f"bench: {world} ranks ready, measuring")
     for r_kind in spec.routings:
         for tokens in spec.tokens:
             idx, w = routing(

@@ -9,13 +9,12 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import cli_command, run_cli
+from conftest import Watched, cli_command, run_cli
 
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
@@ -56,7 +55,7 @@ def test_a_bench_rank_that_dies_ends_the_bench_in_one_line(tmp_path):
     torch = pytest.importorskip("torch", reason="bench needs torch")  # noqa: F841
     policy = tmp_path / "p.yaml"
     assert run_cli("plan", "--model", MODEL, "--ep-size", "2", "-o", str(policy)).returncode == 0
-    bench = subprocess.Popen(
+    bench = Watched(
         cli_command(
             "bench",
             str(policy),
@@ -71,21 +70,13 @@ def test_a_bench_rank_that_dies_ends_the_bench_in_one_line(tmp_path):
             "--routing",
             "uniform",
         ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
         env=ENV,
     )
-    deadline = time.monotonic() + 120
-    while (
-        len(_spawned_ranks(bench.pid)) < 2 and time.monotonic() < deadline and bench.poll() is None
-    ):
-        time.sleep(0.2)
+    bench.wait_for(r"^bench: 2 ranks ready, measuring")  # both ranks are in the timing loop
     ranks = _spawned_ranks(bench.pid)
     assert len(ranks) == 2, "the bench did not start its ranks"
-    time.sleep(3)  # the ranks are measuring
     os.kill(ranks[-1], signal.SIGKILL)  # a rank dies (the OOM killer, a device trap)
-    _, err = bench.communicate(timeout=120)
+    err = bench.finish(timeout=120)
     assert bench.returncode == 9, err
     assert "a benchmark rank failed" in _last_line(err)
 
@@ -249,21 +240,13 @@ def test_ctrl_c_during_a_live_tune_prints_no_traceback_from_any_rank(tmp_path):
         str(tmp_path / "p.yaml"),
         fake_deepep=2,
     )
-    for delay in (
-        1.0,
-        6.0,
-    ):  # while the ranks start (their interpreters importing), and while they measure
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=ENV,
-            start_new_session=True,
-        )
-        time.sleep(delay)
+    # while the ranks start (their interpreters importing), and while they measure: each moment is
+    # an event the tune reports, never a fixed sleep
+    for event in (r"^tuning hidden=", r"trial 1/"):
+        proc = Watched([*cmd, "-v"], env=ENV, start_new_session=True)
+        proc.wait_for(event)
         os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        err = proc.finish(timeout=120)
         assert proc.returncode == 130, err
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-        assert _last_line(err) == "moepolicy: interrupted"
+        assert _last_line(err).startswith("moepolicy: interrupted"), err

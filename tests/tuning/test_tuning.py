@@ -4,11 +4,10 @@ after kill -9, Ctrl-C, atomic output, the model bench, and the bench contract.""
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
-from conftest import cli_command
+from conftest import Watched, cli_command
 
 optuna = pytest.importorskip(
     "optuna", reason="tuning tests need optuna (pip install 'moepolicy[tune]')"
@@ -296,6 +295,12 @@ def test_a_storage_password_reaches_neither_the_policy_nor_stderr(tmp_path):
     )
 
 
+# Events on a tune's stderr that the signal tests wait for (never a fixed sleep: under load a sleep
+# lands in another phase). With -v a stored trial prints its time and the best so far.
+FIRST_TRIAL = r" us \(best "
+SEARCH_STARTS = r"^tuning hidden="
+
+
 def completed_trials(db):
     storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
     out = []
@@ -317,10 +322,10 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     ]  # 12 trials: ~5 s
     out = tmp_path / "p.yaml"
     out.write_text("previous complete policy\n")
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    time.sleep(3.0)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc = Watched([*args, "-v"], env=env)
+    proc.wait_for(FIRST_TRIAL)  # a trial is stored: the kill lands inside the search
+    proc.proc.send_signal(signal.SIGKILL)
+    proc.finish()
     assert out.read_text() == "previous complete policy\n"  # never a partial file
     before = [t for t in completed_trials(tmp_path / "studies.db") if t[2] == "COMPLETE"]
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
@@ -338,13 +343,11 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupted_tune_writes_a_partial_result_marked_so(tmp_path, sig, code):
     env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
-    args = [*cli_command(model_bench_delay=0.15), *tune_args(tmp_path, study="c", trials=40)]
-    proc = subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
-    )
-    time.sleep(3.5)
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    args = [*cli_command(model_bench_delay=0.15), *tune_args(tmp_path, "-v", study="c", trials=40)]
+    proc = Watched(args, env=env)
+    proc.wait_for(FIRST_TRIAL)  # something measured: there is a partial result to write
+    proc.proc.send_signal(sig)
+    err = proc.finish(timeout=60)
     assert proc.returncode == code, err
     assert "Traceback" not in err
     import yaml
@@ -374,13 +377,14 @@ def test_an_interrupted_tune_never_replaces_a_complete_policy(tmp_path):
     assert complete.returncode == 0, complete.stderr
     out = tmp_path / "p.yaml"
     before = out.read_text()
-    args = [*cli_command(model_bench_delay=0.15), *tune_args(tmp_path, study="second", trials=40)]
-    proc = subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
-    )
-    time.sleep(3.5)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    args = [
+        *cli_command(model_bench_delay=0.15),
+        *tune_args(tmp_path, "-v", study="second", trials=40),
+    ]
+    proc = Watched(args, env=env)
+    proc.wait_for(FIRST_TRIAL)
+    proc.proc.send_signal(signal.SIGINT)
+    err = proc.finish(timeout=60)
     assert proc.returncode == 130, err
     assert out.read_text() == before  # the complete policy is kept
     assert "partial" in yaml_load(tmp_path / "p.partial.yaml")["deepep"]
@@ -459,15 +463,14 @@ def test_a_trial_killed_before_its_owner_was_recorded_is_failed_not_counted(tmp_
 def test_an_interrupt_before_the_first_measurement_writes_nothing_and_says_interrupted(tmp_path):
     env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
     args = [*cli_command(model_bench_delay=30.0), *tune_args(tmp_path, study="early", trials=2)]
-    proc = subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
-    )
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "studies.db").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.5)  # inside the first (30 s) measurement
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    proc = Watched(args, env=env)
+    proc.wait_for(SEARCH_STARTS)  # the search has begun; its first measurement takes 30 s
+    proc.proc.send_signal(signal.SIGINT)
+    err = proc.finish(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "moepolicy: interrupted" and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last == (
+        "moepolicy: interrupted: nothing was written (run the same command again to resume the study)"
+    ), err
+    assert "Traceback" not in err
     assert not (tmp_path / "p.yaml").exists()
