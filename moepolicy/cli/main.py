@@ -117,15 +117,44 @@ def install_signal_handlers() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     _RECEIVED.clear()  # a new command (tests run several in one process)
+    _HELD_SINCE.clear()
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     sys.unraisablehook = _on_unraisable
 
 
+# An interrupt that lands while a module imports is held until the import is done, then sent again:
+# raised inside an import (a compiled extension's initialisation, as numpy.random's when optuna's
+# sampler first draws) it can be turned into another error that some caller catches, and the command
+# would go on as if never interrupted. Held at most this long, so a hung import still ends.
+HOLD_DURING_IMPORT_S = 2.0
+_HELD_SINCE: dict[int, float] = {}
+
+
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _on_signal(signum: int, frame) -> None:
     import signal
+    import threading
+    import time
 
-    _RECEIVED.append(signum)
+    if signum not in _HELD_SINCE:
+        _RECEIVED.append(signum)
+    first = _HELD_SINCE.setdefault(signum, time.monotonic())
+    if _importing(frame) and time.monotonic() - first < HOLD_DURING_IMPORT_S:
+        again = threading.Timer(
+            0.02, signal.pthread_kill, args=(threading.main_thread().ident, signum)
+        )
+        again.daemon = True
+        again.start()
+        return
+    _HELD_SINCE.pop(signum, None)
     raise Terminated() if signum == signal.SIGTERM else Interrupted()
 
 
@@ -133,7 +162,6 @@ def _on_unraisable(event) -> None:
     """An interrupt that landed in a weakref callback or a ``__del__`` (where Python cannot raise: it
     prints the exception and goes on) is sent again, from another thread once this hook has
     returned, so that it lands in the command's own code."""
-    import os
     import signal
     import threading
 
@@ -141,7 +169,9 @@ def _on_unraisable(event) -> None:
         sys.__unraisablehook__(event)
         return
     again = signal.SIGTERM if isinstance(event.exc_value, Terminated) else signal.SIGINT
-    resend = threading.Timer(0.01, os.kill, args=(os.getpid(), again))
+    # to the main thread itself: a signal for the process could land on this timer's thread
+    main = threading.main_thread().ident
+    resend = threading.Timer(0.01, signal.pthread_kill, args=(main, again))
     resend.daemon = True
     resend.start()
 

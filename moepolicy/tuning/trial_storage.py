@@ -18,6 +18,7 @@ Checked on optuna 5.1 (``CHECKED_OPTUNA``): ``BaseStorage.get_study_id_from_name
 
 from __future__ import annotations
 
+import signal
 import threading
 import warnings
 
@@ -48,6 +49,10 @@ def fail_trial(storage, study_name: str, number: int, reason: str) -> None:
 def heartbeat(storage, tid: int, stop: threading.Event, every_s: float = 5.0) -> None:
     """Record the heartbeat of the trial whose storage id is ``tid`` every ``every_s`` until ``stop``
     (a storage without heartbeats: nothing; a missed beat only delays stale-trial detection)."""
+    # Ctrl-C and SIGTERM go to the main thread: one that lands on this thread would leave the main
+    # thread in its measurement's wait (a sleep, a pipe) until that ended on its own
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     record = getattr(storage, "record_heartbeat", None)
     if record is None:
         return
