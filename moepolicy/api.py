@@ -13,6 +13,7 @@ notes go to the ``moepolicy`` loggers. Errors are :class:`moepolicy.MoePolicyErr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Optional, Sequence, Union
 
@@ -107,10 +108,19 @@ def buckets(tokens: Sequence[int], objective: dict) -> tuple[tuple[int, float], 
     )
 
 
-def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, bench=None):
+def tune_with(
+    plan: Plan,
+    choice,
+    options: TuneOptions,
+    objective: dict,
+    space,
+    bench=None,
+    experts_bench=None,
+):
     """The tune itself, for a bench already chosen: optuna's study over the plan's wire formats, or
     on DeepEP v2 its settings measured in turn. ``bench`` is a bench already built (the CLI's torchrun
-    ranks, a test's; a ``v2_tune.V2Bench`` on v2); by default ``choice``'s."""
+    ranks, a test's; a ``v2_tune.V2Bench`` on v2); by default ``choice``'s. ``experts_bench`` times
+    the expert stage (``tuning.expert_bench``); by default ``choice``'s."""
     from moepolicy.tuning.bench_source import BenchSource
     from moepolicy.tuning.storage import check_storage, storage_failure
 
@@ -141,7 +151,46 @@ def tune_with(plan: Plan, choice, options: TuneOptions, objective: dict, space, 
         if failed is None:
             raise
         raise failed from None
+    if not result.interrupted:
+        experts = compare_experts(plan, choice, options, experts_bench)
+        result = dataclasses.replace(result, experts=experts)
     return functional(result, choice) if getattr(choice, "shared", False) else result
+
+
+EXPERT_ROUNDS = 16  # rotated rounds of the expert-stage comparison: 8 decide, 8 report
+
+
+def compare_experts(plan: Plan, choice, options: TuneOptions, bench=None):
+    """The expert kernels' MoE steps for ``plan``'s target (``tuning.expert_choice``): the
+    expert stage from ``choice``'s expert bench, the communication from the DeepEP model bench
+    (modelled; none outside its calibrated range). None where no kernel moepolicy can time runs
+    the checkpoint's experts."""
+    from moepolicy.deepep.configs import default_configs, default_num_sms
+    from moepolicy.tuning.bench_source import BenchSource
+    from moepolicy.tuning.expert_choice import (
+        choice_inputs,
+        choose_experts,
+        model_communication,
+        model_communication_words,
+    )
+    from moepolicy.tuning.model_bench import ModelBench
+    from moepolicy.tuning.runner import workload_for
+
+    target = plan.target
+    inputs = choice_inputs(plan.model, target, options.buckets, EXPERT_ROUNDS, options.seed)
+    if inputs is None or target.deepep.api != "legacy":
+        return None
+    comm_bench = ModelBench(target.gpu)
+    workload = workload_for(plan, "uniform", options.regime)
+    dispatch, combine = default_configs(target.deepep, target.ep_size)
+    communication = model_communication(
+        comm_bench, workload, default_num_sms(target.deepep), dispatch, combine
+    )
+    inputs = dataclasses.replace(
+        inputs, communication_words=model_communication_words(comm_bench, workload)
+    )
+    bench = bench or BenchSource().build_experts(choice, target.gpu, options.regime)
+    return choose_experts(inputs, bench, communication)
 
 
 V2_REPS = 20  # timings per DeepEP v2 measurement (their median counts)
@@ -194,7 +243,20 @@ def policy_document(result, command: str = "") -> dict:
         return build_document(result, command=command)
     from moepolicy.planner import tuned_document
 
-    return tuned_document(result.plan, result.deepep, result.timings, command or result.command)
+    return tuned_document(
+        result.plan,
+        result.deepep,
+        result.timings,
+        command or result.command,
+        experts=getattr(result, "experts", None),
+    )
+
+
+def decided_plan(result) -> Plan:
+    """The plan a tune's result writes: decided again with what the tune measured."""
+    from moepolicy.planner import decided_plan as decide_again
+
+    return decide_again(result.plan, result.timings, getattr(result, "experts", None))
 
 
 def write_policy(

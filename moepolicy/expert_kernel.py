@@ -72,27 +72,47 @@ def default_kernel(layer: LayerFacts, arch: str, where: Deployment = Deployment(
 
 
 def find_mode(kernel: str, arch: str, layer: LayerFacts) -> Optional[KernelMode]:
+    return mode_for(
+        kernel,
+        arch,
+        (layer.weights.dtype, layer.weights.granularity),
+        (layer.activations.dtype, layer.activations.granularity),
+    )
+
+
+def mode_for(
+    kernel: str, arch: str, weights: tuple[str, str], acts: tuple[str, str]
+) -> Optional[KernelMode]:
+    """The sheet's mode of ``kernel`` on ``arch`` for (dtype, granularity) of the checkpoint's expert
+    weights and activations (None: the kernel does not run them there)."""
     per_arch = datasheets.kernel_sheet().kernels.get(kernel, {})
     modes = per_arch.get(arch) or per_arch.get("any") or []
     for mode in modes:
-        if not mode.weights.matches(layer.weights.dtype, layer.weights.granularity):
+        if not mode.weights.matches(*weights):
             continue
-        if mode.checkpoint_acts and not mode.checkpoint_acts.matches(
-            layer.activations.dtype, layer.activations.granularity
-        ):
+        if mode.checkpoint_acts and not mode.checkpoint_acts.matches(*acts):
             continue
         return mode
     return None
 
 
+def engine_words(where: Deployment) -> str:
+    return f"{'vLLM' if where.engine == 'vllm' else where.engine}'s pick for this GPU, scheme and path"
+
+
 def execution_for(
-    layer: LayerFacts, arch: str, kernel: Optional[str], where: Deployment = Deployment()
+    layer: LayerFacts,
+    arch: str,
+    kernel: Optional[str],
+    where: Deployment = Deployment(),
+    chosen_by: str = "asked for (expert_kernel)",
 ) -> Execution:
     if kernel is None:
         chosen = default_kernel(layer, arch, where)
-        return Execution(
-            chosen,
-            find_mode(chosen, arch, layer),
-            f"{'vLLM' if where.engine == 'vllm' else where.engine}'s pick for this GPU, scheme and path",
-        )
-    return Execution(kernel, find_mode(kernel, arch, layer), "asked for (expert_kernel)")
+        return Execution(chosen, find_mode(chosen, arch, layer), engine_words(where))
+    return Execution(kernel, find_mode(kernel, arch, layer), chosen_by)
+
+
+def runs_layer(kernel: str, arch: str, layer: LayerFacts) -> bool:
+    """Whether ``kernel`` runs this layer's expert weights on ``arch`` (the sheet has a mode)."""
+    return find_mode(kernel, arch, layer) is not None

@@ -13,19 +13,31 @@ from typing import Any, Optional, Sequence
 
 from moepolicy._resources import sheets_sha256
 from moepolicy.errors import InfeasibleError
-from moepolicy.expert_kernel import Deployment, Execution, execution_for
+from moepolicy.expert_kernel import (
+    Deployment,
+    Execution,
+    default_kernel,
+    engine_words,
+    execution_for,
+)
 from moepolicy.feasibility import model_problems, wire_problem
 from moepolicy.document.builder import assemble, section
-from moepolicy.rules.engine import Decision, decide
+from moepolicy.rules.engine import Decision, KernelChoice, choose_kernel, decide
 from moepolicy.rules.grammar import RulePack
-from moepolicy.rules.vocabulary import UNMEASURED, layer_facts
+from moepolicy.rules.vocabulary import (
+    UNMEASURED,
+    kernel_choice_facts,
+    layer_facts,
+    with_kernel,
+)
 from moepolicy.deepep.buffers import ht_buffer_bytes, low_latency_bytes_hint
 from moepolicy.deepep.configs import ChunkConfig, default_num_sms
 from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
 from moepolicy.document.deepep_section import deepep_section
+from moepolicy.document.experts_section import experts_section
 from moepolicy.document.model import DeepEPDoc, LayerDoc, ModelDoc, PackRefDoc, TargetDoc
 from moepolicy.schema.facts import LayerFacts, ModelFacts
-from moepolicy.schema.measured import OrderTiming, overall_faster
+from moepolicy.schema.measured import ExpertChoice, OrderTiming, overall_faster
 from moepolicy.target import Target
 
 LL_MAX_TOKENS_DEFAULT = 128
@@ -43,6 +55,7 @@ class LayerPlan:
     bucket_decisions: tuple[
         tuple[Optional[int], Decision], ...
     ] = ()  # per bucket, where they differ
+    kernel_choice: Optional[KernelChoice] = None  # the expert-kernel rule that chose (MoE layers)
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,7 @@ class Plan:
     packs: tuple[RulePack, ...]
     layers: tuple[LayerPlan, ...]
     timings: tuple[OrderTiming, ...] = ()  # measured facts the layers were decided with
+    experts: Optional[ExpertChoice] = None  # the expert kernels' MoE steps a tune compared
 
     @property
     def kernel_label(self) -> str:
@@ -65,16 +79,36 @@ class Plan:
         )
 
 
-def decide_layer(
-    layer: LayerFacts, target: Target, packs: Sequence[RulePack], faster_order: str = UNMEASURED
-) -> LayerPlan:
-    execution = execution_for(
-        layer,
-        target.arch,
-        target.expert_kernel,
-        Deployment(target.engine, target.backend, target.deepep.api),
+def choose_layer_kernel(
+    layer: LayerFacts, target: Target, packs: Sequence[RulePack], faster_kernel: str = UNMEASURED
+) -> tuple[Execution, dict[str, Any], Optional[KernelChoice]]:
+    """The expert kernel a layer runs, chosen by the packs' expert-kernel rules from the engine's
+    pick, the kernel asked for and the kernel a tune measured faster (dense layers: none)."""
+    where = Deployment(target.engine, target.backend, target.deepep.api)
+    default = default_kernel(layer, target.arch, where)
+    choice_facts = kernel_choice_facts(layer, default, target.expert_kernel, faster_kernel)
+    if layer.kind != "moe":
+        return execution_for(layer, target.arch, None, where), choice_facts, None
+    choice = choose_kernel(choice_facts, packs)
+    why = (
+        engine_words(where)
+        if choice.kernel == default and choice.rule.endswith("engine-default")
+        else f"{choice.rule}: {choice.reason}"
     )
-    facts = layer_facts(layer, target, execution, faster_order)
+    return execution_for(layer, target.arch, choice.kernel, where, why), choice_facts, choice
+
+
+def decide_layer(
+    layer: LayerFacts,
+    target: Target,
+    packs: Sequence[RulePack],
+    faster_order: str = UNMEASURED,
+    faster_kernel: str = UNMEASURED,
+) -> LayerPlan:
+    execution, choice_facts, kernel_choice = choose_layer_kernel(
+        layer, target, packs, faster_kernel
+    )
+    facts = layer_facts(layer, target, execution, faster_order, choice_facts)
     decision = decide(
         facts,
         packs,
@@ -82,18 +116,19 @@ def decide_layer(
         lambda then, f: wire_problem(then, f, target),
         allow_inferred="inferred-capabilities" in target.options,
     )
-    return LayerPlan(layer, facts, execution, decision)
+    return LayerPlan(layer, facts, execution, decision, kernel_choice=kernel_choice)
 
 
 def _measured_layer(
     plain: LayerPlan, target: Target, packs: Sequence[RulePack], timings: Sequence[OrderTiming]
 ) -> LayerPlan:
     """Decide again with the measured facts: overall, and per bucket where the faster order changes."""
-    overall = decide_layer(plain.layer, target, packs, overall_faster(timings))
+    kernel = plain.facts.get("measured.faster_kernel", UNMEASURED)
+    overall = decide_layer(plain.layer, target, packs, overall_faster(timings), kernel)
     per_bucket = [
         (
             None if i == len(timings) - 1 else t.tokens,
-            decide_layer(plain.layer, target, packs, t.faster).decision,
+            decide_layer(plain.layer, target, packs, t.faster, kernel).decision,
         )
         for i, t in enumerate(timings)
     ]
@@ -132,7 +167,27 @@ def with_measurements(plan: "Plan", timings: Sequence[OrderTiming]) -> "Plan":
         _measured_layer(lp, plan.target, plan.packs, timings) if measured_wire(lp) else lp
         for lp in plan.layers
     )
-    return Plan(plan.model, plan.target, plan.packs, layers, tuple(timings))
+    return Plan(plan.model, plan.target, plan.packs, layers, tuple(timings), plan.experts)
+
+
+def with_expert_choice(
+    plan: "Plan", experts: ExpertChoice
+) -> tuple["Plan", tuple[OrderTiming, ...]]:
+    """``plan`` decided again with the kernel a tune measured faster (a measured fact: the
+    experts pack's rule uses it), and the order timings of the kernel its MoE layers now run, where
+    the expert stage was measured (a modelled comparison is reported, never decided on)."""
+    measured = experts.source == "measured"
+    faster = experts.faster_kernel if measured else UNMEASURED
+    layers = tuple(
+        decide_layer(lp.layer, plan.target, plan.packs, faster_kernel=faster)
+        if lp.layer.kind == "moe"
+        else lp
+        for lp in plan.layers
+    )
+    decided = Plan(plan.model, plan.target, plan.packs, layers, plan.timings, experts)
+    kernels = {lp.execution.kernel for lp in layers if lp.layer.kind == "moe"}
+    timings = experts.orders_for(kernels.pop()) if measured and len(kernels) == 1 else ()
+    return decided, timings
 
 
 def _kernel_problems(layers: Sequence[LayerPlan], target: Target) -> list[str]:
@@ -239,15 +294,24 @@ def replay_facts(index: int, stored: dict[str, Any]) -> dict[str, Any]:
     return {"layer.index": index, **stored}
 
 
-def replayed_decisions(layers, target: Target, packs: Sequence[RulePack]) -> dict[int, Decision]:
+def replayed_decisions(
+    layers, target: Target, packs: Sequence[RulePack], kernel: str = "chosen"
+) -> dict[int, Decision]:
     """Each MoE layer's decision by ``packs``, replayed from the facts a document stored (what the
-    ``vllm`` pack says vLLM does, for ``bench`` and the vLLM export: one copy of that knowledge)."""
+    ``vllm`` pack says vLLM does, for ``bench`` and the vLLM export: one copy of that knowledge).
+    ``kernel``: ``chosen`` replays the kernel the policy chose (the one its launch builds);
+    ``engine`` the engine's own pick (or the kernel asked for), as the engine runs without moepolicy."""
     out = {}
     for layer in layers:
         if layer.kind != "moe":
             continue
+        facts = replay_facts(layer.index, layer.facts)
+        if kernel == "engine":
+            asked = facts.get("kernel.asked", "none")
+            own = asked if asked != "none" else facts.get("kernel.default", facts["kernel.name"])
+            facts = with_kernel(facts, own)
         out[layer.index] = decide(
-            replay_facts(layer.index, layer.facts),
+            facts,
             packs,
             target.deepep,
             lambda then, f: wire_problem(then, f, target),
@@ -287,10 +351,26 @@ def _layer_entry(lp: LayerPlan) -> LayerDoc:
 
 
 def tuned_document(
-    plan: Plan, deepep: KeptDeepEP, timings: Sequence[OrderTiming] = (), command: str = ""
+    plan: Plan,
+    deepep: KeptDeepEP,
+    timings: Sequence[OrderTiming] = (),
+    command: str = "",
+    experts: Optional[ExpertChoice] = None,
 ) -> dict[str, Any]:
-    """The composer: the plan, decided again with the timings a tune measured, and what it kept."""
-    return build_document(with_measurements(plan, timings), deepep, command)
+    """The composer: the plan, decided again with the timings a tune measured (the expert
+    kernel's, where the expert stage was measured; else DeepEP's), and what it kept."""
+    return build_document(decided_plan(plan, timings, experts), deepep, command)
+
+
+def decided_plan(
+    plan: Plan, timings: Sequence[OrderTiming] = (), experts: Optional[ExpertChoice] = None
+) -> Plan:
+    """``plan`` decided again with what a tune measured: the expert kernel and that kernel's order
+    timings where the expert stage was measured, else DeepEP's order timings."""
+    if experts is not None:
+        plan, kernel_timings = with_expert_choice(plan, experts)
+        timings = kernel_timings or timings
+    return with_measurements(plan, timings)
 
 
 def build_document(
@@ -340,4 +420,5 @@ def build_document(
         deepep=_deepep_doc(plan, deepep or default_deepep(plan)),
         layers=[_layer_entry(lp) for lp in plan.layers],
         command=command,
+        experts=None if plan.experts is None else experts_section(plan.experts, plan.kernel_label),
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 import moepolicy
 
 PACKAGE = Path(moepolicy.__file__).parent
-KERNEL_MODULES = {"measure/persistent_gemm.py", "quant/triton_kernels.py"}
+KERNEL_MODULES = {"measure/persistent_gemm.py", "measure/moe_glue.py", "quant/triton_kernels.py"}
 MAX_LOGICAL_LINES, MAX_PARAMS = 40, 8
 
 

@@ -744,7 +744,7 @@ def test_explain_and_audit_find_a_user_pack_where_they_are_told(tmp_path):
     explained = run_cli("explain", str(out), "--layer", "3", "--rules", str(pack.parent))
     assert explained.returncode == 0 and "team/all-bf16" in explained.stdout, explained.stderr
     audit = run_cli("audit", str(out), "--rules", str(pack.parent))
-    assert audit.returncode == 0 and "rule packs (team, deepep)" in audit.stdout
+    assert audit.returncode == 0 and "rule packs (team, deepep, experts)" in audit.stdout
 
 
 def test_a_pack_named_like_a_path_is_refused_when_planning(tmp_path):

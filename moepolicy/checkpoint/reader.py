@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from moepolicy.checkpoint.fields import ConfigView
 from moepolicy.checkpoint.formats import QuantScheme, read_quant
 from moepolicy.checkpoint.ignore import expert_modules, first_match
@@ -104,7 +106,19 @@ def facts_from_raw(raw: RawCheckpoint, engine: str = "vllm") -> ModelFacts:
         quant_method=scheme.method,
         layers=tuple(layers),
         notes=tuple(notes),
+        expert_groups=_expert_groups(view, experts, top_k),
     )
+
+
+def _expert_groups(view: ConfigView, experts: int, top_k: int) -> Optional[tuple[int, int]]:
+    """(n_group, topk_group) of a group-limited router (DeepSeek-V3: 4 of 8 groups), where the config
+    gives both and they fit the experts; None otherwise (the tokens' top-k is then taken as uniform)."""
+    n_group, topk_group = view.integer("n_group"), view.integer("topk_group")
+    if not (n_group and topk_group) or n_group <= 1 or not experts or experts % n_group:
+        return None
+    if not 1 <= topk_group <= n_group or top_k > topk_group * (experts // n_group):
+        return None
+    return (n_group, topk_group)
 
 
 def read_model(spec: str, engine: str = "vllm", hub: bool = True) -> ModelFacts:

@@ -144,6 +144,40 @@ def measured_lines(doc, layer) -> list[str]:
     return out
 
 
+def kernel_lines(doc, facts: dict, packs) -> list[str]:
+    """The expert-kernel rule replayed on the layer's stored facts, every rule considered, and
+    the figures it used (the policy's experts section)."""
+    from moepolicy.rules.engine import choose_kernel
+
+    if facts.get("layer.kind") != "moe" or "kernel.default" not in facts:
+        return []  # a dense layer, or a document written before the experts pack
+    if not any(pack.decides == "expert_kernel" for pack in packs):
+        return []
+    choice = choose_kernel(facts, packs)
+    out = [
+        f"expert kernel: {choice.kernel}  (rule {choice.rule})",
+        f"  why: {choice.reason}",
+        f"  source: {choice.source}",
+        "  rules considered, in order:",
+    ]
+    for step in choice.trace:
+        detail = f": {step.detail}" if step.detail and step.outcome != "fired" else ""
+        out.append(
+            f"  {_MARK[step.outcome]:12} {step.pack}/{step.rule} (priority {step.priority}){detail}"
+        )
+    experts = getattr(doc, "experts", None)
+    if experts is not None:
+        out.append(f"  compared by the tune ({experts.source}): {experts.basis}")
+        for test in experts.tests:
+            where = f"T={test.tokens}" if test.tokens else "weighted over the buckets"
+            out.append(
+                f"    {where}: {test.contender} vs {test.baseline}: x{test.speedup} (report rounds), "
+                f"{test.verdict}"
+            )
+        out.append(f"  {experts.why}")
+    return out
+
+
 def explain_from_file(path: str, index: int, rules: Sequence[str] = (), fmt: str = "table") -> int:
     from moepolicy.cli._replay import read_for_replay
     from moepolicy.target import target_from_doc
@@ -172,11 +206,18 @@ def explain_from_file(path: str, index: int, rules: Sequence[str] = (), fmt: str
         lambda then, f: wire_problem(then, f, target),
         allow_inferred="inferred-capabilities" in target.options,
     )
+    kernel = kernel_lines(doc, facts, packs)
     if fmt == "json":
-        print_json({**as_json(index, facts, decision), "measured": measured_lines(doc, layer)})
+        print_json(
+            {
+                **as_json(index, facts, decision),
+                "measured": measured_lines(doc, layer),
+                "expert_kernel": kernel,
+            }
+        )
     else:
         render(index, facts, decision)
-        for line in measured_lines(doc, layer):
+        for line in measured_lines(doc, layer) + kernel:
             print(line)
     if (decision.order, decision.rule) != (layer.order, layer.rule):
         note(
@@ -218,8 +259,11 @@ def run(args: argparse.Namespace) -> int:
             f"(layers 0-{len(plan.layers) - 1})"
         )
     lp = matches[0]
+    kernel = kernel_lines(None, lp.facts, plan.packs)
     if args.format == "json":
-        print_json(as_json(args.layer, lp.facts, lp.decision))
+        print_json({**as_json(args.layer, lp.facts, lp.decision), "expert_kernel": kernel})
     else:
         render(args.layer, lp.facts, lp.decision)
+        for line in kernel:
+            print(line)
     return 0

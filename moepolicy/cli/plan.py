@@ -19,7 +19,7 @@ from moepolicy.cli._target import add_target_flags, target_spec
 from moepolicy.document.yaml_io import dumps
 from moepolicy.redact import redact_command
 from moepolicy.planner import Plan, make_plan
-from moepolicy.rules.packs import builtin_pack
+from moepolicy.rules.packs import vllm_stack
 from moepolicy.weights_memory import fit_note
 
 
@@ -71,23 +71,28 @@ def vllm_difference(
     the same target), and what the DeepEP section changes; empty when the plan is vLLM's own."""
     if any(p.name == "vllm" for p in plan.packs):
         return ""
-    vllm = [builtin_pack("vllm"), *plan.packs[-1:]]
-    vllm_plan = make_plan(plan.model, plan.target, vllm)
+    vllm_plan = make_plan(plan.model, plan.target, vllm_stack())
     moe = [(a, b) for a, b in zip(plan.layers, vllm_plan.layers) if a.layer.kind == "moe"]
     if not moe:
         return ""
     differ = [
         (a, b)
         for a, b in moe
-        if (a.decision.order, a.decision.wire) != (b.decision.order, b.decision.wire)
+        if (a.decision.order, a.decision.wire, a.execution.kernel)
+        != (b.decision.order, b.decision.wire, b.execution.kernel)
     ]
     if not differ:
         return f"this policy matches vLLM's own choice on all {len(moe)} MoE layers; {deepep}"
     a, b = differ[0]
+    kernel = (
+        f"{a.execution.kernel} experts where vLLM builds {b.execution.kernel}, "
+        if a.execution.kernel != b.execution.kernel
+        else ""
+    )
     return (
         f"this policy differs from vLLM's own choice on {len(differ)} of {len(moe)} MoE layers (layer "
-        f"{a.layer.index}: {_sends(a.decision)} where vLLM {_sends(b.decision)}; 'moepolicy plan --rules vllm' "
-        f"shows vLLM's); {deepep}"
+        f"{a.layer.index}: {kernel}{_sends(a.decision)} where vLLM {_sends(b.decision)}; "
+        f"'moepolicy plan --rules vllm' shows vLLM's); {deepep}"
     )
 
 

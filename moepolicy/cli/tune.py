@@ -351,12 +351,20 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
         )
 
     return _tune_and_write(
-        args, choice, build, lambda: source.build_v2(choice, args.trial_timeout, api.V2_REPS)
+        args,
+        choice,
+        build,
+        lambda: source.build_v2(choice, args.trial_timeout, api.V2_REPS),
+        lambda plan, regime: source.build_experts(choice, plan.target.gpu, regime),
     )
 
 
 def _tune_and_write(
-    args: argparse.Namespace, choice: BenchChoice, build_bench, build_v2_bench=None
+    args: argparse.Namespace,
+    choice: BenchChoice,
+    build_bench,
+    build_v2_bench=None,
+    build_experts=None,
 ) -> int:
     if args.backend == "deepep_ll":
         raise UsageError(
@@ -396,12 +404,8 @@ def _tune_and_write(
         bench = build_v2_bench()
     else:
         bench = None  # api.tune_with refuses DeepEP v2 off the live bench, in one line
-    try:
-        with progress_to_stderr(verbose=args.verbose):
-            result = api.tune_with(plan, choice, options, objective, space, bench=bench)
-    except KeyboardInterrupt as exc:  # before a result existed (the tune writes only below)
-        exc.moepolicy_outcome = NOTHING_WRITTEN
-        raise
+    experts = build_experts(plan, options.regime) if build_experts else None
+    result = _tune(args, (plan, choice, options, objective, space), bench, experts)
     if choice.shared:  # api.tune_with marked the result partial: not for serving
         note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
     document = api.policy_document(result)
@@ -410,13 +414,26 @@ def _tune_and_write(
         write_result(_output_for(result, output), dumps(document))
         return 0
     render(result, document)
-    _closing_line(plan, result)
+    if getattr(result, "experts", None) is not None:
+        render_experts(result.experts, document["experts"]["kernel"])
+    _closing_line(api.decided_plan(result), result)
     write_result(
         _output_for(result, output),
         dumps(document),
         "a partial result, marked so in the file" if result.interrupted else "",
     )
     return _after_interrupt(result)
+
+
+def _tune(args: argparse.Namespace, inputs: tuple, bench, experts_bench):
+    """``api.tune_with`` with progress on stderr; an interrupt before a result says nothing was
+    written (the tune writes only after it)."""
+    try:
+        with progress_to_stderr(verbose=args.verbose):
+            return api.tune_with(*inputs, bench=bench, experts_bench=experts_bench)
+    except KeyboardInterrupt as exc:
+        exc.moepolicy_outcome = NOTHING_WRITTEN
+        raise
 
 
 def _render_v2(result) -> None:
@@ -434,6 +451,37 @@ def _render_v2(result) -> None:
         note(f"  weighted over the buckets, report rounds: {chosen.report_weighted.words()}")
 
 
+def render_experts(choice, kernel: str) -> None:
+    """The expert kernels' MoE steps compared, per bucket, and what the policy runs (stderr)."""
+    from moepolicy.measure.rounds import interval_words, speedup_words
+
+    label = "modelled" if choice.source == "modelled" else "measured"
+    note(f"expert kernels ({label}): {choice.basis}")
+    for k in choice.kernels:
+        note(f"  {k.kernel}: {'timed' if k.runs else 'not measured'} ({k.detail})")
+    for name, timings in choice.orders:
+        for t in timings:
+            verdict = {
+                "quant_then_dispatch": "quantizing first faster",
+                "dispatch_then_quant": "quantizing after faster",
+            }.get(
+                t.verdict,
+                "no order faster beyond "
+                + ("the model's error" if label == "modelled" else "noise"),
+            )
+            spread = (
+                f" [{interval_words(*t.ci95)}, {t.rounds} report rounds]"
+                if t.ci95 is not None
+                else ""
+            )
+            note(
+                f"  {name} T={t.tokens}: quantize->dispatch {t.quant_then_dispatch_us:.0f} us, "
+                f"dispatch->quantize {t.dispatch_then_quant_us:.0f} us ({label}); quantizing first "
+                f"{speedup_words(t.speedup)}{spread}: {verdict}"
+            )
+    note(f"  experts: the policy runs {kernel}; {choice.why}")
+
+
 def _closing_line(plan, result) -> None:
     """How the policy differs from what vLLM runs today: its decisions, then its DeepEP settings."""
     from moepolicy.cli.plan import vllm_difference
@@ -447,9 +495,27 @@ def _closing_line(plan, result) -> None:
         deepep = (
             f"DeepEP: {result.num_sms} SMs (vLLM runs 20) and the configs above ({result.label})"
         )
+    experts = getattr(result, "experts", None)
+    if experts is not None:
+        deepep += f"; experts: {plan.kernel_label} ({evidence_words(experts)})"
     line = vllm_difference(plan, deepep)
     if line:
         note(line)
+
+
+def evidence_words(choice) -> str:
+    """At which evidence level the expert kernels were compared, in a few words."""
+    stage = (
+        "expert stage measured on this GPU"
+        if choice.source == "measured"
+        else "expert stage modelled from the recorded H200 campaign"
+    )
+    comm = (
+        "communication modelled"
+        if "communication modelled" in choice.basis
+        else "no communication figure for this target"
+    )
+    return f"{stage}, {comm}"
 
 
 def _after_interrupt(result) -> int:

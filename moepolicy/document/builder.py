@@ -8,7 +8,7 @@ read back is never written; the tree written holds exactly the fields the sectio
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from pydantic import BaseModel, ValidationError
 
@@ -17,6 +17,7 @@ from moepolicy.document.keys import compute_keys
 from moepolicy.document.model import (
     SCHEMA_VERSION,
     DeepEPDoc,
+    ExpertsDoc,
     KeyDoc,
     LayerDoc,
     ModelDoc,
@@ -50,6 +51,7 @@ def assemble(
     deepep: DeepEPDoc,
     layers: Sequence[LayerDoc],
     command: str = "",
+    experts: Optional[ExpertsDoc] = None,
 ) -> dict[str, Any]:
     """The policy document of these sections, keyed, stamped and checked as a whole."""
     rules = section(RulesDoc, "rules", packs=list(packs))
@@ -59,6 +61,7 @@ def assemble(
         "target": tree(target),
         "rules": tree(rules),
         "deepep": tree(deepep),
+        **({"experts": tree(experts)} if experts is not None else {}),
         "layers": [tree(entry) for entry in layers],
     }
     doc["key"] = compute_keys(doc)
@@ -75,6 +78,7 @@ def assemble(
         target=target,
         rules=rules,
         deepep=deepep,
+        experts=experts,
         layers=list(layers),
         key=KeyDoc(**doc["key"]),
         generated=doc["generated"],

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from moepolicy import names
 
-SCHEMA_VERSION = "2.3"
+SCHEMA_VERSION = "2.4"
 READABLE_MAJORS = (
     1,
     2,
@@ -31,6 +31,8 @@ V22_ORDER_TIMING_FIELDS = ("rounds", "quant_first_speedup", "ci95", "faster", "c
 # (``facts: moe-1``); the document tree (what is validated, what the keys cover) is as before
 FACTS_TABLE = "layer_facts"
 FACTS_TABLE_SINCE = (2, 3)
+# 2.4: the ``experts`` section (the expert kernel a tune compared with the engine's pick)
+V24_SECTIONS = ("experts",)
 BF16_ORDERS = ("dispatch_then_quant", "no_quant")
 # 2.0: the expert kernel does dispatch, GEMMs and combine in one kernel (DeepGEMM Mega MoE): the
 # communication's format is the kernel's, so the wire records it and no separate order applies
@@ -128,6 +130,10 @@ def version_problem(doc: dict) -> Optional[str]:
     that version would misread or refuse it): a 1.x document with a 2.0 field, a 2.0 document with
     an NVFP4 wire, a 2.2 document with a ``layer_facts`` table."""
     version = str(doc.get("schema_version", ""))
+    if version in ("2.0", "2.1", "2.2", "2.3") or version.startswith("1."):
+        for name in V24_SECTIONS:
+            if doc.get(name) is not None:
+                return f"{name} needs schema_version 2.4 (the document says {version})"
     if version.startswith("1."):
         return _v1_problem(doc, version)
     if version == "2.0":

@@ -67,10 +67,17 @@ def tuning_parts(doc: dict[str, Any]) -> dict[str, Any]:
     deepep = doc.get("deepep") or {}
     if not str(doc.get("schema_version", "")).startswith("1."):
         parts.update({name: deepep.get(name) for name in TUNING_FIELDS_V2})
+    experts = doc.get("experts")
+    if experts:  # 2.4: what the expert-kernel comparison found (absent before: older keys stay)
+        parts["experts"] = {name: experts.get(name) for name in EXPERTS_TUNING_FIELDS}
     return parts
 
 
-CONTENT_SECTIONS = ("schema_version", "model", "target", "rules", "deepep", "layers")
+CONTENT_SECTIONS = ("schema_version", "model", "target", "rules", "deepep", "experts", "layers")
+OPTIONAL_SECTIONS = ("experts",)  # absent from older documents: their content checksum stays
+# what of the experts section can change an answer: the kernel run, the one found faster, on what
+# evidence and with which order verdicts
+EXPERTS_TUNING_FIELDS = ("kernel", "faster_kernel", "source", "orders")
 
 
 def compute_keys(doc: dict[str, Any]) -> dict[str, str]:
@@ -82,5 +89,7 @@ def compute_keys(doc: dict[str, Any]) -> dict[str, str]:
     return {
         "decision": _digest(decision_parts(doc)),
         "tuning": _digest(tuning_parts(doc)),
-        "content": _digest({k: doc.get(k) for k in CONTENT_SECTIONS}),
+        "content": _digest(
+            {k: doc.get(k) for k in CONTENT_SECTIONS if k in doc or k not in OPTIONAL_SECTIONS}
+        ),
     }

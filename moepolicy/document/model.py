@@ -8,7 +8,8 @@ and timing regime the configs were chosen for, measured order timings and a part
 (``nvfp4`` with ``e4m3`` scales) and ``deepep.v2``. Schema 2.2 keeps a modelled tune's figures
 under ``modelled`` (``measured`` holds only measurements of the config kept), the search's selected
 minima under ``search``, and records the paired test behind each measured order timing; 2.1
-documents' ``measured`` (with its ``confirm``) still reads.
+documents' ``measured`` (with its ``confirm``) still reads. Schema 2.4 adds the ``experts``
+section: the expert kernel a tune compared with the engine's pick, with its figures.
 """
 
 from __future__ import annotations
@@ -285,6 +286,70 @@ class DeepEPDoc(_Doc):
         return self
 
 
+class ExpertKernelDoc(_Doc):
+    """2.4: one expert kernel the engine can build here: whether its stage was timed, where or why not."""
+
+    kernel: str
+    measured: bool
+    detail: str = ""
+
+
+class ExpertArmDoc(_Doc):
+    """2.4: one (kernel, order) arm at one bucket, per rank: the rank's compute (sender quantization
+    and expert stage; the report rounds' median) and its wire's communication (absent: no figure)."""
+
+    kernel: str
+    order: Order
+    compute_us: float = Field(gt=0)
+    dispatch_us: Optional[float] = Field(default=None, gt=0)
+    combine_us: Optional[float] = Field(default=None, gt=0)
+
+
+class ExpertBucketDoc(_Doc):
+    tokens: int = Field(gt=0, le=10_000_000)
+    arms: list[ExpertArmDoc] = Field(min_length=1)
+
+
+class ExpertOrderDoc(OrderTimingDoc):
+    """2.4: both orders of one kernel at one bucket, as ``deepep.measured_orders`` records them."""
+
+    kernel: str
+
+
+class ExpertTestDoc(_Doc):
+    """2.4: a kernel's step against the engine's pick at one bucket (``tokens`` absent: over the
+    weighted buckets); the verdict from the decide rounds, the speed-up from the report rounds."""
+
+    tokens: Optional[int] = Field(default=None, gt=0, le=10_000_000)
+    contender: str
+    baseline: str
+    verdict: Literal[
+        "faster", "slower", "within noise", "no gain beyond noise", "no loss beyond noise"
+    ]
+    speedup: float = Field(gt=0)
+    ci95: Optional[list[float]] = Field(default=None, min_length=2, max_length=2)
+    correction: Optional[str] = None
+
+
+class ExpertsDoc(_Doc):
+    """2.4: the expert kernel as part of the policy: the kernel the MoE layers run (``kernel``), the
+    engine's own pick, the kernel a tune found faster beyond noise (``unmeasured``: none), and the
+    figures behind it. ``source`` says where the expert stage's times came from (``modelled``: the
+    recorded campaign, reported and never decided on); ``basis`` where the communication came from."""
+
+    kernel: str
+    engine_default: str
+    faster_kernel: str
+    source: Literal["measured", "modelled"]
+    basis: str
+    why: str
+    rounds: int = Field(default=0, ge=0)
+    kernels: list[ExpertKernelDoc] = Field(default_factory=list)
+    buckets: list[ExpertBucketDoc] = Field(default_factory=list)
+    orders: list[ExpertOrderDoc] = Field(default_factory=list)
+    tests: list[ExpertTestDoc] = Field(default_factory=list)
+
+
 class KeyDoc(_Doc):
     decision: str = Field(pattern=r"^[0-9a-f]{64}$")
     tuning: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -297,6 +362,7 @@ class PolicyDoc(_Doc):
     target: TargetDoc
     rules: RulesDoc
     deepep: DeepEPDoc
+    experts: Optional[ExpertsDoc] = None  # 2.4: after a tune that compared expert kernels
     layers: list[LayerDoc] = Field(min_length=1)
     key: KeyDoc
     generated: dict[str, Any] = Field(default_factory=dict)

@@ -59,11 +59,11 @@ KNOBS = {
 def vllm_orders(doc: PolicyDoc) -> dict[int, str]:
     """What vLLM 0.33 alone does for each MoE layer: the ``vllm`` pack on the stored facts."""
     from moepolicy.planner import replayed_decisions
-    from moepolicy.rules.packs import builtin_pack
+    from moepolicy.rules.packs import vllm_stack
     from moepolicy.target import target_from_doc
 
     decided = replayed_decisions(
-        doc.layers, target_from_doc(doc.target), [builtin_pack("vllm"), builtin_pack("deepep")]
+        doc.layers, target_from_doc(doc.target), vllm_stack(), kernel="chosen"
     )
     return {index: d.order for index, d in decided.items()}
 

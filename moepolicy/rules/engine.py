@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from moepolicy.names import QUANTIZED_ORDERS, Order
+from moepolicy.names import QUANTIZED_ORDERS, UNMEASURED, Order
 from moepolicy.errors import RulePackError
 from moepolicy.rules.grammar import All, AnyOf, Cond, Leaf, Not, Rule, RulePack, Then
 from moepolicy.schema.capability import DeepEPSheet
@@ -146,12 +146,14 @@ def evaluate(cond: Cond, facts: dict[str, Any]) -> Optional[Failure]:
     raise TypeError(f"not a condition: {cond!r}")  # pragma: no cover
 
 
-def ordered_rules(packs: Sequence[RulePack]) -> list[Rule]:
-    """Pack by pack (user packs first, the built-in pack last); within a pack, highest priority
-    first, then file order."""
+def ordered_rules(packs: Sequence[RulePack], decides: str = "order") -> list[Rule]:
+    """The rules of the packs that decide ``decides`` (a layer's order, or its expert kernel), pack
+    by pack (user packs first, the built-in pack last); within a pack, highest priority first, then
+    file order."""
     indexed = [
         (p, -rule.priority, r, rule)
         for p, pack in enumerate(packs)
+        if pack.decides == decides
         for r, rule in enumerate(pack.rules)
     ]
     return [item[-1] for item in sorted(indexed, key=lambda t: t[:3])]
@@ -251,4 +253,43 @@ def decide(
     raise RulePackError(
         f"no rule decided layer {facts.get('layer.index')}: every pack's rules failed "
         f"({len(steps)} considered); a pack needs a catch-all rule (when: {{all: []}})"
+    )
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The expert kernel a layer runs, the rule that chose it and why, with the rules considered."""
+
+    kernel: str
+    rule: str
+    reason: str
+    source: str
+    trace: tuple[Step, ...]
+
+
+def choose_kernel(facts: dict[str, Any], packs: Sequence[RulePack]) -> KernelChoice:
+    """The first expert-kernel rule that holds for ``facts`` and names a kernel (a rule taking the
+    kernel from a fact that names none, ``none`` or ``unmeasured``, is passed over, and says so)."""
+    steps: list[Step] = []
+    for rule in ordered_rules(packs, "expert_kernel"):
+        failure = evaluate(rule.when, facts)
+        if failure is not None:
+            steps.append(
+                Step(rule.id, rule.pack, rule.priority, "condition-false", failure.render())
+            )
+            continue
+        fact = rule.then.fact
+        kernel = facts.get(fact)
+        if not kernel or kernel in ("none", UNMEASURED):
+            steps.append(
+                Step(
+                    rule.id, rule.pack, rule.priority, "not-for-this-layer", f"{fact} is {kernel}"
+                )
+            )
+            continue
+        steps.append(Step(rule.id, rule.pack, rule.priority, "fired", rule.why))
+        return KernelChoice(str(kernel), rule.id, rule.why, rule.source, tuple(steps))
+    raise RulePackError(
+        f"no expert-kernel rule chose layer {facts.get('layer.index')}'s kernel ({len(steps)} "
+        "considered); the experts pack needs a catch-all rule taking the engine's pick"
     )

@@ -29,6 +29,16 @@ SCALE_DTYPES = ("float32", "ue8m0", "e4m3")
 SCALE_LAYOUTS = ("row", "stride0")
 # what a rule may ask combine to send back; the capability a rule needs for it goes in its requires
 COMBINE_DTYPES = ("bf16", "logfmt")
+# what a pack decides: each layer's order and wire (the default), or the expert kernel that consumes
+# the dispatched rows (``decides: expert_kernel``), decided first since the order depends on it
+DECIDES = ("order", "expert_kernel")
+# where an expert-kernel rule takes its kernel from: the one asked for (--expert-kernel), the one a
+# tune measured faster beyond noise (measured.faster_kernel), or the engine's own pick (kernel.default)
+KERNEL_SOURCES = {
+    "asked": "kernel.asked",
+    "measured": "measured.faster_kernel",
+    "engine": "kernel.default",
+}
 
 OPS_BY_KIND: dict[str, tuple[str, ...]] = {
     "int": ("eq", "ne", "lt", "le", "gt", "ge", "in", "not_in", "in_ranges"),
@@ -79,11 +89,22 @@ class Then:
 
 
 @dataclass(frozen=True)
+class KernelThen:
+    """An expert-kernel rule's action: take the kernel from the fact ``KERNEL_SOURCES[source]``."""
+
+    source: str  # asked | measured | engine
+
+    @property
+    def fact(self) -> str:
+        return KERNEL_SOURCES[self.source]
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     priority: int
     when: Cond
-    then: Then
+    then: Union[Then, KernelThen]
     why: str
     source: str
     requires: tuple[str, ...] = ()
@@ -99,6 +120,7 @@ class RulePack:
     sha256: str
     path: str = ""
     builtin: bool = False
+    decides: str = "order"  # order | expert_kernel
 
     def ref(self) -> dict[str, str]:
         """How a policy names this pack: name, version, sha256 and, for a user pack, its file's name
@@ -278,7 +300,30 @@ def _no_extra(ctx: _Ctx, raw: dict, allowed: tuple[str, ...], path: str) -> None
 _RULE_KEYS = ("id", "priority", "when", "then", "why", "source", "requires", "layers")
 
 
-def parse_rule(ctx: _Ctx, raw: Any, path: str, pack: str) -> Rule:
+def _kernel_then(ctx: _Ctx, then_raw: dict, path: str) -> KernelThen:
+    _no_extra(ctx, then_raw, ("expert_kernel",), path)
+    return KernelThen(_choice(ctx, then_raw, "expert_kernel", tuple(KERNEL_SOURCES), path))
+
+
+def _kernel_rule(ctx: _Ctx, raw: dict, path: str, pack: str, when) -> Rule:
+    """An expert-kernel rule: its ``then`` names where the kernel comes from; no capabilities."""
+    for key in ("why", "source"):
+        if not isinstance(raw[key], str) or not raw[key].strip():
+            raise ctx.fail(f"{path}.{key}", "expected a non-empty sentence")
+    if raw.get("requires"):
+        raise ctx.fail(f"{path}.requires", "an expert-kernel rule needs no DeepEP capability")
+    return Rule(
+        id=raw["id"],
+        priority=raw["priority"],
+        when=when,
+        then=_kernel_then(ctx, raw["then"], f"{path}.then"),
+        why=" ".join(raw["why"].split()),
+        source=raw["source"],
+        pack=pack,
+    )
+
+
+def parse_rule(ctx: _Ctx, raw: Any, path: str, pack: str, decides: str = "order") -> Rule:
     if not isinstance(raw, dict):
         raise ctx.fail(path, "a rule is a mapping")
     ctx.rule_id = str(raw.get("id", "?"))
@@ -301,6 +346,8 @@ def parse_rule(ctx: _Ctx, raw: Any, path: str, pack: str) -> Rule:
     then_raw = raw["then"]
     if not isinstance(then_raw, dict):
         raise ctx.fail(f"{path}.then", "expected a mapping {order, wire, numerics}")
+    if decides == "expert_kernel":
+        return _kernel_rule(ctx, raw, path, pack, when)
     _no_extra(ctx, then_raw, ("order", "wire", "numerics", "combine"), f"{path}.then")
     order = _choice(ctx, then_raw, "order", ORDERS, f"{path}.then")
     wire = parse_wire(ctx, then_raw.get("wire"), order, f"{path}.then.wire")
@@ -357,11 +404,15 @@ def _parse_pack(
     ctx = _Ctx(file=file, known_caps=known_caps)
     if not isinstance(raw, dict):
         raise RulePackError(f"{file}: a rule pack is a mapping with pack, version and rules")
+    top = ["pack", "version", "description", "decides", "rules"]
     for key in raw:
-        if key not in ("pack", "version", "description", "rules"):
-            raise RulePackError(
-                f"{file}: unknown top-level key {key!r}{_near(key, ['pack', 'version', 'description', 'rules'])}"
-            )
+        if key not in top:
+            raise RulePackError(f"{file}: unknown top-level key {key!r}{_near(key, top)}")
+    decides = raw.get("decides", "order")
+    if decides not in DECIDES:
+        raise RulePackError(
+            f"{file}: 'decides' is {decides!r}; one of {', '.join(DECIDES)}{_near(decides, DECIDES)}"
+        )
     name, version = raw.get("pack"), raw.get("version")
     if not isinstance(name, str) or not name:
         raise RulePackError(f"{file}: 'pack' (the pack's name) must be a non-empty string")
@@ -372,7 +423,9 @@ def _parse_pack(
         )
     if not isinstance(raw.get("rules"), list):
         raise RulePackError(f"{file}: 'rules' must be a list")
-    rules = tuple(parse_rule(ctx, r, f"rules[{i}]", name) for i, r in enumerate(raw["rules"]))
+    rules = tuple(
+        parse_rule(ctx, r, f"rules[{i}]", name, decides) for i, r in enumerate(raw["rules"])
+    )
     seen: set[str] = set()
     for rule in rules:
         if rule.id in seen:
@@ -386,6 +439,7 @@ def _parse_pack(
         sha256=text_sha,
         path=file,
         builtin=builtin,
+        decides=decides,
     )
 
 

@@ -11,6 +11,7 @@ from moepolicy.errors import RulePackError
 from moepolicy.rules.grammar import RulePack, load_pack
 
 DEFAULT_PACK = "deepep"
+KERNEL_PACK = "experts"  # the built-in expert-kernel pack, decided before the order
 
 
 def builtin_names() -> list[str]:
@@ -54,11 +55,19 @@ def load_user_pack(spec: str) -> RulePack:
 
 
 def pack_stack(extra: Sequence[str] = ()) -> list[RulePack]:
-    """User packs in the order given (highest priority first), then the built-in default pack."""
+    """User packs in the order given (highest priority first), then the built-in default pack and
+    the built-in expert-kernel pack."""
     packs = [load_user_pack(spec) for spec in extra]
     names = [p.name for p in packs]
     if len(set(names)) != len(names):
         raise RulePackError(f"rules names a pack twice: {names}", field="rules")
-    if DEFAULT_PACK not in names:
-        packs.append(builtin_pack(DEFAULT_PACK))
+    for builtin in (DEFAULT_PACK, KERNEL_PACK):
+        if builtin not in names:
+            packs.append(builtin_pack(builtin))
     return packs
+
+
+def vllm_stack() -> list[RulePack]:
+    """What vLLM decides today: the built-in ``vllm`` pack above the built-in packs (one stack,
+    wherever moepolicy says what vLLM alone would do)."""
+    return [builtin_pack("vllm"), builtin_pack(DEFAULT_PACK), builtin_pack(KERNEL_PACK)]

@@ -66,6 +66,10 @@ VOCABULARY: dict[str, FactType] = {
     ),
     "target.options": FactType("set", doc="the opt-ins the target was given"),
     "kernel.name": FactType("str", doc="expert kernel consuming the dispatched tokens"),
+    "kernel.default": FactType(
+        "str", doc="the engine's own pick of expert kernel for this GPU, scheme and path"
+    ),
+    "kernel.asked": FactType("str", doc="the expert kernel asked for (--expert-kernel), or none"),
     "kernel.supported": FactType("bool", doc="the kernel runs this layer's scheme on this GPU"),
     "kernel.act_dtype": FactType(
         "enum",
@@ -97,17 +101,86 @@ VOCABULARY: dict[str, FactType] = {
         ("quant_then_dispatch", "dispatch_then_quant", "unmeasured"),
         "the order measured faster for this layer's wire on this target (tune, live)",
     ),
+    "measured.faster_kernel": FactType(
+        "str",
+        doc="the expert kernel whose MoE step a tune measured faster beyond noise than the "
+        "engine's pick (kernel.default), or unmeasured",
+    ),
 }
+
+# the facts an expert-kernel rule reads (``choose_kernel``), before the kernel's own facts exist
+KERNEL_CHOICE_FACTS = ("kernel.default", "kernel.asked", "measured.faster_kernel")
+
+
+def kernel_choice_facts(
+    layer: LayerFacts, default: str, asked: str | None, faster_kernel: str = UNMEASURED
+) -> dict[str, Any]:
+    """What an expert-kernel rule sees for one layer (the layer's index and kind, and the three
+    kernel-choice facts)."""
+    return {
+        "layer.index": layer.index,
+        "layer.kind": layer.kind,
+        "kernel.default": default if layer.kind == "moe" else "none",
+        "kernel.asked": asked or "none",
+        "measured.faster_kernel": faster_kernel,
+    }
 
 
 def layer_facts(
-    layer: LayerFacts, target: Any, execution: Execution, faster_order: str = UNMEASURED
+    layer: LayerFacts,
+    target: Any,
+    execution: Execution,
+    faster_order: str = UNMEASURED,
+    choice: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The vocabulary's values for one layer on ``target`` (a :class:`~moepolicy.target.Target`);
-    ``faster_order`` is a measured fact (``tune`` times both orders), else ``unmeasured``."""
-    w, a = layer.weights, layer.activations
-    mode = execution.mode
+    ``faster_order`` is a measured fact (``tune`` times both orders), else ``unmeasured``;
+    ``choice`` the kernel-choice facts the layer's kernel was chosen from (``kernel_choice_facts``)."""
+    moe = layer.kind == "moe"
+    return {
+        **_layer_part(layer, target),
+        **kernel_part(execution.kernel if moe else "none", execution.mode),
+        "kernel.default": (choice or {}).get(
+            "kernel.default", execution.kernel if moe else "none"
+        ),
+        "kernel.asked": (choice or {}).get("kernel.asked", "none"),
+        "measured.faster_order": faster_order,
+        "measured.faster_kernel": (choice or {}).get("measured.faster_kernel", UNMEASURED),
+    }
+
+
+def kernel_part(name: str, mode: Any) -> dict[str, Any]:
+    """The ``kernel.*`` facts of an expert kernel's mode (None: the kernel does not run the layer)."""
     acts = mode.activations if mode else None
+    return {
+        "kernel.name": name,
+        "kernel.supported": mode is not None,
+        "kernel.act_dtype": acts.dtype if acts else "unknown",
+        "kernel.act_granularities": sorted(acts.granularity) if acts else [],
+        "kernel.act_group": (acts.group or 0) if acts else 0,
+        "kernel.scale_dtype": acts.scale_dtype if acts else "unknown",
+        "kernel.scale_layout": acts.scale_layout if acts else "unknown",
+        "kernel.evidence": mode.evidence if mode else "none",
+        "kernel.fuses_communication": bool(mode and mode.fuses_communication),
+    }
+
+
+def with_kernel(facts: dict[str, Any], kernel: str) -> dict[str, Any]:
+    """Stored facts of a MoE layer with another expert kernel's ``kernel.*`` facts (from the sheet, by
+    the checkpoint facts they hold): what the rules see for the same layer on that kernel."""
+    from moepolicy.expert_kernel import mode_for
+
+    mode = mode_for(
+        kernel,
+        facts["target.arch"],
+        (facts["ckpt.weight_dtype"], facts["ckpt.weight_granularity"]),
+        (facts["ckpt.act_dtype"], facts["ckpt.act_granularity"]),
+    )
+    return {**facts, **kernel_part(kernel, mode)}
+
+
+def _layer_part(layer: LayerFacts, target: Any) -> dict[str, Any]:
+    w, a = layer.weights, layer.activations
     return {
         "layer.index": layer.index,
         "layer.kind": layer.kind,
@@ -134,14 +207,4 @@ def layer_facts(
         "target.deepep_api": target.deepep.api,
         "target.static_scale": target.static_scale,
         "target.options": sorted(target.options),
-        "kernel.name": execution.kernel if layer.kind == "moe" else "none",
-        "kernel.supported": execution.supported,
-        "kernel.act_dtype": acts.dtype if acts else "unknown",
-        "kernel.act_granularities": sorted(acts.granularity) if acts else [],
-        "kernel.act_group": (acts.group or 0) if acts else 0,
-        "kernel.scale_dtype": acts.scale_dtype if acts else "unknown",
-        "kernel.scale_layout": acts.scale_layout if acts else "unknown",
-        "kernel.evidence": mode.evidence if mode else "none",
-        "kernel.fuses_communication": bool(mode and mode.fuses_communication),
-        "measured.faster_order": faster_order,
     }

@@ -118,6 +118,9 @@ class ModelFacts(_Frozen):
     quant_method: str = "none"
     layers: tuple[LayerFacts, ...]
     notes: tuple[str, ...] = ()
+    # a group-limited router's (n_group, topk_group): how tokens spread over EP ranks when the expert
+    # stage is timed; outside the decision facts (no rule reads it) and the facts' hash
+    expert_groups: Optional[tuple[int, int]] = None
 
     @property
     def moe_layers(self) -> list[LayerFacts]:

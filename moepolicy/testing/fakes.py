@@ -7,6 +7,7 @@ from typing import Mapping, Optional
 
 from moepolicy.tuning.bench import Bench
 from moepolicy.tuning.bench_source import BenchChoice, BenchSource
+from moepolicy.tuning.expert_bench import ExpertBench
 
 
 @dataclass
@@ -17,11 +18,27 @@ class FakeBenchSource(BenchSource):
     fake_ranks: int = 0
     model_delay_s: float = 0.0
     faults: Mapping[int, str] = field(default_factory=dict)
+    # known expert-stage times (``KnownExpertBench``): a 'live' expert stage on CPUs
+    expert_us: Optional[Mapping] = None
+    expert_runs: tuple[str, ...] = ("deepgemm",)
 
     def choose(self, asked: Optional[str], ep_size: Optional[int] = None) -> BenchChoice:
+        import dataclasses
+
         if self.fake_ranks and asked == "live":
-            return BenchChoice("live", "fake DeepEP workers (moepolicy.testing)", self.fake_ranks)
-        return super().choose(asked, ep_size)
+            choice = BenchChoice(
+                "live", "fake DeepEP workers (moepolicy.testing)", self.fake_ranks
+            )
+        else:
+            choice = super().choose(asked, ep_size)
+        if self.expert_us is not None:
+            choice = dataclasses.replace(choice, experts="live")
+        return choice
+
+    def build_experts(self, choice: BenchChoice, gpu: str, regime: str):
+        if self.expert_us is not None:
+            return KnownExpertBench(self.expert_us, sigma=0.02, runs=self.expert_runs)
+        return super().build_experts(choice, gpu, regime)
 
     def build(
         self,
@@ -86,3 +103,49 @@ class NoisyBench(Bench):
             * (1 + self.drift * self.calls)
         )
         return Measurement(us, us * 0.8, 100.0, "measured")
+
+
+class KnownExpertBench(ExpertBench):
+    """Expert-stage arms with known true compute times (us, per arm ``kernel/order`` and token
+    count), times log-normal noise of ``sigma`` and a drift shared by every arm of a round (the
+    machine slowing down), for the expert-kernel choice's tests. ``runs``: the kernels it can time;
+    the others are listed as not measured."""
+
+    name = "known-times expert bench"
+    source = "measured"
+
+    def __init__(
+        self,
+        true_us: Mapping[tuple[str, int], float],
+        sigma: float = 0.05,
+        seed: int = 0,
+        runs: tuple[str, ...] = ("deepgemm",),
+        drift_per_round: float = 0.0,
+    ):
+        import random
+
+        self.true_us, self.sigma, self.runs = dict(true_us), sigma, runs
+        self.drift, self.rng = drift_per_round, random.Random(seed)
+
+    def kernels(self, names):
+        from moepolicy.schema.measured import KernelStatus
+
+        return tuple(
+            KernelStatus(
+                n, n in self.runs, "known times" if n in self.runs else "not in this fake"
+            )
+            for n in names
+        )
+
+    def times(self, shape, tokens, arms, rounds):
+        import math
+
+        from moepolicy.tuning.expert_bench import StageTimes
+
+        out = {a: [] for a in arms}
+        for r in range(rounds):
+            shared = (1 + self.drift * r) * math.exp(self.rng.gauss(0.0, self.sigma / 2))
+            for a in arms:
+                noise = math.exp(self.rng.gauss(0.0, self.sigma))
+                out[a].append(self.true_us[(a, tokens)] * shared * noise)
+        return StageTimes(out)

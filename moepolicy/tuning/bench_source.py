@@ -34,6 +34,9 @@ class BenchChoice:
     why: str
     ranks: int  # ranks (live) the bench measures with; GPUs visible otherwise (0 when none)
     shared: bool = False  # live ranks share GPUs: a functional run, never a deployable policy
+    # where the expert stage's times come from: live (this process's GPU, the real expert GEMMs) or
+    # model (the recorded H200 campaign that ships with the package)
+    experts: str = "model"
 
 
 class BenchSource:
@@ -46,18 +49,61 @@ class BenchSource:
             return BenchChoice("model", "asked for the model bench", 0)
         gpus = visible_gpus()
         missing = deep_ep_importable()
+        stage = self.expert_stage_problem() if gpus >= 1 else "no CUDA GPU visible"
+        experts = "model" if stage else "live"
         if asked == "live":
             if gpus < 1:
                 raise TuningError("the live bench needs CUDA GPUs (none visible)")
+            if gpus >= 2 and not missing and (ep_size is None or ep_size == gpus):
+                return BenchChoice("live", "asked for the live bench", gpus, experts=experts)
+            if os.environ.get(SHARED_RANKS_ENV) == "1" and not missing:
+                return self._shared(gpus, ep_size)
+            if stage is None:  # one GPU: the expert stage is measured, DeepEP's half is modelled
+                return self.stage_only(gpus, ep_size, missing)
             if missing:
                 raise TuningError(f"the live bench needs DeepEP: {missing}")
-            if gpus >= 2 and (ep_size is None or ep_size == gpus):
-                return BenchChoice("live", "asked for the live bench", gpus)
             return self._shared(gpus, ep_size)
         if gpus >= 2 and not missing:
-            return BenchChoice("live", f"deep_ep imports and {gpus} GPUs are visible", gpus)
+            return BenchChoice(
+                "live", f"deep_ep imports and {gpus} GPUs are visible", gpus, experts=experts
+            )
         why = f"{gpus} CUDA GPU(s) visible" if gpus < 2 else missing
-        return BenchChoice("model", f"{why}: using the calibrated model bench", gpus)
+        return BenchChoice(
+            "model", f"{why}: using the calibrated model bench", gpus, experts=experts
+        )
+
+    @staticmethod
+    def stage_only(gpus: int, ep_size: Optional[int], missing: Optional[str]) -> BenchChoice:
+        """Too few GPUs (or no DeepEP) to measure communication: the expert stage is measured on
+        this GPU and DeepEP's settings and communication come from the model bench."""
+        needs = (
+            f"DeepEP's settings need DeepEP ({missing})"
+            if missing
+            else f"DeepEP's settings need one GPU per EP rank ({ep_size or 'at least 2'}; "
+            f"{gpus} visible)"
+        )
+        return BenchChoice(
+            "model",
+            f"{needs}, so they and the communication are modelled; the expert stage is measured "
+            "live on this GPU",
+            gpus,
+            experts="live",
+        )
+
+    @staticmethod
+    def expert_stage_problem() -> Optional[str]:
+        """Why the expert stage cannot be timed in this process (None when it can)."""
+        from moepolicy.tuning.expert_bench import live_stage_problem
+
+        return live_stage_problem()
+
+    def build_experts(self, choice: BenchChoice, gpu: str, regime: str):
+        """The expert-stage bench ``choice`` names (``tuning.expert_bench``)."""
+        from moepolicy.tuning.expert_bench import LiveExpertBench, RecordedExpertBench
+
+        if choice.experts == "live":
+            return LiveExpertBench(regime)
+        return RecordedExpertBench(gpu, regime)
 
     @staticmethod
     def _shared(gpus: int, ep_size: Optional[int]) -> BenchChoice:

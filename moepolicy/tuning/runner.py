@@ -85,6 +85,7 @@ class TuneResult:
     plan: Optional[Plan] = None  # what was tuned (set by tune_plan)
     command: str = ""  # the command line, recorded in the document's provenance
     v2: Any = None  # v2_tune.V2Choice: what a DeepEP v2 tune measured and kept (its own settings)
+    experts: Any = None  # schema.measured.ExpertChoice: the expert kernels' MoE steps compared
 
     @property
     def interrupted(self) -> bool:

@@ -74,5 +74,5 @@ def test_audit_prints_the_same_lint_from_the_cache(tmp_path):
     env = {"MOEPOLICY_CACHE_DIR": str(tmp_path / "cache")}
     first, second = (run_cli("audit", str(policy), env=env) for _ in range(2))
     assert first.returncode == second.returncode == 0 and first.stdout == second.stdout
-    assert "rule packs (deepep): no shadowed rules" in second.stdout
+    assert "rule packs (deepep, experts): no shadowed rules" in second.stdout
     assert len(list((tmp_path / "cache" / "lint").glob("*.json"))) == 1

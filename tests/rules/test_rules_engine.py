@@ -102,7 +102,7 @@ def test_good_pack_loads_and_outranks_builtin(tmp_path):
     pack = load_pack(write_pack(tmp_path, GOOD_RULE), known_capabilities())
     assert pack.name == "mine" and pack.rules[0].id == "mine/override"
     stack = pack_stack([str(tmp_path / "pack.yaml")])
-    assert [p.name for p in stack] == ["mine", "deepep"]
+    assert [p.name for p in stack] == ["mine", "deepep", "experts"]
 
 
 def test_pack_yaml_cannot_run_code(tmp_path):

@@ -72,8 +72,48 @@ def test_golden(case, tmp_path):
 
 def test_every_default_rule_has_a_golden_case():
     fired = {c["rule"] for c in CASES if "rule" in c}
-    rules = {r.id for r in pack_stack()[-1].rules}
+    rules = {r.id for r in next(p for p in pack_stack() if p.name == "deepep").rules}
     # the generic fallback is a safety net: every scheme the vocabulary can express meets an
     # earlier rule (tested for totality in test_rules_engine)
     untested = rules - fired - {"fallback/safe"}
     assert not untested, f"rules without a golden case: {sorted(untested)}"
+
+
+# The experts pack: the kernel asked for, the kernel a tune measured faster, else the engine's pick.
+KERNEL_CASES = [
+    (
+        "nothing asked or measured",
+        {},
+        "unmeasured",
+        "flashinfer_cutlass",
+        "experts/engine-default",
+    ),
+    ("asked", {"expert_kernel": "deepgemm"}, "unmeasured", "deepgemm", "experts/asked"),
+    ("measured faster", {}, "deepgemm", "deepgemm", "experts/measured-faster"),
+    (
+        "asked wins over measured",
+        {"expert_kernel": "triton"},
+        "deepgemm",
+        "triton",
+        "experts/asked",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "name, spec, faster, kernel, rule", KERNEL_CASES, ids=[c[0] for c in KERNEL_CASES]
+)
+def test_golden_expert_kernel(name, spec, faster, kernel, rule):
+    from moepolicy.planner import decide_layer
+
+    facts = read_model("DeepSeek-V3")
+    target = _target({"gpu": "h200", "ep_size": 8, **spec})
+    layer = next(x for x in facts.layers if x.index == 3)
+    lp = decide_layer(layer, target, pack_stack(), faster_kernel=faster)
+    assert (lp.execution.kernel, lp.kernel_choice.rule) == (kernel, rule)
+    assert lp.facts["kernel.name"] == kernel
+
+
+def test_every_expert_kernel_rule_has_a_golden_case():
+    rules = {r.id for r in next(p for p in pack_stack() if p.name == "experts").rules}
+    assert rules == {c[4] for c in KERNEL_CASES}

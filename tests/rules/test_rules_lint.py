@@ -142,7 +142,7 @@ def test_audit_prints_the_lint(tmp_path):
     )
     result = run_cli("audit", str(policy), "--rules", str(pack_path))
     assert result.returncode == 0, result.stderr
-    assert "rule packs (mine, deepep): " in result.stdout
+    assert "rule packs (mine, deepep, experts): " in result.stdout
     assert "same-priority-overlap: rules 'mine/fp8-acts' and 'mine/hopper'" in result.stdout
     assert "shadowed: rule 'mine/group-128' (mine) is shadowed by 'mine/group'" in result.stdout
     without = run_cli("audit", str(policy))

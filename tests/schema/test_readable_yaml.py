@@ -1,8 +1,7 @@
 """Policies are written for people (issue 34 item 17, schema 2.3): no YAML anchors, each distinct
-set of layer facts once in ``layer_facts``; what the keys cover is unchanged (plans keep the
-decision and tuning keys they had before the change, kept in plan_keys_before_readable_yaml.json;
-the content key hashes schema_version, so it is the kept one for the same plan said as 2.2) and
-earlier files still read. Named facts that do not resolve are one line through the CLI and the
+set of layer facts once in ``layer_facts``; what the keys cover does not move with the YAML form
+(plans keep the keys kept in plan_keys_2_4.json, written when schema 2.4 added the experts pack to
+the decision key) and earlier files still read with the keys they carry. Named facts that do not resolve are one line through the CLI and the
 runtime loader."""
 
 import json
@@ -22,9 +21,7 @@ from moepolicy.planner import build_document, make_plan
 from moepolicy.rules.packs import pack_stack
 from moepolicy.target import TargetSpec, resolve_target
 
-BEFORE = json.loads((Path(__file__).parent / "plan_keys_before_readable_yaml.json").read_text())[
-    "plans"
-]
+BEFORE = json.loads((Path(__file__).parent / "plan_keys_2_4.json").read_text())["plans"]
 
 
 def _document(case: dict) -> dict:
@@ -36,12 +33,11 @@ def _document(case: dict) -> dict:
 def test_a_plan_keeps_its_keys_and_is_written_without_anchors_and_with_facts_once(case):
     doc = _document(case)
     text = dumps(doc)
-    assert doc["schema_version"] == SCHEMA_VERSION == "2.3"
-    assert {k: doc["key"][k] for k in ("decision", "tuning")} == {
-        k: case["key"][k] for k in ("decision", "tuning")
-    }
-    assert compute_keys({**doc, "schema_version": "2.2"}) == case["key"]  # only the version moved
-    assert doc["key"]["content"] != case["key"]["content"]
+    assert doc["schema_version"] == SCHEMA_VERSION == "2.4"
+    assert doc["key"] == case["key"]
+    said_22 = compute_keys({**doc, "schema_version": "2.2"})  # the content key hashes the version
+    assert said_22["decision"] == doc["key"]["decision"] != ""
+    assert said_22["content"] != doc["key"]["content"]
     raw = yaml.safe_load(text)
     assert "&id" not in text and "*id" not in text
     table = raw[FACTS_TABLE]
@@ -56,8 +52,9 @@ def test_a_plan_keeps_its_keys_and_is_written_without_anchors_and_with_facts_onc
 
 
 def _as_22(case: dict) -> dict:
-    """The plan as moepolicy wrote it before 2.3: the same tree, said as 2.2, with its kept keys."""
-    return {**_document(case), "schema_version": "2.2", "key": case["key"]}
+    """A plan as moepolicy wrote it before 2.3: the same tree, said as 2.2, with its own keys."""
+    doc = {**_document(case), "schema_version": "2.2"}
+    return {**doc, "key": compute_keys(doc)}
 
 
 def test_a_22_policy_written_with_anchors_and_facts_per_layer_still_reads_with_its_keys():
@@ -69,16 +66,16 @@ def test_a_22_policy_written_with_anchors_and_facts_per_layer_still_reads_with_i
     old = yaml.safe_dump(doc, sort_keys=False)
     assert "&id001" in old and FACTS_TABLE not in old
     read = parse_text(old)
-    assert read["layers"] == doc["layers"] and compute_keys(read) == BEFORE[0]["key"]
+    assert read["layers"] == doc["layers"] and compute_keys(read) == doc["key"]
     loaded = parse_policy(old, "old.yaml", strict=True)  # the CLI's reader: keys checked
-    assert loaded.doc.schema_version == "2.2" and loaded.raw["key"] == BEFORE[0]["key"]
+    assert loaded.doc.schema_version == "2.2" and loaded.raw["key"] == doc["key"]
 
 
 def test_a_22_document_is_written_with_its_facts_per_layer_and_reads_back():
     doc = _as_22(BEFORE[2])  # what 'validate --rekey' rewrites: the table is 2.3's
     text = dumps(doc)
     assert FACTS_TABLE not in yaml.safe_load(text) and "&id" not in text
-    assert parse_policy(text, "old.yaml", strict=True).raw["key"] == BEFORE[2]["key"]
+    assert parse_policy(text, "old.yaml", strict=True).raw["key"] == doc["key"]
 
 
 def _written(tmp_path, edit) -> Path:

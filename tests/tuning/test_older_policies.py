@@ -1,6 +1,6 @@
 """Policies the tuner wrote before schema 2.2 (``data/policy-2.1-*.yaml``, machine output of the code
 of 2026-12-01) still load in the runtime with their keys matched, and ``audit`` words their figures
-as what they are; a tune's document (2.2's fields, said as 2.3) validates strictly; a 2.1 document
+as what they are; a tune's document (2.2's fields, said as 2.4) validates strictly; a 2.1 document
 that uses a 2.2 key is refused by name."""
 
 from pathlib import Path
@@ -122,7 +122,7 @@ def test_a_22_tune_validates_strictly_with_its_new_keys(tmp_path):
     )
     doc = read_policy(path, strict=True).doc
     assert (
-        doc.schema_version == "2.3"
+        doc.schema_version == "2.4"
         and doc.deepep.measured_orders[0].faster == "quant_then_dispatch"
     )
     assert doc.deepep.buckets[0].search["note"].startswith("selected minima")

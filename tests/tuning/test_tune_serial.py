@@ -67,7 +67,7 @@ def test_the_modelled_main_job_keeps_the_engines_sm_count_where_only_it_is_calib
     deepep = doc["deepep"]
     assert deepep["provenance"]["source"] == "modelled" and deepep["schedule"] == "serial"
     assert (
-        deepep["regime"] == "host" and deepep["num_sms"] == 20 and doc["schema_version"] == "2.3"
+        deepep["regime"] == "host" and deepep["num_sms"] == 20 and doc["schema_version"] == "2.4"
     )
     plan = qwen_plan()
     bench, work = ModelBench("h200"), workload_for(plan, "uniform")
