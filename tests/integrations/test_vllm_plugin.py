@@ -361,6 +361,10 @@ def test_experts_other_than_the_policys_leave_the_layer_to_vllm(
         "0/1 MoE layers applied; 1 left to vLLM: the policy was made for flashinfer_cutlass experts; "
         "vLLM runs TritonOrDeepGemmExperts" in summary
     )
+    # which experts vLLM built, beside the kernel the policy was made for
+    assert summary.endswith(
+        "vLLM built TritonOrDeepGemmExperts (the policy's expert kernel: flashinfer_cutlass)"
+    ), summary
 
 
 # -------------------------------------------------------------------------------- layers by module prefix
@@ -956,7 +960,9 @@ def test_over_gloo_a_rank_without_the_plugin_leaves_both_on_vllms_behaviour(vllm
     mine = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", mutate=with_buckets)
     ranks = _two_ranks(tmp_path, [mine, "none"], vote_timeout_s=5)
     assert ranks[0]["plugin"] and not ranks[1]["plugin"]
-    assert not ranks[0]["applied"] and "rank(s) 1 of 2 cast no vote in 5 s" in ranks[0]["reason"]
+    assert (
+        not ranks[0]["applied"] and "rank(s) 1 of 2 had not voted within 5 s" in ranks[0]["reason"]
+    )
     assert ranks[0]["num_sms"] == ranks[1]["num_sms"] == 20
     assert (
         ranks[0]["dispatch"] == ranks[1]["dispatch"] == list(h.Buffer.get_dispatch_config(2).key())

@@ -41,9 +41,11 @@ def install(path: Optional[str], strict: bool = False) -> Optional[PluginSetting
     here, and only the start-up agreement is installed (this rank votes "not applied")."""
     version = importlib.metadata.version("vllm")
     if not version.startswith(CHECKED_RELEASES):
+        checked = ", ".join(r + "x" for r in CHECKED_RELEASES)
         _refuse(
-            f"vLLM {version} is not a release this plugin was checked against "
-            f"({', '.join(r + 'x' for r in CHECKED_RELEASES)})",
+            f"vLLM {version} is not a release this plugin was checked against ({checked}): serve "
+            f"with vLLM {checked} to apply the policy, or use a moepolicy checked against "
+            f"{version}; without MOEPOLICY_POLICY the plugin stays silent",
             path,
             strict,
         )

@@ -110,6 +110,7 @@ class ManagerRun:
         self.per_layer: dict[int, tuple] = {}  # policy index -> its bucket actions
         self.bound: dict[str, bool] = {}  # vLLM prefix -> applied
         self.unmatched: dict[str, str] = {}
+        self.experts_built: set[str] = set()  # the experts classes vLLM built for these layers
 
     # ---------------------------------------------------------------------------------- start
     def start(self, manager) -> None:
@@ -251,6 +252,7 @@ class ManagerRun:
             pf = getattr(impl, "prepare_finalize", None)
             if not isinstance(pf, owner_class) or pf._moepolicy_run is not self:
                 continue
+            self.experts_built.add(type(getattr(impl, "fused_experts", None)).__name__)
             pf._moepolicy_table = self._layer_table(prefix, impl, layer_quant)
         self._summarise()
         return why
@@ -298,7 +300,9 @@ class ManagerRun:
         report.say_once(
             self.key,
             f"applied (digest {self.digest}): {self.settings.path} for {facts.model} "
-            f"(EP {facts.ep_size}): {settings}; {summary}",
+            f"(EP {facts.ep_size}): {settings}; {summary}; vLLM built "
+            f"{', '.join(sorted(self.experts_built)) or 'no DeepEP MoE experts'} "
+            f"(the policy's expert kernel: {policy.target.expert_kernel})",
         )
         applied, left = actions.layer_lines(self.per_layer, self.plan.policy.target.mtp_layers)
         for line in (

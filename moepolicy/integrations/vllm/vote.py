@@ -63,9 +63,9 @@ def _agree_through(store, rank: int, world: int, vote: Vote, timeout_s: float) -
         missing = []
     if missing:
         proposal = (
-            f"rank(s) {','.join(map(str, missing))} of {world} cast no vote in {timeout_s:g} s "
-            "(MOEPOLICY_POLICY unset there, moepolicy not installed, or another vLLM: keep the "
-            "nodes alike)"
+            f"rank(s) {','.join(map(str, missing))} of {world} had not voted within {timeout_s:g} s "
+            "(MOEPOLICY_POLICY unset there, moepolicy not installed, another vLLM, or a rank that "
+            "started later than that: keep the nodes alike; a late rank follows this decision)"
         )
     else:  # every vote is in (the last may have landed just as the wait gave up)
         proposal = verdict([_vote(store.get(key), i) for i, key in enumerate(keys)]) or _AGREED
