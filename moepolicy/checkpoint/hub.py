@@ -21,6 +21,7 @@ from typing import Iterator, Optional
 
 from moepolicy.checkpoint import catalog
 from moepolicy.errors import CheckpointError
+from moepolicy.redact import redact_text
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 ETAG_TIMEOUT_S = 10.0
@@ -130,16 +131,27 @@ def _silent_hub(hf, hub_id: HubId, endpoint: Optional[str]) -> Optional[BaseExce
     return None
 
 
-def _from_cache_when_silent(hf, hub_id: HubId, common: dict, error: BaseException) -> HubFiles:
-    """The cache's files when the hub did not answer, said in a note; not cached: could not be reached."""
+def hub_endpoint_raw() -> str:
     from moepolicy.settings import hub_endpoint
 
+    return hub_endpoint() or DEFAULT_ENDPOINT
+
+
+def shown_endpoint() -> str:
+    """The hub's address as moepolicy prints it: credentials in ``HF_ENDPOINT`` hidden."""
+    from moepolicy.redact import redact_url
+
+    return redact_url(hub_endpoint_raw())
+
+
+def _from_cache_when_silent(hf, hub_id: HubId, common: dict, error: BaseException) -> HubFiles:
+    """The cache's files when the hub did not answer, said in a note; not cached: could not be reached."""
     config = _cached(hf, hub_id, "config.json", common)
     if config is None:
-        raise CheckpointError(_unreachable(hub_id, hub_endpoint() or DEFAULT_ENDPOINT, error))
+        raise CheckpointError(_unreachable(hub_id, shown_endpoint(), error))
     quant, notes = _quant_from_cache(hf, hub_id, common)
     said = (
-        f"the Hugging Face hub ({hub_endpoint() or DEFAULT_ENDPOINT}) did not answer: read from its cache "
+        f"the Hugging Face hub ({shown_endpoint()}) did not answer: read from its cache "
         "(HF_HUB_OFFLINE=1 skips asking)"
     )
     logging.getLogger("moepolicy.checkpoint").warning("model '%s': %s", hub_id, said)
@@ -242,9 +254,7 @@ def _failure(hub_id: HubId, exc: BaseException, filename: str = "config.json") -
     """The one line for a failed download, by the first cause huggingface_hub recorded."""
     from huggingface_hub import utils
 
-    from moepolicy.settings import hub_endpoint
-
-    endpoint = hub_endpoint() or DEFAULT_ENDPOINT
+    endpoint = shown_endpoint()
     for cause in _chain(exc):
         status = _status(cause)
         if isinstance(cause, utils.GatedRepoError):
@@ -341,6 +351,7 @@ def _unreachable(hub_id: HubId, endpoint: str, exc: BaseException) -> str:
     ]
     innermost = (transport or causes)[-1]
     reason = " ".join(str(innermost).split())[:160] or type(innermost).__name__
+    reason = redact_text(reason, hub_endpoint_raw())  # a transport error may echo the URL
     return (
         f"model '{hub_id}': the Hugging Face hub at {endpoint} could not be reached "
         f"({type(innermost).__name__}: {reason}) and the model is not in the Hugging Face cache; check the "

@@ -214,6 +214,18 @@ def test_nothing_listening_is_could_not_be_reached(hub, monkeypatch, no_backoff)
     )
 
 
+def test_credentials_in_hf_endpoint_are_never_printed(hub, monkeypatch, no_backoff):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://someone:s3cr3tT0k@127.0.0.1:{port}")
+    message = _message("ok/model")
+    assert f"http://someone:***@127.0.0.1:{port} could not be reached" in message
+    assert "s3cr3tT0k" not in message
+
+
 def test_a_cached_model_is_read_when_the_hub_cannot_be_reached(hub, monkeypatch, no_backoff):
     read_model("ok/nvfp4")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
