@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal as _signal
 import sys
 from typing import Optional, Sequence
 
@@ -84,7 +85,7 @@ def exit_codes() -> str:
         for code, cls in leaves
         if cls is not errors.MoePolicyError
     ]
-    lines += ["  130 interrupted (Ctrl-C), 143 terminated (SIGTERM)"]
+    lines += ["  130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 129 hung up (SIGHUP)"]
     return "\n".join(lines)
 
 
@@ -106,7 +107,17 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, handled as Ctrl-C is: work in progress is ended cleanly (a tune writes what it has)."""
 
 
-_RECEIVED: list[int] = []  # the signals this process's handlers received, first first
+class HungUp(Terminated):
+    """SIGHUP (the terminal or the ssh session closed), handled as SIGTERM is."""
+
+
+_RECEIVED: list[int] = []
+# the exception each handled signal raises (SIGHUP where the platform has it)
+_EXCEPTION_OF = {
+    _signal.SIGINT: Interrupted,
+    _signal.SIGTERM: Terminated,
+    **({_signal.SIGHUP: HungUp} if hasattr(_signal, "SIGHUP") else {}),
+}  # the signals this process's handlers received, first first
 
 
 def install_signal_handlers() -> None:
@@ -120,6 +131,8 @@ def install_signal_handlers() -> None:
     _HELD_SINCE.clear()
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, _on_signal)
     sys.unraisablehook = _on_unraisable
 
 
@@ -155,7 +168,7 @@ def _on_signal(signum: int, frame) -> None:
         again.start()
         return
     _HELD_SINCE.pop(signum, None)
-    raise Terminated() if signum == signal.SIGTERM else Interrupted()
+    raise _EXCEPTION_OF.get(signum, Interrupted)()
 
 
 def _on_unraisable(event) -> None:
@@ -168,7 +181,9 @@ def _on_unraisable(event) -> None:
     if not isinstance(event.exc_value, KeyboardInterrupt):
         sys.__unraisablehook__(event)
         return
-    again = signal.SIGTERM if isinstance(event.exc_value, Terminated) else signal.SIGINT
+    again = next(
+        (s for s, kind in _EXCEPTION_OF.items() if type(event.exc_value) is kind), signal.SIGINT
+    )
     # to the main thread itself: a signal for the process could land on this timer's thread
     main = threading.main_thread().ident
     resend = threading.Timer(0.01, signal.pthread_kill, args=(main, again))
@@ -185,6 +200,11 @@ def interrupt_exit(exc: BaseException) -> Optional[int]:
 
     if isinstance(exc, SystemExit) or not (_RECEIVED or isinstance(exc, KeyboardInterrupt)):
         return None
+    hung_up = isinstance(exc, HungUp) or _RECEIVED[:1] == [getattr(signal, "SIGHUP", None)]
+    if hung_up:
+        outcome = getattr(exc, "moepolicy_outcome", None)
+        print(f"moepolicy: hung up{outcome or ''}", file=sys.stderr)
+        return 129
     terminated = isinstance(exc, Terminated) or (_RECEIVED[:1] == [signal.SIGTERM])
     outcome = getattr(exc, "moepolicy_outcome", None)  # what the interrupted command left behind
     said = "terminated" if terminated else "interrupted"

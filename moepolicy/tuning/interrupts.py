@@ -14,7 +14,9 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM) + (
+    (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()
+)
 
 
 @contextmanager

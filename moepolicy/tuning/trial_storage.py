@@ -52,7 +52,7 @@ def heartbeat(storage, tid: int, stop: threading.Event, every_s: float = 5.0) ->
     # Ctrl-C and SIGTERM go to the main thread: one that lands on this thread would leave the main
     # thread in its measurement's wait (a sleep, a pipe) until that ended on its own
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     record = getattr(storage, "record_heartbeat", None)
     if record is None:
         return

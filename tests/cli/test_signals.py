@@ -45,7 +45,11 @@ def run_driver(tmp_path):
 
 @pytest.mark.parametrize(
     "sig, code, line",
-    [("SIGINT", 130, "moepolicy: interrupted"), ("SIGTERM", 143, "moepolicy: terminated")],
+    [
+        ("SIGINT", 130, "moepolicy: interrupted"),
+        ("SIGTERM", 143, "moepolicy: terminated"),
+        ("SIGHUP", 129, "moepolicy: hung up"),
+    ],
 )
 def test_a_signal_inside_execd_code_exits_with_its_code_not_by_the_signal(
     run_driver, sig, code, line

@@ -340,7 +340,9 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     assert out.read_text().startswith("schema_version")
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    "sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)
 def test_an_interrupted_tune_writes_a_partial_result_marked_so(tmp_path, sig, code):
     env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
     args = [*cli_command(model_bench_delay=0.15), *tune_args(tmp_path, "-v", study="c", trials=40)]
