@@ -83,7 +83,7 @@ def read_bounded(path: str | os.PathLike, limit: int, error: Type[MoePolicyError
     return b"".join(chunks)
 
 
-def write_target(path: str | os.PathLike) -> Path:
+def write_target(path: str | os.PathLike, what: str = "the policy") -> Path:
     """The file a write of ``path`` replaces (a link's target), checked writable; else :class:`OutputError`."""
     p = Path(path)
     target = Path(os.path.realpath(p)) if p.is_symlink() else p
@@ -94,7 +94,7 @@ def write_target(path: str | os.PathLike) -> Path:
     except OSError as exc:
         raise OutputError(f"{path}: cannot be written ({exc.strerror or exc})") from None
     if mode is not None and not stat.S_ISREG(mode):
-        raise OutputError(f"{path}: is {_kind(mode)}; write the policy to a file path")
+        raise OutputError(f"{path}: is {_kind(mode)}; write {what} to a file path")
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise OutputError(f"{path}: the folder {folder} does not exist")

@@ -78,11 +78,23 @@ def configure(args: argparse.Namespace) -> None:
                 field="log_file",
             ) from None
         handler.setLevel(Settings.level)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(
+            _PrintableFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
         root.addHandler(handler)
         Settings.file_handler = handler
     if Settings.level < root.getEffectiveLevel():
         root.setLevel(Settings.level)
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log-file lines with control characters escaped (``\\x1b``): file-sourced text (a rule's
+    ``why``, a model name) cannot rewrite a terminal that later shows the log."""
+
+    def format(self, record) -> str:
+        from moepolicy.text import printable
+
+        return printable(super().format(record))
 
 
 class LastResortWithoutInterrupts(logging.Handler):

@@ -263,7 +263,10 @@ def add_output_flag(p, what: str, default: Optional[str] = None) -> None:
 
 
 def output_path(
-    path: Optional[str], inputs: Sequence[tuple[str, object]] = (), flag: str = "-o"
+    path: Optional[str],
+    inputs: Sequence[tuple[str, object]] = (),
+    flag: str = "-o",
+    what: str = "the policy",
 ) -> Optional[str]:
     """``path`` checked before any work (None: standard output): a writable regular file or a new
     one, and none of the command's ``inputs`` ((what, path) pairs, None skipped), compared by
@@ -278,8 +281,26 @@ def output_path(
             raise OutputError(
                 f"{flag} {path}: is {what} ({given}), which this command reads; write to another file"
             )
-    write_target(path)
+    write_target(path, what)
     return path
+
+
+def log_inputs(args) -> list[tuple[str, object]]:
+    """What a command reads, which its ``--log-file`` must not name: the checkpoint, rule packs, the
+    policy and the study database."""
+    from moepolicy.tuning.storage import storage_file
+
+    found = [
+        *model_inputs(getattr(args, "model", None)),
+        *rules_inputs(getattr(args, "rules", ()) or ()),
+    ]
+    policy = getattr(args, "policy", None)
+    if isinstance(policy, str):
+        found.append(("the policy", policy))
+    storage = getattr(args, "storage", None)
+    if isinstance(storage, str):
+        found.append(("the study database", storage_file(storage)))
+    return found
 
 
 def write_output(path: Optional[str], text: str, what: str = "") -> None:

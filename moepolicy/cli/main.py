@@ -249,6 +249,18 @@ def _run(args: argparse.Namespace, bench_source) -> int:
     from moepolicy.cli import _logging
 
     try:
+        if getattr(args, "log_file", None):  # never an input, and a file (a FIFO would hang)
+            from moepolicy.cli._output import log_inputs, output_path
+            from moepolicy.errors import OutputError
+
+            try:
+                output_path(args.log_file, log_inputs(args), flag="--log-file", what="the log")
+            except OutputError as exc:
+                said = str(exc)
+                raise OutputError(
+                    said if said.startswith("--log-file") else f"--log-file {said}",
+                    field="log_file",
+                ) from None
         _logging.configure(args)
         code = int(args.run(args, bench_source) if args.command == "tune" else args.run(args) or 0)
         sys.stdout.flush()

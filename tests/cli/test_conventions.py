@@ -69,6 +69,61 @@ def test_an_unopenable_log_file_is_one_line(tmp_path):
     assert done.returncode == 8 and done.stderr.strip().startswith("moepolicy: --log-file")
 
 
+def test_the_log_file_is_never_an_input_nor_a_fifo(tmp_path, write_config):
+    """Pointed at what the command reads (the study journal, --model's config.json) or at a FIFO,
+    --log-file is refused in one line before any work, and the input is left as it was."""
+    import json
+    import os
+
+    folder = write_config(
+        {"hidden_size": 2048, "num_hidden_layers": 2, "num_experts": 8, "num_experts_per_tok": 2}
+    )
+    config = folder / "config.json"
+    before = config.read_text()
+    done = run_cli("plan", "--model", str(folder), "--ep-size", "2", "--log-file", str(config))
+    assert done.returncode == 8 and "which this command reads" in done.stderr, done.stderr
+    assert config.read_text() == before and json.loads(before)
+    journal = tmp_path / "studies.log"
+    journal.write_text("")
+    done = run_cli(
+        "tune",
+        "--model",
+        "Qwen3-30B-A3B-FP8",
+        "--ep-size",
+        "2",
+        "--bench",
+        "model",
+        "--storage",
+        str(journal),
+        "--log-file",
+        str(journal),
+        "-o",
+        str(tmp_path / "p.yaml"),
+    )
+    assert done.returncode == 8 and "the study database" in done.stderr, done.stderr
+    assert journal.read_text() == "" and not (tmp_path / "p.yaml").exists()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = run_cli("models", "--log-file", str(fifo))  # would block on open without a reader
+    assert done.returncode == 8 and "is a FIFO" in done.stderr, done.stderr
+
+
+def test_the_log_file_gets_file_sourced_text_escaped(tmp_path):
+    import argparse
+    import logging
+
+    from moepolicy.cli import _logging
+
+    log = tmp_path / "x.log"
+    _logging.configure(argparse.Namespace(log_file=str(log), log_level="info", quiet=False))
+    try:
+        logging.getLogger("moepolicy.checkpoint").warning("model \x1b[2J\x07 \u202eevil")
+    finally:
+        _logging.configure(argparse.Namespace(log_file=None, log_level=None, quiet=False))
+    text = log.read_text()
+    assert "\\x1b[2J\\x07 \\u202eevil" in text and "\x1b" not in text and "\u202e" not in text
+
+
 def test_help_lists_the_exit_codes():
     done = run_cli("--help")
     assert (
