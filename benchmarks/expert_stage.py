@@ -57,6 +57,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--regimes", nargs="+", default=["host", "gpu"], choices=sorted(MODES))
+    ap.add_argument(
+        "--null",
+        action="store_true",
+        help="an A/A run: quantizing first timed as two arms (the test's false claims, measured)",
+    )
     args = ap.parse_args()
 
     dg, where = es.find_deep_gemm()
@@ -105,8 +110,11 @@ def main() -> int:
                 view = rank_view(shape, tokens, seed=tokens)
                 inp = experts.inputs(view, seed=tokens)
                 fns = dict(es.step_arms(experts, inp))
-                fns["quant_sent"] = lambda inp=inp: es._quant(inp.sent)
-                fns["quant_received"] = lambda inp=inp: es._quant(inp.rows_bf16)
+                if args.null:  # the same work under two names
+                    fns = {"a": fns["quant_then_dispatch"], "b": fns["quant_then_dispatch"]}
+                else:
+                    fns["quant_sent"] = lambda inp=inp: es._quant(inp.sent)
+                    fns["quant_received"] = lambda inp=inp: es._quant(inp.rows_bf16)
                 for regime in args.regimes:
                     times = es.time_arms(fns, args.rounds, args.reps, MODES[regime], device)
                     cell = {

@@ -26,6 +26,8 @@ def main() -> int:
     args = ap.parse_args()
     raw = json.loads(Path(args.raw).read_text())
     cells = [c for c in raw["cells"] if c["regime"] == args.regime]
+    if cells and "a" in cells[0]["us"]:
+        return null_table(cells, raw, args.regime)
     families: dict = {}
     for c in cells:
         families.setdefault((c["model"], c["ep"]), []).append(c)
@@ -59,6 +61,31 @@ def main() -> int:
         f"\n{raw['gpu']}, {raw['torch']}, {raw['deep_gemm']}, {raw['date']}; {raw['rounds']} rounds "
         f"({raw['rounds'] // 2} decide + {raw['rounds'] // 2} report) x {raw['reps']} repetitions, "
         f"{args.regime} regime; verdicts: exact sign-flip, 2.5 % per side, Holm over each row group"
+    )
+    return 0
+
+
+def null_table(cells, raw, regime) -> int:
+    """An A/A run (``expert_stage.py --null``): how often the test claims a difference between two
+    arms that run the same work, per cell unadjusted and per row group under Holm."""
+    from moepolicy.measure.rounds import holm, paired_speedup
+
+    families: dict = {}
+    for c in cells:
+        families.setdefault((c["model"], c["ep"]), []).append(c)
+    unadjusted = adjusted = groups_claiming = 0
+    for group in families.values():
+        tests = [paired_speedup(c["us"]["a"][0::2], c["us"]["b"][0::2]) for c in group]
+        unadjusted += sum(t.verdict != "within noise" for t in tests)
+        family = holm(tests, side="both", family="buckets")
+        claims = sum(t.verdict != "within noise" for t in family)
+        adjusted += claims
+        groups_claiming += claims > 0
+    print(
+        f"A/A, {regime} regime, {len(cells)} cells in {len(families)} groups: {unadjusted} cells "
+        f"claimed a difference unadjusted (5 % expected at most), {adjusted} under Holm; "
+        f"{groups_claiming} of {len(families)} groups claimed any (5 % per group at most); "
+        f"{raw['gpu']}, {raw['date']}, {raw['rounds']} rounds ({raw['rounds'] // 2} decide)"
     )
     return 0
 
