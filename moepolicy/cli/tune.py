@@ -458,7 +458,8 @@ def render_experts(choice, kernel: str) -> None:
     label = "modelled" if choice.source == "modelled" else "measured"
     note(f"expert kernels ({label}): {choice.basis}")
     for k in choice.kernels:
-        note(f"  {k.kernel}: {'timed' if k.runs else 'not measured'} ({k.detail})")
+        said = ("recorded" if label == "modelled" else "timed") if k.runs else "not measured"
+        note(f"  {k.kernel}: {said} ({k.detail})")
     for name, timings in choice.orders:
         for t in timings:
             verdict = {

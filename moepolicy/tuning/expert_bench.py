@@ -220,7 +220,12 @@ class RecordedExpertBench(ExpertBench):
         for name in names:
             if name == kernel and self.gpu == self._recorded_gpu():
                 out.append(
-                    KernelStatus(name, True, f"recorded on {self.provenance['recorded_on']}")
+                    KernelStatus(
+                        name,
+                        True,
+                        f"the campaign on {self.provenance['recorded_on']}, "
+                        f"{self.provenance.get('date', '?')}",
+                    )
                 )
             elif name == kernel:
                 out.append(

@@ -379,11 +379,15 @@ def choose_experts(
             orders.append((kernel, timings))
             bases.append(basis)
     faster_kernel, tests, why = _gate(chooser, inputs, measured, statuses)
+    basis = bases[0] if bases else bench.describe()
+    if bench.noise_free:  # a model's figures carry its error, said with them
+        errors = [100 * b.error for b in buckets]
+        basis += f"; the expert-stage model's error at these buckets: {min(errors):.0f}-{max(errors):.0f} %"
     return ExpertChoice(
         engine_default=inputs.engine_default,
         faster_kernel=faster_kernel,
         source=source,
-        basis=bases[0] if bases else bench.describe(),
+        basis=basis,
         why=why,
         kernels=statuses,
         arms=chooser.arms(measured),
