@@ -38,6 +38,8 @@ def _order(timing) -> dict[str, Any]:
     out = order_timing_doc(timing)
     if not timing.rounds:  # a modelled figure: no rounds
         out.pop("rounds", None)
+    if out.get("ci95") is None:  # none exists (a model's figure): not written as null
+        out.pop("ci95", None)
     return out
 
 
@@ -60,7 +62,7 @@ def experts_section(choice: ExpertChoice, kernel: str) -> ExpertsDoc:
         why=choice.why,
         rounds=choice.rounds,
         kernels=[
-            {"kernel": s.kernel, "measured": s.runs, "detail": s.detail} for s in choice.kernels
+            {"kernel": s.kernel, "available": s.runs, "detail": s.detail} for s in choice.kernels
         ],
         buckets=[
             {"tokens": tokens, "arms": [_arm(a) for a in arms]} for tokens, arms in choice.arms

@@ -287,10 +287,11 @@ class DeepEPDoc(_Doc):
 
 
 class ExpertKernelDoc(_Doc):
-    """2.4: one expert kernel the engine can build here: whether its stage was timed, where or why not."""
+    """2.4: one expert kernel the engine can build here: whether its stage could be timed (or, for a
+    modelled comparison, was recorded), where or why not."""
 
     kernel: str
-    measured: bool
+    available: bool  # its stage was timed here, or recorded (a modelled comparison)
     detail: str = ""
 
 

@@ -51,7 +51,12 @@ def heartbeat(storage, tid: int, stop: threading.Event, every_s: float = 5.0) ->
     (a storage without heartbeats: nothing; a missed beat only delays stale-trial detection)."""
     # Ctrl-C and SIGTERM go to the main thread: one that lands on this thread would leave the main
     # thread in its measurement's wait (a sleep, a pipe) until that ended on its own
-    if hasattr(signal, "pthread_sigmask"):
+    # (only on its own thread: a mask set on the main thread would be inherited by every process it
+    # starts, which then never sees a signal)
+    if (
+        hasattr(signal, "pthread_sigmask")
+        and threading.current_thread() is not threading.main_thread()
+    ):
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     record = getattr(storage, "record_heartbeat", None)
     if record is None:

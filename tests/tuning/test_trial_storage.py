@@ -37,3 +37,30 @@ def test_another_workers_running_trial_is_failed_with_its_reason(tmp_path):
     assert failed.state == optuna.trial.TrialState.FAIL
     assert failed.user_attrs == {"reason": "worker process 1 is gone", "orphan": True}
     assert study.trials[asked.number].state == optuna.trial.TrialState.RUNNING
+
+
+def test_the_heartbeat_blocks_signals_on_its_own_thread_only(tmp_path):
+    """Its thread keeps Ctrl-C and SIGTERM for the main thread; run on the main thread it changes
+    nothing (a blocked mask there is inherited by every process it starts, which then never sees a
+    signal: CI's signal tests ran their tunes to the end after this test had run)."""
+    import signal
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/s.db", heartbeat_interval=1)
+    study = optuna.create_study(study_name="s", storage=storage)
+    tid = trial_id(storage, "s", study.ask().number)
+    stop = threading.Event()
+    stop.set()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    heartbeat(storage, tid, stop)
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+    seen = {}
+
+    def beat_and_look():
+        heartbeat(storage, tid, stop)
+        seen["mask"] = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+    thread = threading.Thread(target=beat_and_look)
+    thread.start()
+    thread.join()
+    assert {signal.SIGINT, signal.SIGTERM} <= seen["mask"]
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
