@@ -308,8 +308,11 @@ def replayed_decisions(
         facts = replay_facts(layer.index, layer.facts)
         if kernel == "engine":
             asked = facts.get("kernel.asked", "none")
-            own = asked if asked != "none" else facts.get("kernel.default", facts["kernel.name"])
-            facts = with_kernel(facts, own)
+            own = (
+                asked if asked != "none" else facts.get("kernel.default", facts.get("kernel.name"))
+            )
+            if isinstance(own, str):  # a hand-edited set without its kernel keeps the facts it has
+                facts = with_kernel(facts, own)
         out[layer.index] = decide(
             facts,
             packs,

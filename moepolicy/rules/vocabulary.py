@@ -167,14 +167,18 @@ def kernel_part(name: str, mode: Any) -> dict[str, Any]:
 
 def with_kernel(facts: dict[str, Any], kernel: str) -> dict[str, Any]:
     """Stored facts of a MoE layer with another expert kernel's ``kernel.*`` facts (from the sheet, by
-    the checkpoint facts they hold): what the rules see for the same layer on that kernel."""
+    the checkpoint facts they hold): what the rules see for the same layer on that kernel. A fact
+    the stored set lacks reads as unknown, as the rules read it: no mode matches it."""
     from moepolicy.expert_kernel import mode_for
+
+    def fact(name: str) -> str:
+        return str(facts.get(name, "unknown"))
 
     mode = mode_for(
         kernel,
-        facts["target.arch"],
-        (facts["ckpt.weight_dtype"], facts["ckpt.weight_granularity"]),
-        (facts["ckpt.act_dtype"], facts["ckpt.act_granularity"]),
+        fact("target.arch"),
+        (fact("ckpt.weight_dtype"), fact("ckpt.weight_granularity")),
+        (fact("ckpt.act_dtype"), fact("ckpt.act_granularity")),
     )
     return {**facts, **kernel_part(kernel, mode)}
 

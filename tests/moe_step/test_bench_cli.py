@@ -199,3 +199,25 @@ def test_the_stand_in_experts_group_rows_by_the_counts_dispatch_handed_the_host(
     got = experts(rows, None, topk_idx, topk_weights, counts)
     torch.testing.assert_close(got, _experts_reference(experts, rows, topk_idx, topk_weights))
     assert 0 in counts or sum(counts) < rows_n * top_k  # the test routes some pairs elsewhere
+
+
+@pytest.mark.parametrize("missing", ["kernel.name", "ckpt.weight_dtype", "ckpt.act_granularity"])
+def test_vllms_arm_is_replayed_from_a_stored_fact_set_that_lacks_a_fact(
+    mixtral_policy, tmp_path, missing
+):
+    """A hand-edited (and re-keyed) fact set that validate accepts: vLLM's arm is still built, the
+    missing fact read as unknown as the rules read it (found by the command fuzz test in CI)."""
+    import yaml
+
+    from moepolicy.document.keys import compute_keys
+    from moepolicy.document.reader import read_policy
+    from moepolicy.moe_step.arms import build_arms
+
+    doc = yaml.safe_load(mixtral_policy.read_text())
+    for facts in doc["layer_facts"].values():
+        facts.pop(missing, None)
+    doc["key"] = compute_keys(doc)
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(doc, sort_keys=False))
+    policy, vllm, _ = build_arms(read_policy(edited).doc)
+    assert sum(k.count for k in vllm.kinds) == sum(k.count for k in policy.kinds)
