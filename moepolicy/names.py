@@ -33,6 +33,10 @@ class Order(_Name):
     FUSED = "fused"  # the expert kernel dispatches itself (DeepGEMM Mega MoE)
 
 
+# the vLLM releases the plugin is checked against (its source pins per release:
+# moepolicy/integrations/vllm/pins.py); what the exports and docs name
+CHECKED_VLLM_RELEASES = ("0.33", "0.34")
+
 # a measured fact's value where no order was measured faster beyond noise: the rules' order stands
 UNMEASURED = "unmeasured"
 

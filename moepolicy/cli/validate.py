@@ -97,9 +97,9 @@ def serving_note(args: argparse.Namespace) -> None:
 
     outcome = predict(args.policy, ep_size=args.ep_size, model=args.model)
     if args.to == "vllm" and outcome.state == SAFE:
-        raise PolicyError(f"{args.policy}: the plugin would apply nothing: {outcome.summary()}")
+        raise PolicyError(f"{args.policy}: {outcome.summary('vllm')}")
     if outcome.falls_back:
-        note(f"warning: {outcome.summary()}")
+        note(f"warning: {outcome.summary('vllm' if args.to == 'vllm' else 'runtime')}")
 
 
 def run(args: argparse.Namespace) -> int:

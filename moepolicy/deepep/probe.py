@@ -1,4 +1,9 @@
-"""Recognise the installed DeepEP build by feature (its ``__version__`` is the same across builds)."""
+"""Recognise the installed DeepEP build by feature (its ``__version__`` is the same across builds).
+
+A build can offer two APIs: DeepEP 2.x exports the legacy ``Buffer`` (vLLM's high-throughput and
+low-latency backends) beside ``ElasticBuffer`` (its ``deepep_v2`` backend). Each capability sheet
+describes one API, so a build is matched per API: the API the running backend uses, not the whole
+build."""
 
 from __future__ import annotations
 
@@ -50,10 +55,21 @@ def import_features() -> Optional[frozenset[str]]:
     return features_of(sys.modules["deep_ep"])
 
 
+def offers(features: frozenset[str], sheet: "DeepEPSheet") -> bool:
+    """Whether a build with ``features`` offers the API ``sheet`` describes."""
+    return set(sheet.probe.requires) <= features and not set(sheet.probe.forbids) & features
+
+
 def matching_sheet(
-    features: frozenset[str], sheets: dict[str, "DeepEPSheet"]
+    features: frozenset[str], sheets: dict[str, "DeepEPSheet"], api: Optional[str] = None
 ) -> Optional["DeepEPSheet"]:
-    for sheet in sheets.values():
-        if set(sheet.probe.requires) <= features and not set(sheet.probe.forbids) & features:
-            return sheet
-    return None
+    """The sheet of the API ``api`` ("legacy" or "v2") the build offers; with no ``api``, its legacy
+    API where it has one (what vLLM's default DeepEP backends use), else its v2 API."""
+    found = [s for s in sheets.values() if offers(features, s) and api in (None, s.api)]
+    found.sort(key=lambda s: s.api != "legacy")
+    return found[0] if found else None
+
+
+def offered_sheets(features: frozenset[str], sheets: dict[str, "DeepEPSheet"]) -> list[str]:
+    """The names of every sheet whose API the build offers (one per API)."""
+    return sorted(s.name for s in sheets.values() if offers(features, s))

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
 from moepolicy.errors import PolicyError
 from moepolicy.export import vllm_actions as actions
+from moepolicy.names import CHECKED_VLLM_RELEASES
 from moepolicy.document.model import PolicyDoc
 from moepolicy.text import index_ranges, printable
 
@@ -29,7 +30,7 @@ VLLM_DEFAULT_BUFFER_MB = 1024
 VLLM_LL_HIDDEN_SIZES = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
 INT_MAX = 2**31 - 1
 PLUGIN_PACKAGE = "moepolicy"
-CHECKED_VLLM = "0.33.x"
+CHECKED_VLLM = " or ".join(f"{r}.x" for r in CHECKED_VLLM_RELEASES)
 _MIB = 1024 * 1024
 
 

@@ -96,7 +96,19 @@ def _arch_check(doc: PolicyView) -> SubCheck:
     return SubCheck("decision", "gpu_arch", status, f"{arch} from {how}; policy {doc.target.arch}")
 
 
-def _layout_check(doc: PolicyView, ep_size: Optional[int]) -> SubCheck:
+def _layout_check(
+    doc: PolicyView, ep_size: Optional[int], layout: Optional[str] = None
+) -> SubCheck:
+    """The EP layout: as the engine says it runs (``layout``), else inferred from ``ep_size`` and
+    the policy's GPUs per node (which cannot see EP 8 served on 2 nodes of 4 GPUs)."""
+    if layout is not None:
+        status = "matched" if layout == doc.target.layout else "mismatched"
+        return SubCheck(
+            "decision",
+            "ep_layout",
+            status,
+            f"the engine runs {layout}; policy {doc.target.layout}",
+        )
     if ep_size is None:
         return SubCheck("decision", "ep_layout", "unchecked", "no ep_size given")
     layout = "intranode" if ep_size <= doc.target.gpus_per_node else "internode"
@@ -228,24 +240,35 @@ def _gpu_check(doc: PolicyView) -> SubCheck:
 
 
 def _deepep_check(doc: PolicyView) -> SubCheck:
-    from moepolicy.deepep.probe import imported_features, matching_sheet
+    """The imported DeepEP against the policy's sheet, by the API the policy runs on (a 2.x build
+    offers the legacy Buffer and ElasticBuffer): matched where the build offers that sheet's API, or
+    another sheet of the same API with the same answers (capabilities, limits, defaults). A decision
+    check: the decisions rest on what the build can carry."""
+    from moepolicy.deepep.probe import imported_features, matching_sheet, offered_sheets
 
     features = imported_features()
     if features is None:
-        return SubCheck("tuning", "deep_ep", "unchecked", "deep_ep not imported in this process")
+        return SubCheck("decision", "deep_ep", "unchecked", "deep_ep not imported in this process")
     from moepolicy.datasheets import deepep_sheets
 
-    sheet = matching_sheet(features, deepep_sheets())
-    found = sheet.name if sheet else "an unknown build"
-    status = (
-        "matched" if sheet is not None and sheet.name == doc.target.deep_ep.sheet else "mismatched"
-    )
-    return SubCheck(
-        "tuning",
-        "deep_ep",
-        status,
-        f"imported deep_ep is {found}; policy {doc.target.deep_ep.sheet}",
-    )
+    sheets = deepep_sheets()
+    recorded = sheets.get(doc.target.deep_ep.sheet)
+    api = recorded.api if recorded is not None else None
+    found = matching_sheet(features, sheets, api)
+    offered = ", ".join(offered_sheets(features, sheets)) or "no known API"
+    if found is None or recorded is None:
+        status, detail = "mismatched", f"imported deep_ep offers {offered}"
+    elif found.name == recorded.name:
+        status, detail = "matched", f"imported deep_ep offers {found.name}"
+    elif found.answers() == recorded.answers():
+        status = "matched"
+        detail = (
+            f"imported deep_ep offers {found.name}, whose {api} API answers as {recorded.name}"
+        )
+    else:
+        status = "mismatched"
+        detail = f"imported deep_ep offers {offered}; its {api} API answers otherwise"
+    return SubCheck("decision", "deep_ep", status, f"{detail}; policy {doc.target.deep_ep.sheet}")
 
 
 def _schedule_check(doc: PolicyView, schedule: Optional[str]) -> SubCheck:
@@ -267,11 +290,12 @@ def check_keys(
     model,
     schedule: Optional[str] = None,
     pack_places: Sequence[Path] = (),
+    layout: Optional[str] = None,
 ) -> list[SubCheck]:
     return [
         _facts_check(doc, model),
         _arch_check(doc),
-        _layout_check(doc, ep_size),
+        _layout_check(doc, ep_size, layout),
         _packs_check(doc, pack_places),
         _sheets_check(doc),
         _ep_check(doc, ep_size),

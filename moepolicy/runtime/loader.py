@@ -187,7 +187,9 @@ def _hidden_hint(path: str | Path, model: Optional[str]) -> Optional[int]:
 MAX_EP_SIZE = 65536  # the schema's bound on target.ep_size
 
 
-def _argument_problem(ep_size: object, model: object, rules: object = ()) -> Optional[str]:
+def _argument_problem(
+    ep_size: object, model: object, rules: object = (), layout: object = None
+) -> Optional[str]:
     """Why ``load_policy``'s own arguments cannot be used (a caller's mistake, not the file's), or None."""
     if ep_size is not None:
         import operator
@@ -208,6 +210,8 @@ def _argument_problem(ep_size: object, model: object, rules: object = ()) -> Opt
         isinstance(p, (str, os.PathLike)) for p in given
     ):
         return f"rules must be a list of files or folders (rule packs), got {type(rules).__name__}"
+    if layout not in (None, "intranode", "internode"):
+        return f"layout must be 'intranode' or 'internode' (how the engine's DeepEP runs), got {layout!r}"
     return None
 
 
@@ -226,13 +230,14 @@ def load_policy(
     strict: bool = False,
     schedule: Optional[str] = None,
     rules: Sequence[str | Path] = (),
+    layout: Optional[str] = None,
 ) -> Policy:
     """Load ``path`` for a serving process (see :func:`_load`); never raises unless ``strict``.
 
     ``rules``: files or folders holding the user rule packs the policy was planned with (the
     policy names them, never their paths); the policy's own folder is always searched.
     """
-    problem = _argument_problem(ep_size, model, rules)
+    problem = _argument_problem(ep_size, model, rules, layout)
     if problem is not None:
         if strict:
             raise PolicyError(f"{path}: {problem}")
@@ -247,11 +252,23 @@ def load_policy(
     places = _places(path, rules)
     if strict:
         return _load(
-            path, ep_size=ep_size, model=model, strict=True, schedule=schedule, places=places
+            path,
+            ep_size=ep_size,
+            model=model,
+            strict=True,
+            schedule=schedule,
+            places=places,
+            layout=layout,
         )
     try:
         return _load(
-            path, ep_size=ep_size, model=model, strict=False, schedule=schedule, places=places
+            path,
+            ep_size=ep_size,
+            model=model,
+            strict=False,
+            schedule=schedule,
+            places=places,
+            layout=layout,
         )
     except Exception as exc:  # noqa: BLE001 (serving must never be taken down by a policy file)
         return _safe(
@@ -271,6 +288,7 @@ def _load(
     strict: bool,
     schedule: Optional[str] = None,
     places: Sequence[Path] = (),
+    layout: Optional[str] = None,
 ) -> Policy:
     """Load ``path`` for a serving process with ``ep_size`` ranks serving ``model``.
 
@@ -283,6 +301,9 @@ def _load(
         strict: raise :class:`~moepolicy.errors.PolicyError` instead of falling back.
         schedule: ``serial`` or ``overlapped`` (DBO/TBO), as the engine runs; checked against the
             schedule the DeepEP configs were tuned for.
+        layout: ``intranode`` or ``internode``, as the engine's DeepEP buffer runs (vLLM's
+            ``manager.internode``); without it the layout is inferred from ``ep_size`` and the
+            policy's GPUs per node.
     """
     from moepolicy.document.reader import parse_policy_light, read_policy
     from moepolicy.document.fast_validate import View
@@ -305,7 +326,9 @@ def _load(
         _warn_once(source, warning)
     data = loaded.doc
     doc = View(data)
-    checks = check_keys(doc, ep_size=ep_size, model=model, schedule=schedule, pack_places=places)
+    checks = check_keys(
+        doc, ep_size=ep_size, model=model, schedule=schedule, pack_places=places, layout=layout
+    )
     report = {
         "decision": summarise(checks, "decision", "model_facts"),
         "tuning": summarise(checks, "tuning", "ep_size"),

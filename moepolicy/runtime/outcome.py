@@ -39,21 +39,23 @@ class ServingOutcome:
             if f": {status} (" in line
         ]
 
-    def summary(self) -> str:
+    def summary(self, engine: Optional[str] = None) -> str:
+        """One line: what serving does with the policy. ``engine``: ``vllm`` (the plugin), ``runtime``
+        (``load_policy`` in one's own serving code) or None (both, where they differ)."""
         if self.state == SAFE:
             stale = any(name in (self.reason or "") for name in ("rule_packs", "data_sheets"))
-            return (
-                "serving would fall back to the safe policy (bf16 on the wire on every layer, DeepEP's default "
-                f"configs): {self.reason}"
-                + (
-                    "; plan and serve with the same moepolicy: re-plan with this one"
-                    if stale
-                    else ""
-                )
+            runtime = "load_policy gives the safe policy (bf16 on the wire on every layer, DeepEP's default configs)"
+            plugin = "the vLLM plugin applies nothing (vLLM runs as it is)"
+            what = {"vllm": plugin, "runtime": runtime}.get(engine or "", f"{runtime}; {plugin}")
+            return f"serving would fall back: {what}: {self.reason}" + (
+                "; plan and serve with the same moepolicy: re-plan with this one" if stale else ""
             )
         if self.state == DECISIONS_ONLY:
+            runtime = "load_policy runs DeepEP's default configs"
+            plugin = "the vLLM plugin leaves DeepEP's SM count, buffers and configs to vLLM"
+            what = {"vllm": plugin, "runtime": runtime}.get(engine or "", f"{runtime}; {plugin}")
             return (
-                f"serving would keep the decisions and run DeepEP's default configs, not the policy's: "
+                f"serving would keep the decisions, not the policy's DeepEP settings ({what}): "
                 f"{self.reason}; plan (or tune) again for the target it serves to use its own"
             )
         unchecked = self._named("unchecked")
@@ -80,16 +82,11 @@ def predict(
 ) -> ServingOutcome:
     """What ``load_policy(path, ep_size=..., model=..., schedule=...)`` decides in this process."""
     from moepolicy.runtime.loader import load_policy
-    from moepolicy.runtime.policy import SafePolicy
 
     with _silenced("moepolicy"):  # the caller says it in one line
         policy = load_policy(path, ep_size=ep_size, model=model, schedule=schedule)
     state = (
-        SAFE
-        if isinstance(policy, SafePolicy)
-        else DECISIONS_ONLY
-        if policy.is_fallback
-        else APPLIED
+        SAFE if not policy.keeps_decisions else DECISIONS_ONLY if policy.is_fallback else APPLIED
     )
     return ServingOutcome(
         state, policy.fallback_reason, dict(policy.report), tuple(policy.report_details)

@@ -175,6 +175,13 @@ class Policy:
         return self.loaded.fallback_reason
 
     @property
+    def keeps_decisions(self) -> bool:
+        """Whether the layers' decisions are the policy's own: also after a tuning-key mismatch or
+        a partial result, which fall back only to DeepEP's default settings (``deepep.is_default``);
+        never for the safe policy."""
+        return True
+
+    @property
     def report(self) -> Mapping[str, str]:
         return self.loaded.report
 
@@ -227,6 +234,10 @@ class Policy:
 class SafePolicy(Policy):
     """bf16 on the wire and the engine's own handling after dispatch, for any layer index (a
     fallback holds no layers of its own: every index gets the safe decision)."""
+
+    @property
+    def keeps_decisions(self) -> bool:
+        return False
 
     def get(self, index: int) -> Optional[LayerDecision]:
         return safe_layer(index, self.fallback_reason or "safe policy")

@@ -82,6 +82,20 @@ class DeepEPSheet(_Sheet):
     def capability(self, cap_id: str, layout: str) -> Optional[CapabilityEntry]:
         return self.capabilities.get(cap_id, {}).get(layout)  # type: ignore[call-overload]
 
+    def answers(self) -> tuple:
+        """What can change a decision or a configuration: the API, each capability's support (and
+        whether it is only inferred, which the default rules do not use), the limits and the default
+        configs. Two sheets with the same answers plan the same policy; sources and the
+        measured/code distinction do not change it."""
+        caps = tuple(
+            sorted(
+                (cap, layout, e.supported, e.evidence == "inferred")
+                for cap, per_layout in self.capabilities.items()
+                for layout, e in per_layout.items()
+            )
+        )
+        return (self.api, caps, self.limits, self.defaults)
+
 
 class TensorPattern(_Sheet):
     dtype: list[str] = Field(default_factory=list)

@@ -74,7 +74,7 @@ def test_a_layer_table_joins_its_order_buckets_and_deepeps():
         source="modelled",
         buckets=(Bucket(128, chunk(4), chunk(2)), Bucket(None, chunk(8), chunk(3))),
     )
-    policy = types.SimpleNamespace(deepep=deepep)
+    policy = types.SimpleNamespace(deepep=deepep, is_fallback=False)
     plan = ServingPlan(policy, lambda *a: a, dbo_num_sms=16)
     first = actions.Action(actions.VLLM, "small")
     second = actions.Action(actions.BF16_THEN_QUANT, "large")
@@ -526,3 +526,21 @@ def test_a_rank_that_never_votes_and_one_that_votes_late_follow_the_same_decisio
     # rank 1 arrives after rank 0 gave up: every vote is in the store now, yet it follows rank 0
     late = agree(_StoreGroup(store, 1, 2), Vote(1, True, "abc"), timeout_s=5)
     assert late == early
+
+
+def test_the_checked_vllm_releases_are_one_list():
+    """The releases the plugin pins are the ones the exports and docs name; a patch release of one
+    is that release, another minor release is none."""
+    from moepolicy.integrations.vllm import pins
+    from moepolicy.names import CHECKED_VLLM_RELEASES
+
+    assert (
+        pins.CHECKED_RELEASES
+        == CHECKED_VLLM_RELEASES
+        == tuple(pins.PINNED)
+        == tuple(pins.PINNED_V2)
+    )
+    assert pins.release_of("0.34.0") == pins.release_of("0.34.2") == "0.34"
+    assert pins.release_of("0.33.1rc1") == "0.33"
+    assert pins.release_of("0.3.4") is None and pins.release_of("0.340.0") is None
+    assert pins.release_of("0.35.0") is None

@@ -139,11 +139,23 @@ def per_token_checkpoint(tmp_path, name="qwen3-fp8-dynamic"):
     return folder
 
 
-def start(monkeypatch, path, ep=2, model=QWEN, strict=False, group=None, backend="ht", **config):
+def start(
+    monkeypatch,
+    path,
+    ep=2,
+    model=QWEN,
+    strict=False,
+    group=None,
+    backend="ht",
+    gpus_per_node=8,
+    **config,
+):
     """The plugin installed for ``path``, vLLM's config, and the manager vLLM builds."""
     h.install_plugin(path, strict=strict)
     h.vllm_config(monkeypatch, model=model, **config)
-    return h.make_manager(monkeypatch, group or h.CpuGroup(ep), backend=backend)
+    return h.make_manager(
+        monkeypatch, group or h.CpuGroup(ep), backend=backend, gpus_per_node=gpus_per_node
+    )
 
 
 def layer(
@@ -483,12 +495,109 @@ def test_dbo_micro_batches_use_vllms_sm_split_and_their_own_buckets(
         )  # vLLM's split: 16 SMs
 
 
-def test_a_serial_policy_under_dbo_is_refused_in_one_line(vllm_env, tmp_path, monkeypatch, caplog):
-    path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8")
+def test_a_serial_policy_under_dbo_applies_its_decisions_with_vllms_deepep_settings(
+    vllm_env, tmp_path, monkeypatch, caplog
+):
+    """A tuning-key mismatch (the schedule): the decisions apply, DeepEP's settings stay vLLM's."""
+    path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", mutate=with_buckets)
     manager = start(monkeypatch, path, dbo=True)
-    assert not manager._moepolicy.applied and manager.num_sms == 20
+    run = manager._moepolicy
+    assert run.applied and not run.plan.sets_deepep and manager.num_sms == 20
+    kernel = layer(manager, monkeypatch, moe_backend="flashinfer_cutlass")
+    h.run_kernel(kernel, 16, 2048)
+    assert h.dispatched(kernel)["config"].key() == h.Buffer.get_dispatch_config(2).key()
+    line = next(m for m in messages(caplog, logging.INFO) if "applied (digest" in m)
+    assert "DeepEP's settings left to vLLM" in line
+    assert "engine runs overlapped; policy tuned for serial" in line
+
+
+def test_ubatch_size_2_micro_batches_as_dbo_does(vllm_env, tmp_path, monkeypatch, caplog):
+    """vLLM micro-batches when enable_dbo or --ubatch-size > 1 (ParallelConfig.use_ubatching), under
+    the same SM split: a serial policy keeps only its decisions there, an overlapped one gets vLLM's
+    split (taken for serial, the policy's full SM count would reach DeepEP)."""
+    path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", mutate=with_buckets)
+    manager = start(monkeypatch, path, ubatch_size=2)
+    assert manager._moepolicy.applied and not manager._moepolicy.plan.sets_deepep
+    assert manager.num_sms == 20
+    h.uninstall_plugin()
+
+    def overlapped(doc):
+        with_buckets(doc)
+        doc["deepep"]["schedule"] = "overlapped"
+
+    monkeypatch.setenv("VLLM_DBO_COMM_SMS", "16")
+    path = plan_file(tmp_path, QWEN, mutate=overlapped, name="overlapped.yaml")
+    manager = start(monkeypatch, path, ubatch_size=2)
+    assert manager._moepolicy.applied and manager._moepolicy.plan.dbo_num_sms == 16
+    assert manager.num_sms == 24
+    h.uninstall_plugin()
+    serial = start(monkeypatch, path, ubatch_size=1)  # one micro-batch: serial
+    assert not serial._moepolicy.plan.sets_deepep  # the overlapped policy's schedule mismatches
+
+
+def test_internode_runs_the_policys_rdma_buffer_and_qps(vllm_env, tmp_path, monkeypatch):
+    """EP 16 over two nodes of 8 GPUs: vLLM's manager says internode; the buffer vLLM builds gets
+    the policy's RDMA bytes and QPs for its SM count (vLLM's own: its buffer size, num_sms // 2)."""
+    from moepolicy import load_policy
+    from moepolicy.integrations.vllm.classes import internode_qps
+
+    def internode_buckets(doc):
+        with_buckets(doc)
+        doc["deepep"]["num_rdma_bytes"] = 2**30
+
+    path = plan_file(tmp_path, QWEN, ep=16, mutate=internode_buckets)
+    policy = load_policy(path)
+    assert policy.target is not None and policy.deepep.num_rdma_bytes
+    manager = start(monkeypatch, path, ep=16)
+    assert manager.internode and manager._moepolicy.applied, manager._moepolicy.reason
+    kwargs = manager._make_all2all_kwargs()
+    assert kwargs["num_rdma_bytes"] == policy.deepep.num_rdma_bytes
+    assert kwargs["num_qps_per_rank"] == internode_qps(24, None) == 12
+    assert kwargs["num_nvl_bytes"] == policy.deepep.num_nvl_bytes
+
+
+def test_a_one_node_policy_served_across_nodes_is_not_applied(
+    vllm_env, tmp_path, monkeypatch, caplog
+):
+    """The layout is vLLM's (manager.internode), not inferred from the policy's own GPUs per node:
+    EP 8 planned for one node of 8 and served on two nodes of 4 keeps vLLM's behaviour."""
+    path = plan_file(tmp_path, QWEN, ep=8)
+    manager = start(monkeypatch, path, ep=8, gpus_per_node=4)
+    assert manager.internode and not manager._moepolicy.applied
+    kwargs = manager._make_all2all_kwargs()
+    assert kwargs["num_qps_per_rank"] == manager.num_sms // 2  # vLLM's own
     refused = [m for m in messages(caplog, logging.WARNING) if "not applied" in m]
-    assert len(refused) == 1 and "engine runs overlapped; policy tuned for serial" in refused[0]
+    assert len(refused) == 1 and "ep_layout: mismatched (the engine runs internode" in refused[0]
+
+
+def test_a_tuning_mismatch_applies_the_decisions_and_leaves_deepep_to_vllm(
+    vllm_env, tmp_path, monkeypatch, caplog
+):
+    """What validate predicts for a tuning-key mismatch is what the plugin does: the layers' orders
+    apply; DeepEP's SM count, buffers and configs stay vLLM's (DeepEP's defaults)."""
+    from moepolicy.runtime.outcome import DECISIONS_ONLY, predict
+
+    def tuned_for_h100(doc):
+        with_buckets(doc)
+        doc["target"]["gpu"] = "h100"
+
+    path = plan_file(tmp_path, "amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", mutate=tuned_for_h100)
+    monkeypatch.setattr("moepolicy.hardware.nvml_gpus", lambda: ["NVIDIA H200"])
+    assert predict(path).state == DECISIONS_ONLY
+    manager = start(monkeypatch, path, model="amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV")
+    run = manager._moepolicy
+    assert run.applied and not run.plan.sets_deepep, run.reason
+    assert manager.num_sms == 20
+    assert (
+        manager._make_all2all_kwargs() == super(type(manager), manager)._make_all2all_kwargs()
+    )  # vLLM's buffer
+    kernel = layer(manager, monkeypatch, scheme="static", hidden=4096)
+    h.run_kernel(kernel, 16, 4096)
+    sent = h.dispatched(kernel)
+    assert sent["x"][0].dtype == torch.float8_e4m3fn  # the policy's order: fp8 before dispatch
+    assert sent["config"].key() == h.Buffer.get_dispatch_config(2).key()  # vLLM's (DeepEP's table)
+    line = next(m for m in messages(caplog, logging.INFO) if "applied (digest" in m)
+    assert "DeepEP's settings left to vLLM" in line and "gpu: mismatched" in line
 
 
 def test_sequence_parallel_moe_buckets_on_the_local_sizes(vllm_env, tmp_path, monkeypatch):
@@ -573,7 +682,8 @@ def test_a_recreated_manager_starts_afresh(vllm_env, tmp_path, monkeypatch):
     from vllm.distributed.device_communicators import all2all
 
     second = all2all.DeepEPHTAll2AllManager(h.CpuGroup(4))
-    assert second._moepolicy is not first._moepolicy and not second._moepolicy.applied
+    # EP 4 against a policy for EP 2: a tuning-key mismatch, so the decisions only
+    assert second._moepolicy is not first._moepolicy and not second._moepolicy.plan.sets_deepep
     assert (
         second.num_sms == 20
         and second._make_all2all_kwargs()["num_nvl_bytes"] == 1024 * 1024 * 1024
@@ -600,9 +710,9 @@ def test_strict_refuses_an_unchecked_vllm_release(vllm_env, tmp_path, monkeypatc
 
     real = importlib.metadata.version
     monkeypatch.setattr(
-        patches.importlib.metadata, "version", lambda n: "0.34.0" if n == "vllm" else real(n)
+        patches.importlib.metadata, "version", lambda n: "0.35.0" if n == "vllm" else real(n)
     )
-    with pytest.raises(PolicyError, match="vLLM 0.34.0 is not a release"):
+    with pytest.raises(PolicyError, match=r"vLLM 0.35.0 is not a release .*\(0.33.x or 0.34.x\)"):
         patches.install(str(plan_file(tmp_path, "Qwen3-30B-A3B-FP8")), strict=True)
 
 
@@ -610,8 +720,8 @@ def test_strict_refuses_source_drift(vllm_env, tmp_path, monkeypatch):
     from moepolicy.errors import PolicyError
     from moepolicy.integrations.vllm import patches, pins
 
-    key = next(iter(pins.PINNED))
-    monkeypatch.setitem(pins.PINNED, key, "0" * 16)
+    table = pins.PINNED[pins.release_of(importlib.metadata.version("vllm"))]
+    monkeypatch.setitem(table, next(iter(table)), "0" * 16)
     with pytest.raises(PolicyError, match="DeepEPHTPrepareAndFinalize.__init__ differ"):
         patches.install(str(plan_file(tmp_path, "Qwen3-30B-A3B-FP8")), strict=True)
 
@@ -693,7 +803,8 @@ def test_strict_refuses_deepep_v2_source_drift_when_vllm_builds_a_v2_manager(
     from moepolicy.integrations.vllm import pins
 
     h.with_deep_ep_v2(monkeypatch)
-    monkeypatch.setitem(pins.PINNED_V2, next(iter(pins.PINNED_V2)), "0" * 16)
+    table = pins.PINNED_V2[pins.release_of(importlib.metadata.version("vllm"))]
+    monkeypatch.setitem(table, next(iter(table)), "0" * 16)
     path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", deep_ep_version="v2-dd758ca")
     with pytest.raises(
         PolicyError,
@@ -971,6 +1082,12 @@ def test_over_gloo_a_rank_without_the_plugin_leaves_both_on_vllms_behaviour(vllm
 
 # ------------------------------------------------------------------------------------------- DeepEP v2
 def test_a_v2_policy_reaches_vllms_deepep_v2_path(vllm_env, tmp_path, monkeypatch, caplog):
+    """vLLM 0.33 builds FlashInfer CUTLASS experts for block fp8 on deepep_v2 (SM90); 0.34's v2 path
+    hands PaddedStandard rows, which those refuse, and its oracle builds TritonExperts there: a v2
+    policy names the experts of the release it is planned for (the expert sheet records 0.33's pick,
+    so for 0.34 it is planned with --expert-kernel triton)."""
+    from moepolicy.integrations.vllm import pins
+
     def settings(doc):
         doc["deepep"]["v2"] = {
             "num_sms": 24,
@@ -978,22 +1095,30 @@ def test_a_v2_policy_reaches_vllms_deepep_v2_path(vllm_env, tmp_path, monkeypatc
             "allow_multiple_reduction": False,
         }
 
+    release = pins.release_of(importlib.metadata.version("vllm"))
+    built, asked = {"0.33": ("FlashInferExperts", None), "0.34": ("TritonExperts", "triton")}[
+        release
+    ]
     h.with_deep_ep_v2(monkeypatch)
-    path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8", deep_ep_version="v2-dd758ca", mutate=settings)
+    path = plan_file(
+        tmp_path,
+        "Qwen3-30B-A3B-FP8",
+        deep_ep_version="v2-dd758ca",
+        mutate=settings,
+        expert_kernel=asked,
+    )
     manager = start(monkeypatch, path, backend="v2")
     assert (
         type(manager).__name__ == "PolicyDeepEPV2All2AllManager" and manager._moepolicy.applied
     ), manager._moepolicy.reason
     kernel = h.make_kernel(
-        manager,
-        monkeypatch,
-        "block",
-        h.moe_config(2048, 2, moe_backend="flashinfer_cutlass", all2all_backend="deepep_v2"),
+        manager, monkeypatch, "block", h.moe_config(2048, 2, all2all_backend="deepep_v2")
     )
     h.forward_context(
         monkeypatch, {"model.layers.3.mlp.experts": kernel}, tokens_across_dp=[16, 16]
     )
     assert type(kernel.prepare_finalize).__name__ == "PolicyDeepEPV2PrepareAndFinalize"
+    assert type(kernel.fused_experts).__name__ == built
     h.run_kernel(kernel, 16, 2048)
     buffer = h.ElasticBuffer.instances[-1]
     assert (
@@ -1153,3 +1278,35 @@ def test_the_vllm_pack_says_what_vllms_own_code_does_for_every_catalog_model(
         )
         checked.append(entry.repo_id)
     assert len(checked) >= 8, checked
+
+
+# -------------------------------------------------------------------------------- releases and pins
+def test_the_installed_vllm_is_a_checked_release_and_matches_its_pins(vllm_env, monkeypatch):
+    """Each release CI installs (0.33.0, 0.34.0) is pinned; its sources hash as pinned."""
+    from moepolicy.integrations.vllm import pins
+
+    h.with_deep_ep_v2(monkeypatch)  # vLLM's deepep_v2 module imports over a v2-era deep_ep
+
+    release = pins.release_of(importlib.metadata.version("vllm"))
+    assert release is not None
+    assert pins.drift(pins.PINNED[release]) == [] and pins.drift(pins.PINNED_V2[release]) == []
+
+
+def test_the_pins_tool_reads_a_vllm_tree_as_the_plugin_reads_the_installed_one(vllm_env):
+    """tools/vllm_pins.py (how a new release is checked from its wheel, without installing it)
+    finds each pinned function's text as inspect does on the imported vLLM."""
+    import vllm
+
+    from moepolicy.integrations.vllm import pins
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import vllm_pins
+
+    tree = Path(vllm.__file__).parent.parent
+    release = pins.release_of(importlib.metadata.version("vllm"))
+    for table in (pins.PINNED[release], pins.PINNED_V2[release]):
+        for (module, attribute), expected in table.items():
+            if attribute.endswith("()"):
+                continue
+            text = vllm_pins.source_of(tree, module, attribute)
+            assert text is not None and vllm_pins.pin_hash(text) == expected, attribute

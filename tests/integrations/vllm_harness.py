@@ -302,6 +302,17 @@ def cuda_platform(monkeypatch, capability=(9, 0), flashinfer=True, deep_gemm=Fal
     monkeypatch.setattr(deep_gemm_moe, "is_deep_gemm_supported", lambda: deep_gemm)
 
 
+def parallel_config(enable_dbo: bool, ubatch_size: int) -> types.SimpleNamespace:
+    """The parallel config's micro-batching fields, with vLLM's own ``use_ubatching`` and
+    ``num_ubatches`` properties evaluated on them (vLLM micro-batches for DBO or ubatch_size > 1)."""
+    from vllm.config import ParallelConfig
+
+    ns = types.SimpleNamespace(enable_dbo=enable_dbo, ubatch_size=ubatch_size)
+    ns.use_ubatching = ParallelConfig.use_ubatching.fget(ns)
+    ns.num_ubatches = ParallelConfig.num_ubatches.fget(ns)
+    return ns
+
+
 class VllmConfigStandIn(types.SimpleNamespace):
     """The parts of VllmConfig the plugin and the oracle read."""
 
@@ -313,6 +324,7 @@ def vllm_config(
     dbo=False,
     cudagraph_mode=None,
     download_dir=None,
+    ubatch_size=0,
 ) -> VllmConfigStandIn:
     import vllm.config
     from vllm.model_executor.layers.fused_moe.oracle import fp8 as oracle
@@ -328,7 +340,7 @@ def vllm_config(
         compilation_config=types.SimpleNamespace(
             cudagraph_mode=cudagraph_mode, static_forward_context={}
         ),
-        parallel_config=types.SimpleNamespace(enable_dbo=dbo),
+        parallel_config=parallel_config(enable_dbo=dbo, ubatch_size=ubatch_size),
         load_config=types.SimpleNamespace(download_dir=download_dir),
     )
     monkeypatch.setattr(vllm.config, "get_current_vllm_config", lambda: cfg)
@@ -364,7 +376,9 @@ class CpuGroup:
         return out
 
 
-def parallel_state(monkeypatch, ep_size: int) -> None:
+def parallel_state(monkeypatch, ep_size: int, gpus_per_node: int = 8) -> None:
+    """vLLM's groups for one EP group of ``ep_size`` ranks, ``gpus_per_node`` to a node (vLLM's own
+    manager reads ``in_the_same_node_as`` to set ``internode``)."""
     from vllm.distributed import parallel_state as ps
 
     monkeypatch.setattr(
@@ -373,15 +387,19 @@ def parallel_state(monkeypatch, ep_size: int) -> None:
     monkeypatch.setattr(
         ps, "get_tp_group", lambda: types.SimpleNamespace(rank_in_group=0, world_size=1)
     )
-    monkeypatch.setattr(ps, "in_the_same_node_as", lambda g, source_rank=0: [True] * g.size())
+    monkeypatch.setattr(
+        ps,
+        "in_the_same_node_as",
+        lambda g, source_rank=0: [r // gpus_per_node == 0 for r in range(g.size())],
+    )
 
 
-def make_manager(monkeypatch, group, backend="ht"):
+def make_manager(monkeypatch, group, backend="ht", gpus_per_node=8):
     """The manager vLLM's CUDA communicator builds (cuda_communicator.py:210-237 takes the class
     from the all2all module, where the plugin put its own)."""
     from vllm.distributed.device_communicators import all2all
 
-    parallel_state(monkeypatch, group.size())
+    parallel_state(monkeypatch, group.size(), gpus_per_node)
     if backend == "v2":
         return all2all.DeepEPV2All2AllManager(group)
     return all2all.DeepEPHTAll2AllManager(group)

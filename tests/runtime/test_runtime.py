@@ -151,20 +151,80 @@ def test_rule_pack_change_detected(ds_policy, tmp_path):
     assert policy.is_fallback and "rule_packs: mismatched" in policy.fallback_reason
 
 
-def test_deep_ep_build_mismatch_from_imported_module(ds_policy, monkeypatch):
+def _deep_ep_build(monkeypatch, *, legacy_buffer: bool, elastic: bool, use_fabric=False):
+    """An imported ``deep_ep`` with the features the probe reads: the legacy Buffer of a 29d31c0-era
+    build (``use_fabric``) or of a 2.x build, and/or ElasticBuffer (what a 2.x build adds)."""
     import types
 
     fake = types.ModuleType("deep_ep")
+    if legacy_buffer:
+        if use_fabric:
 
-    class Buffer:  # an EPv2-era module: has ElasticBuffer
-        def __init__(self, group, num_nvl_bytes=0):
-            pass
+            def init(self, group, num_nvl_bytes=0, use_fabric=False, enable_shrink=False):
+                pass
 
-    fake.Buffer, fake.Config, fake.ElasticBuffer = Buffer, object, object
+        else:
+
+            def init(self, group, num_nvl_bytes=0, allow_mnnvl=False, enable_shrink=False):
+                pass
+
+        fake.Buffer = type("Buffer", (), {"__init__": init})
+        fake.Config, fake.topk_idx_t = object, object
+    if elastic:
+        fake.ElasticBuffer = object
+        fake.Config = object
     monkeypatch.setitem(sys.modules, "deep_ep", fake)
+
+
+def test_a_deep_ep_2x_build_serves_a_legacy_policy_by_its_buffer_api(ds_policy, monkeypatch):
+    """A 2.x build offers the legacy Buffer (what the high-throughput path uses) beside ElasticBuffer:
+    a policy planned for 29d31c0's Buffer is matched by that API (the same answers), not refused
+    because the build also has ElasticBuffer."""
+    _deep_ep_build(monkeypatch, legacy_buffer=True, elastic=True)
+    policy = load_policy(ds_policy, ep_size=8, model="deepseek-ai/DeepSeek-V3")
+    assert policy.report == {"decision": "matched", "tuning": "matched"}, policy.report_details
+    detail = next(d for d in policy.report_details if "deep_ep" in d)
+    assert "deepep-legacy-2.1.0-dd758ca" in detail and "answers as deepep-legacy-29d31c0" in detail
+    assert not policy.is_fallback and policy.layer(3).order == "quant_then_dispatch"
+
+
+def test_a_29d31c0_build_matches_its_own_sheet(ds_policy, monkeypatch):
+    _deep_ep_build(monkeypatch, legacy_buffer=True, elastic=False, use_fabric=True)
     policy = load_policy(ds_policy, ep_size=8)
+    assert not policy.is_fallback, policy.report_details
+    assert any("offers deepep-legacy-29d31c0; policy" in d for d in policy.report_details)
+
+
+def test_a_build_without_the_policys_api_is_a_decision_mismatch(ds_policy, monkeypatch):
+    """An ElasticBuffer-only build cannot run a legacy policy's high-throughput path: the decisions
+    rest on what the build carries, so the safe policy, and strict refuses."""
+    _deep_ep_build(monkeypatch, legacy_buffer=False, elastic=True)
+    policy = load_policy(ds_policy, ep_size=8)
+    assert policy.report["decision"] == "mismatched" and not policy.keeps_decisions
+    assert "deep_ep: mismatched" in policy.fallback_reason
+    assert "offers deepep-v2-dd758ca" in policy.fallback_reason
+    assert policy.layer(3).wire.dtype == "bf16"  # the safe policy: bf16 on the wire
+    with pytest.raises(PolicyError, match="deep_ep: mismatched"):
+        load_policy(ds_policy, ep_size=8, strict=True)
+
+
+def test_the_layout_the_engine_runs_is_checked_not_inferred(ds_policy):
+    """EP 8 planned for one node of 8 GPUs, served on 2 nodes of 4: the engine's layout decides
+    (inferred from EP 8 and the policy's 8 GPUs per node it would read intranode)."""
+    assert not load_policy(ds_policy, ep_size=8).is_fallback
+    policy = load_policy(ds_policy, ep_size=8, layout="internode")
+    assert policy.report["decision"] == "mismatched" and not policy.keeps_decisions
+    assert "ep_layout: mismatched" in policy.fallback_reason
+    assert not load_policy(ds_policy, ep_size=8, layout="intranode").is_fallback
+    bad = load_policy(ds_policy, ep_size=8, layout="across")
+    assert bad.is_fallback and "layout must be" in bad.fallback_reason
+
+
+def test_a_tuning_mismatch_keeps_the_decisions_with_deepeps_defaults(ds_policy):
+    policy = load_policy(ds_policy, ep_size=4)
+    assert policy.is_fallback and policy.keeps_decisions
     assert policy.report["tuning"] == "mismatched"
-    assert policy.layer(3).order == "quant_then_dispatch"
+    assert policy.deepep.is_default and policy.layer(3).order == "quant_then_dispatch"
 
 
 def test_strict_raises_on_mismatch(ds_policy):

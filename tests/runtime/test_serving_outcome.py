@@ -38,7 +38,8 @@ def test_validate_refuses_a_policy_serving_would_not_apply_naming_the_pack(tmp_p
     result = run_cli("validate", path, "--strict")
     assert result.returncode == 6, result.stdout + result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "keys intact" not in result.stdout
-    assert "serving would fall back to the safe policy" in result.stderr
+    assert "serving would fall back: load_policy gives the safe policy" in result.stderr
+    assert "the vLLM plugin applies nothing (vLLM runs as it is)" in result.stderr
     assert "rule_packs: mismatched (changed since the plan: deepep)" in result.stderr
     assert "re-plan with this one" in result.stderr
 
@@ -47,14 +48,15 @@ def test_export_to_vllm_says_the_plugin_would_apply_nothing(tmp_path):
     path = _planned_with_an_older_pack(tmp_path)
     result = run_cli("export", path, "--to", "vllm")
     assert result.returncode == 6 and result.stdout == ""
-    assert "the plugin would apply nothing" in result.stderr and "deepep" in result.stderr
+    assert "the vLLM plugin applies nothing" in result.stderr and "deepep" in result.stderr
+    assert "load_policy" not in result.stderr  # what the plugin does, not the Python runtime
 
 
 def test_export_to_sglang_warns_and_exports(tmp_path):
     path = _planned_with_an_older_pack(tmp_path)
     result = run_cli("export", path, "--to", "sglang")
     assert result.returncode == 0 and result.stdout.startswith("{")
-    assert "warning: serving would fall back to the safe policy" in result.stderr
+    assert "warning: serving would fall back: load_policy gives the safe policy" in result.stderr
 
 
 def test_a_user_pack_edited_after_the_plan_is_named(tmp_path):
@@ -104,3 +106,8 @@ def test_the_served_model_and_ep_size_are_predicted(tmp_path):
     assert (
         other_ep.returncode == 0 and "warning: serving would keep the decisions" in other_ep.stderr
     )
+    # what the plugin does (it applies the decisions and leaves DeepEP's settings to vLLM)
+    assert (
+        "the vLLM plugin leaves DeepEP's SM count, buffers and configs to vLLM" in other_ep.stderr
+    )
+    assert "load_policy" not in other_ep.stderr

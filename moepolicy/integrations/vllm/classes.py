@@ -137,7 +137,8 @@ class _PolicyLayer:
         )
         if entry is None:
             return None
-        return entry.dbo if dbo_enabled() else entry.serial
+        configs = entry.dbo if dbo_enabled() else entry.serial
+        return None if configs[0] is None else configs  # None: vLLM's own (DeepEP's defaults)
 
 
 class PolicyDeepEPHTPrepareAndFinalize(_PolicyLayer, deepep_ht.DeepEPHTPrepareAndFinalize):
@@ -237,7 +238,7 @@ class PolicyDeepEPHTAll2AllManager(all2all.DeepEPHTAll2AllManager):
     def _make_all2all_kwargs(self):
         kwargs = super()._make_all2all_kwargs()
         run = self._moepolicy
-        if not run.applied:
+        if not run.applied or not run.plan.sets_deepep:
             return kwargs
         deepep = run.plan.policy.deepep
         kwargs["num_nvl_bytes"] = deepep.num_nvl_bytes

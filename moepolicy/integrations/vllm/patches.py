@@ -1,4 +1,4 @@
-"""Installing the plugin in vLLM 0.33: its subclasses go where vLLM constructs the originals.
+"""Installing the plugin in vLLM 0.33 and 0.34: its subclasses go where vLLM constructs the originals.
 
 - ``device_communicators/all2all.py``: ``DeepEPHTAll2AllManager`` and ``DeepEPV2All2AllManager``
   (``cuda_communicator.py:210-237`` imports them from that module when it builds the EP group);
@@ -6,8 +6,8 @@
   (``maybe_make_prepare_finalize`` builds one per MoE layer from that module's names, :243 and :303).
 
 No method of vLLM's is replaced in place. Pinned (:mod:`moepolicy.integrations.vllm.pins`): the vLLM
-release checked (0.33.x) and a hash of the source of every function the plugin overrides or relies
-on; anything else installs nothing and says which. DeepEP v2 is pinned apart: a v2 difference leaves
+releases checked (0.33.x, 0.34.x) and, per release, a hash of the source of every function the
+plugin overrides or relies on; anything else installs nothing and says which. DeepEP v2 is pinned apart: a v2 difference leaves
 high-throughput installed.
 """
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Optional
 
-from moepolicy.integrations.vllm import report
+from moepolicy.integrations.vllm import pins, report
 from moepolicy.integrations.vllm.run import PluginSettings
 
-CHECKED_RELEASES = ("0.33.",)
+CHECKED_RELEASES = pins.CHECKED_RELEASES
 _ORIGINALS: dict = {}
 
 
@@ -40,8 +40,9 @@ def install(path: Optional[str], strict: bool = False) -> Optional[PluginSetting
     source checked; else say why (and with ``strict``, refuse). ``path`` None: the variable is unset
     here, and only the start-up agreement is installed (this rank votes "not applied")."""
     version = importlib.metadata.version("vllm")
-    if not version.startswith(CHECKED_RELEASES):
-        checked = ", ".join(r + "x" for r in CHECKED_RELEASES)
+    release = pins.release_of(version)
+    if release is None:
+        checked = " or ".join(r + ".x" for r in CHECKED_RELEASES)
         _refuse(
             f"vLLM {version} is not a release this plugin was checked against ({checked}): serve "
             f"with vLLM {checked} to apply the policy, or use a moepolicy checked against "
@@ -51,11 +52,11 @@ def install(path: Optional[str], strict: bool = False) -> Optional[PluginSetting
         )
         return None
     try:
-        from moepolicy.integrations.vllm import classes, pins
+        from moepolicy.integrations.vllm import classes
     except ImportError as exc:
         _refuse(f"vLLM's DeepEP modules do not import ({exc})", path, strict)
         return None
-    drift = pins.drift(pins.PINNED)
+    drift = pins.drift(pins.PINNED[release])
     if drift:
         _refuse(
             f"vLLM {version}'s {', '.join(drift)} differ from the source this plugin was checked against",
@@ -66,7 +67,7 @@ def install(path: Optional[str], strict: bool = False) -> Optional[PluginSetting
     settings = PluginSettings(path, strict, (("moepolicy", _version()), ("vllm", version)))
     classes.SETTINGS = settings
     _swap_ht(classes)
-    v2 = _install_v2(pins)
+    v2 = _install_v2(pins.PINNED_V2[release])
     report.debug(
         f"installed for vLLM {version}: DeepEP high-throughput{' and v2' if v2 else ''}"
         f"{'' if path else ' (start-up agreement only: MOEPOLICY_POLICY is not set)'}"
@@ -93,7 +94,7 @@ def _swap_ht(classes) -> None:
     _swap(all2all_utils, "DeepEPHTPrepareAndFinalize", classes.PolicyDeepEPHTPrepareAndFinalize)
 
 
-def _install_v2(pins) -> bool:
+def _install_v2(pinned: dict) -> bool:
     """DeepEP v2's pair, when its module imports (a DeepEP with ElasticBuffer) and its source is pinned."""
     try:
         from moepolicy.integrations.vllm import classes_v2
@@ -103,7 +104,7 @@ def _install_v2(pins) -> bool:
     from vllm.distributed.device_communicators import all2all
     from vllm.model_executor.layers.fused_moe import all2all_utils
 
-    drift = pins.drift(pins.PINNED_V2)
+    drift = pins.drift(pinned)
     if drift:
         message = f"DeepEP v2: vLLM's {', '.join(drift)} differ from the source this plugin was checked against"
         settings = classes_v2.classes.SETTINGS

@@ -1,9 +1,14 @@
-"""The vLLM source the plugin relies on, pinned: a hash of each function's source as the vLLM 0.33.0
-wheel ships it. The plugin subclasses four classes and overrides few methods, but relies on much
-more: how vLLM builds the prepare/finalize and the manager, how the modular kernel calls prepare
-(``defer_input_quant`` from the experts), how the receiver treats ``defer_input_quant``, the
-quantizer's signature, the DP metadata it reads token counts from, the DBO SM split and the expert
-oracle the expert sheet models. Any difference and the plugin installs nothing and says which.
+"""The vLLM source the plugin relies on, pinned per release checked: a hash of each function's
+source as the vLLM 0.33.0 and 0.34.0 wheels ship it. The plugin subclasses four classes and overrides
+few methods, but relies on much more: how vLLM builds the prepare/finalize and the manager, how the
+modular kernel calls prepare (``defer_input_quant`` from the experts), how the receiver treats
+``defer_input_quant``, the quantizer's signature, the DP metadata it reads token counts from, when
+vLLM micro-batches and its SM split, and the expert oracle the expert sheet models. Any difference
+and the plugin installs nothing and says which.
+
+A release's table is the one before it with what changed, each change read in the source and found
+not to touch what the plugin relies on (the reading is beside each entry). ``tools/vllm_pins.py``
+computes the hashes from a wheel without installing it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ _A2A = "vllm.distributed.device_communicators.all2all"
 
 # (module, dotted attribute) -> sha256 (first 16 hex digits) of inspect.getsource (a signature for
 # moe_kernel_quantize_input: its body is free to change, its parameters are not)
-PINNED = {
+_PINNED_0_33 = {
     (
         f"{_FUSED}.prepare_finalize.deepep_ht",
         "DeepEPHTPrepareAndFinalize.__init__",
@@ -64,10 +69,28 @@ PINNED = {
     (f"{_FUSED}.oracle.fp8", "select_fp8_moe_backend"): "80d06185355ff828",
     ("vllm.forward_context", "DPMetadata"): "3af6051ba807b25d",
     ("vllm.v1.worker.ubatch_utils", "create_sm_control_context"): "49bb3dc38964cf4b",
+    ("vllm.config.parallel", "ParallelConfig.use_ubatching"): "f01c2bb08442a1f1",
 }
 
+# vLLM 0.34.0: prepare_finalize/deepep_ht.py is byte-identical to 0.33.0's; these four changed.
+_PINNED_0_34 = {
+    **_PINNED_0_33,
+    # new MORI EPv2 and FlashInfer NVLink branches; the DeepEP HT/v2 branches are 0.33's
+    (f"{_FUSED}.all2all_utils", "maybe_make_prepare_finalize"): "a4e07b7ceedcb0b7",
+    # an f-string instead of str.format in the duplicate-name error
+    (f"{_FUSED}.runner.moe_runner", "register_layer_for_moe_forward_op"): "af432028107c1d30",
+    # a sorted-A TMA path for block fp8 on SM90 and a masked per-tensor a2 scale: the input's
+    # quantization (a1, what the plugin's orders feed) is 0.33's
+    (f"{_FUSED}.experts.triton_moe", "TritonExperts.apply"): "a47705eeaca251c5",
+    # the backend loop moved into Fp8MoEKernelOracle; the priority list and the order it is tried
+    # in (_get_priority_backends, unchanged) are 0.33's
+    (f"{_FUSED}.oracle.fp8", "select_fp8_moe_backend"): "1b37c88627d24135",
+}
+
+PINNED = {"0.33": _PINNED_0_33, "0.34": _PINNED_0_34}
+
 # DeepEP v2 (deepep_v2 backend): checked separately, so that a v2 change leaves high-throughput working
-PINNED_V2 = {
+_PINNED_V2_0_33 = {
     (
         f"{_FUSED}.prepare_finalize.deepep_v2",
         "DeepEPV2PrepareAndFinalize.__init__",
@@ -88,6 +111,32 @@ PINNED_V2 = {
     (_A2A, "DeepEPV2All2AllManager._make_all2all_kwargs"): "01325434d6871795",
     (_A2A, "DeepEPV2All2AllManager.get_handle"): "8a93a5bf0301c875",
 }
+
+_PINNED_V2_0_34 = {
+    **_PINNED_V2_0_33,
+    # the receiver quantizes with the layer's per-token precision (0.33: per-tensor) and masks a
+    # per-tensor scale to the received rows; where the plugin sends bf16 it still quantizes itself
+    (
+        f"{_FUSED}.prepare_finalize.deepep_v2",
+        "DeepEPV2PrepareAndFinalize._receiver",
+    ): "61636eb03b99566b",
+    # num_allocated_qps added to the buffer's kwargs; the keys the plugin sets are 0.33's
+    (_A2A, "DeepEPV2All2AllManager._make_all2all_kwargs"): "453f700527f9236e",
+}
+
+PINNED_V2 = {"0.33": _PINNED_V2_0_33, "0.34": _PINNED_V2_0_34}
+
+CHECKED_RELEASES = tuple(
+    PINNED
+)  # the same as moepolicy.names.CHECKED_VLLM_RELEASES (a test checks)
+
+
+def release_of(version: str) -> str | None:
+    """The checked release (``0.34``) a vLLM version (``0.34.1``, ``0.34.0rc1``) belongs to, or None."""
+    for release in CHECKED_RELEASES:
+        if version == release or version.startswith(release + "."):
+            return release
+    return None
 
 
 def _resolve(module: str, attribute: str):

@@ -47,11 +47,12 @@ class ServingFacts:
     rank: int
     model: Any  # ServedModel
     cudagraphs: str  # "" when off
-    dbo: bool
+    microbatching: bool  # DBO or --ubatch-size > 1: vLLM's micro-batches, under its SM split
     dbo_comm_sms: int
+    layout: str  # intranode | internode, as this manager's DeepEP buffer runs
 
 
-def serving_facts(manager) -> ServingFacts:
+def serving_facts(manager, kind: str = "ht") -> ServingFacts:
     import vllm.envs as envs
     from vllm.config import get_current_vllm_config
 
@@ -62,14 +63,21 @@ def serving_facts(manager) -> ServingFacts:
     model = served_model(getattr(cfg, "model_config", None), getattr(load, "download_dir", None))
     mode = getattr(getattr(cfg, "compilation_config", None), "cudagraph_mode", None)
     name = getattr(mode, "name", str(mode))
-    dbo = bool(getattr(getattr(cfg, "parallel_config", None), "enable_dbo", False))
+    parallel = getattr(cfg, "parallel_config", None)
+    # ParallelConfig.use_ubatching (pinned): enable_dbo or ubatch_size > 1
+    microbatching = bool(getattr(parallel, "use_ubatching", False))
+    # the high-throughput buffer runs intranode where vLLM forces it (deepep_ht _make_all2all_kwargs)
+    internode = bool(getattr(manager, "internode", False)) and not (
+        kind == "ht" and envs.VLLM_DEEPEP_HIGH_THROUGHPUT_FORCE_INTRA_NODE
+    )
     return ServingFacts(
         manager.world_size,
         manager.rank,
         model,
         "" if mode is None or name == "NONE" else name,
-        dbo,
+        microbatching,
         int(envs.VLLM_DBO_COMM_SMS),
+        "internode" if internode else "intranode",
     )
 
 
@@ -115,7 +123,7 @@ class ManagerRun:
     # ---------------------------------------------------------------------------------- start
     def start(self, manager) -> None:
         try:
-            self.facts = serving_facts(manager)
+            self.facts = serving_facts(manager, self.kind)
             fields = self._prepare()
         except Exception as exc:  # noqa: BLE001 (any failure is this rank's "not applied", said below)
             fields, self.reason = None, f"{type(exc).__name__}: {exc}"
@@ -134,7 +142,7 @@ class ManagerRun:
 
     def _report(self, manager, disagreement: str) -> None:
         if self.applied:
-            if self.kind == "ht":
+            if self.kind == "ht" and self.plan.sets_deepep:
                 manager.num_sms = (
                     self.plan.policy.deepep.num_sms
                 )  # vLLM fixes 20; set_num_sms only lowers it
@@ -177,13 +185,17 @@ class ManagerRun:
         facts = self.facts
         dbo_sms = (
             min(facts.dbo_comm_sms, policy.deepep.num_sms)
-            if facts.dbo and self.kind == "ht"
+            if facts.microbatching and self.kind == "ht" and not policy.is_fallback
             else None
         )
         self.plan = ServingPlan(
             policy, self.make_config, dbo_num_sms=dbo_sms, deepep_v2=self.kind == "v2"
         )
-        buffers = {"nvl": policy.deepep.num_nvl_bytes, "rdma": policy.deepep.num_rdma_bytes}
+        buffers = (
+            {"nvl": policy.deepep.num_nvl_bytes, "rdma": policy.deepep.num_rdma_bytes}
+            if self.plan.sets_deepep
+            else {"vllm": "its own"}
+        )
         return digest_fields(policy, buffers, dbo_sms, dict(self.settings.versions))
 
     def _load(self):
@@ -196,7 +208,8 @@ class ManagerRun:
                 ep_size=facts.ep_size,
                 model=facts.model,
                 strict=False,
-                schedule="overlapped" if facts.dbo else "serial",
+                schedule="overlapped" if facts.microbatching else "serial",
+                layout=facts.layout,
             )
 
     def _problem(self, policy) -> str:
@@ -206,8 +219,10 @@ class ManagerRun:
                 f"CUDA graphs are on ({facts.cudagraphs}); per-bucket choices cannot follow the token count "
                 "inside a captured graph (vLLM turns them off for DeepEP high-throughput with DP > 1)"
             )
-        if policy.is_fallback:
+        if not policy.keeps_decisions:  # the safe policy: vLLM's own path is the safe one here
             return str(policy.fallback_reason)
+        if self.settings.strict and policy.is_fallback:
+            return f"{policy.fallback_reason} (MOEPOLICY_STRICT)"
         if self.settings.strict and policy.warnings:
             return f"{policy.warnings[0]} (MOEPOLICY_STRICT)"
         target = policy.target
@@ -219,7 +234,7 @@ class ManagerRun:
                 f"the policy is for DeepEP {target.deepep_api} {target.backend}; vLLM runs "
                 f"{'deepep_v2' if self.kind == 'v2' else 'deepep_high_throughput'}"
             )
-        if self.kind == "ht" and policy.deepep.num_nvl_bytes is None:
+        if self.kind == "ht" and not policy.is_fallback and policy.deepep.num_nvl_bytes is None:
             return "the policy has no buffer sizes"
         return ""
 
@@ -286,6 +301,11 @@ class ManagerRun:
                 f"{v2.prefer_overlap_with_compute}"
                 if v2 is not None
                 else "defaults"
+            )
+        elif not self.plan.sets_deepep:
+            settings = (
+                f"DeepEP's settings left to vLLM (its num_sms, buffers and DeepEP's default configs: "
+                f"{policy.fallback_reason})"
             )
         else:
             settings = (

@@ -93,6 +93,9 @@ class ServingPlan:
         deepep = self.policy.deepep
         dbo_sms = self.dbo_num_sms or deepep.num_sms
         self.bucket_bounds = tuple(_bound(b.max_tokens) for b in deepep.buckets)
+        if not self.sets_deepep:  # vLLM's own configs (DeepEP's table) in every bucket
+            self.bucket_configs = tuple(((None, None), (None, None)) for _ in deepep.buckets)
+            return
         self.bucket_configs = tuple(
             (
                 (
@@ -103,6 +106,13 @@ class ServingPlan:
             )
             for b in deepep.buckets
         )
+
+    @property
+    def sets_deepep(self) -> bool:
+        """Whether the policy's DeepEP settings (SM count, configs, buffers) apply: not where the
+        loader fell back to DeepEP's defaults (a tuning-key mismatch or a partial result), which are
+        what vLLM runs with anyway; the layers' decisions apply either way."""
+        return not self.policy.is_fallback
 
     def _configs(self, tokens_bound: int) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
         i = min(bisect.bisect_left(self.bucket_bounds, tokens_bound), len(self.bucket_bounds) - 1)
