@@ -1310,3 +1310,31 @@ def test_the_pins_tool_reads_a_vllm_tree_as_the_plugin_reads_the_installed_one(v
                 continue
             text = vllm_pins.source_of(tree, module, attribute)
             assert text is not None and vllm_pins.pin_hash(text) == expected, attribute
+
+
+def test_the_plugin_imports_vllms_moe_modules_only_where_a_manager_is_built(tmp_path):
+    """register() in a process that builds no DeepEP manager (vLLM's API server, its engine core)
+    imports none of vLLM's MoE modules for the plugin; the first import of the managers' module (what
+    a worker's CUDA communicator does) installs the plugin's classes there."""
+    path = plan_file(tmp_path, "Qwen3-30B-A3B-FP8")
+    script = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import vllm_harness as h
+sys.modules["deep_ep"] = h.fake_deep_ep()
+import moepolicy.integrations.vllm as plugin
+heavy = "vllm.model_executor.layers.fused_moe.prepare_finalize.deepep_ht"
+managers = "vllm.distributed.device_communicators.all2all"
+plugin.register()
+print("after register:", heavy in sys.modules, managers in sys.modules)
+from vllm.distributed.device_communicators import all2all
+print("after import:", all2all.DeepEPHTAll2AllManager.__name__)
+"""
+    env = {**os.environ, "MOEPOLICY_POLICY": str(path)}
+    env.pop("MOEPOLICY_STRICT", None)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "after register: False False" in out.stdout, out.stdout
+    assert "after import: PolicyDeepEPHTAll2AllManager" in out.stdout, out.stdout

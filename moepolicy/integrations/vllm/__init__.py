@@ -3,7 +3,8 @@
 vLLM calls :func:`register` early in every process it starts (API server, engine, each worker),
 outside any ``try``. Without ``MOEPOLICY_POLICY`` it does nothing at all (no import, no patch): a
 moepolicy installed but not asked for never changes vLLM. With the variable it installs the plugin's
-classes where vLLM constructs its DeepEP managers and prepare/finalize objects (see
+classes where vLLM constructs its DeepEP managers and prepare/finalize objects, when vLLM first imports
+its managers' module (only processes that build a manager do; see
 :mod:`moepolicy.integrations.vllm.patches`); at each manager start the ranks vote over the manager's
 CPU group's store and apply the policy only if every rank would apply the same one
 (:mod:`moepolicy.integrations.vllm.vote`). Set the variable on every rank: a rank without it casts no
@@ -53,9 +54,9 @@ def register() -> None:
         warn(f"refused: {exc}")
         raise
     try:
-        from moepolicy.integrations.vllm.patches import install
+        from moepolicy.integrations.vllm.patches import install_on_import
 
-        install(path or None, strict=strict)
+        install_on_import(path, strict=strict)
     except Exception as exc:  # noqa: BLE001 (vLLM does not guard its plugins: never take it down)
         if strict:
             raise

@@ -14,7 +14,8 @@ high-throughput installed.
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Optional
+import sys
+from typing import Callable, Optional
 
 from moepolicy.integrations.vllm import pins, report
 from moepolicy.integrations.vllm.run import PluginSettings
@@ -33,6 +34,62 @@ def _refuse(message: str, path: Optional[str], strict: bool) -> None:
         from moepolicy.errors import PolicyError
 
         raise PolicyError(f"MOEPOLICY_STRICT: {message}; refusing to start")
+
+
+# vLLM's CUDA communicator imports its DeepEP managers from this module when it builds the EP group
+# (cuda_communicator.py, at call time): only processes that build one import it
+MANAGERS_MODULE = "vllm.distributed.device_communicators.all2all"
+
+
+def install_on_import(path: str, strict: bool = False) -> None:
+    """:func:`install` once vLLM imports its DeepEP managers' module (now, if it has): the API server
+    and the engine core, which build no manager, import none of vLLM's MoE modules for the plugin and
+    hash nothing. A release that is not checked is said at once, in every process."""
+    if (
+        pins.release_of(importlib.metadata.version("vllm")) is None
+        or MANAGERS_MODULE in sys.modules
+    ):
+        _install_guarded(path, strict)
+        return
+    sys.meta_path.insert(0, _AfterImport(MANAGERS_MODULE, lambda: _install_guarded(path, strict)))
+
+
+def _install_guarded(path: str, strict: bool) -> None:
+    """:func:`install`; an unexpected failure leaves vLLM as it is, said in one line (vLLM does not
+    guard its plugins), unless MOEPOLICY_STRICT asks to refuse."""
+    try:
+        install(path, strict)
+    except Exception as exc:  # noqa: BLE001 (never take vLLM down unless asked to)
+        if strict:
+            raise
+        report.warn(f"not applied: {type(exc).__name__}: {exc}; vLLM runs as it is")
+
+
+class _AfterImport:
+    """A meta-path finder that runs ``then`` once, right after ``name`` is executed (its import
+    is otherwise the default finders' and loader's). ``then`` raising (MOEPOLICY_STRICT's refusal)
+    fails that import, as a refusal to start should."""
+
+    def __init__(self, name: str, then: Callable[[], object]):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once; the finders after it find the module itself
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run_module = spec.loader.exec_module
+
+        def exec_module(module) -> None:
+            run_module(module)
+            self.then()
+
+        spec.loader.exec_module = exec_module  # this module's loader only (one per module)
+        return spec
 
 
 def install(path: Optional[str], strict: bool = False) -> Optional[PluginSettings]:
