@@ -126,12 +126,7 @@ def tune_with(
 
     if plan.target.deepep.api == "v2":
         return _tune_v2(plan, choice, options, bench)
-    try:
-        import optuna
-    except ImportError:
-        raise UsageError(
-            "tuning needs optuna: pip install optuna (or, in a moepolicy checkout, pip install '.[tune]')"
-        ) from None
+    optuna = require_tuner()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from moepolicy.tuning.runner import tune_plan
 
@@ -155,6 +150,19 @@ def tune_with(
         experts = compare_experts(plan, choice, options, experts_bench)
         result = dataclasses.replace(result, experts=experts)
     return functional(result, choice) if getattr(choice, "shared", False) else result
+
+
+def require_tuner():
+    """optuna (which brings numpy, the model bench's fit), or the one-line fix: checked before a
+    bench is built, so that nothing fails further in with a missing module."""
+    try:
+        import numpy  # noqa: F401
+        import optuna
+    except ImportError:
+        raise UsageError(
+            "tuning needs optuna: pip install optuna (or, in a moepolicy checkout, pip install '.[tune]')"
+        ) from None
+    return optuna
 
 
 EXPERT_ROUNDS = 16  # rotated rounds of the expert-stage comparison: 8 decide, 8 report

@@ -287,6 +287,7 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
             f"--launcher torchrun measures on its {world} ranks; --ep-size {args.ep_size} differs"
         )
     args.ep_size = world
+    api.require_tuner()  # every rank: rank 0 runs the study, the model bench's ranks fit with numpy
     from moepolicy.target import TargetSpec, resolve_target
     from moepolicy.tuning.coordinate import CoordinatedBench, join_group, serve
 
@@ -390,6 +391,7 @@ def _tune_and_write(
     plan = build_plan(args, default_ep=default_ep)
     v2 = plan.target.deepep.api == "v2"
     if not v2:
+        api.require_tuner()  # before the bench: the model bench's fit needs numpy, which optuna brings
         bench = build_bench(plan, objective)
     elif build_v2_bench is None:  # torchrun's ranks time DeepEP's legacy Buffer only
         raise UsageError(

@@ -347,3 +347,32 @@ def test_installed_console_script_carries_its_data(tmp_path):
         env=env,
     )
     assert plan.returncode == 0, plan.stderr
+
+
+def test_tune_without_the_tune_extra_says_how_to_install_it(tmp_path):
+    """After a plain 'pip install .' (no optuna, hence no numpy), tune ends in the one-line fix
+    before any bench is built, not in a traceback from the model bench's fit."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['optuna'] = None\n"  # 'import optuna' raises ImportError, as where it is missing
+        "sys.modules['numpy'] = None\n"
+        "from moepolicy.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    args = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "model"]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args, "-o", str(tmp_path / "p.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "moepolicy: tuning needs optuna: pip install optuna (or, in a moepolicy checkout, "
+        "pip install '.[tune]')"
+    )
+    assert not (tmp_path / "p.yaml").exists()
