@@ -62,6 +62,12 @@ def run(args: argparse.Namespace) -> int:
             "report needs matplotlib: pip install matplotlib (or, in a moepolicy checkout, "
             "pip install '.[plots]')"
         ) from None
+    partial = loaded.doc.deepep.partial
+    if partial is not None:
+        note(
+            f"{args.policy}: a partial result ({partial.reason}): the figures show what was found "
+            "before it stopped, marked PARTIAL; not a complete tune"
+        )
     notes: list[str] = []
     written = draw(loaded.raw, folder, notes)
     for line in notes:
@@ -70,11 +76,27 @@ def run(args: argparse.Namespace) -> int:
         from moepolicy.errors import MoePolicyError
 
         raise MoePolicyError(
-            f"{args.policy}: nothing tuned to draw (DeepEP's default configs: 'moepolicy tune' it "
-            "first); no folder made"
+            f"{args.policy}: {nothing_to_draw(loaded.doc.deepep.provenance)}; no folder made"
             if not notes
             else f"{args.policy}: nothing drawn; no folder made"
         )
     for path in written:
         note(f"wrote {path}")
     return 0
+
+
+# what draws figures: the SM scan and the kept configs come from a search that timed something
+WHAT_DRAWS = (
+    "a live tune (--bench live: DeepEP and a GPU per rank) or a modelled tune where the model "
+    "bench is calibrated (--bench model) records the SM scan and the kept configs that report draws"
+)
+
+
+def nothing_to_draw(provenance) -> str:
+    """Why a policy has no figure, and what would give it one."""
+    if provenance.source == "default":
+        return f"nothing tuned to draw, a plan holds DeepEP's defaults; {WHAT_DRAWS}"
+    if provenance.source == "extrapolated":
+        why = provenance.note or "DeepEP's default configs"
+        return f"nothing tuned to draw, the tune kept DeepEP's defaults (extrapolated): {why}; {WHAT_DRAWS}"
+    return f"nothing tuned to draw ({provenance.source}, no SM scan or kept configs recorded)"

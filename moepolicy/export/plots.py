@@ -99,8 +99,10 @@ def _context(doc: dict[str, Any], label: str) -> str:
         "extrapolated": "extrapolated: DeepEP's defaults kept",
         "default": "DeepEP's defaults",
     }.get(label, label)
+    partial = (doc.get("deepep") or {}).get("partial")
     return (
-        f"{model} on {target.get('gpu', '?')} EP{target.get('ep_size', '?')} ({target.get('backend', '?')}); "
+        ("PARTIAL (not for serving): " if partial else "")
+        + f"{model} on {target.get('gpu', '?')} EP{target.get('ep_size', '?')} ({target.get('backend', '?')}); "
         f"{words}; {regime} regime; 'vLLM' = what vLLM runs today (20 SMs, DeepEP's config table)"
     )
 

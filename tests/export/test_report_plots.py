@@ -76,7 +76,8 @@ def test_a_default_policy_has_nothing_to_draw_and_says_so(tmp_path):
         run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "-o", str(out)).returncode == 0
     )
     result = run_cli("report", str(out), str(tmp_path / "plots"))
-    assert result.returncode == 1 and "nothing tuned to draw" in result.stderr
+    assert result.returncode == 1 and "nothing tuned to draw, a plan holds" in result.stderr
+    assert "a live tune (--bench live" in result.stderr  # what would draw something
     assert not (tmp_path / "plots").exists()  # no empty folder left behind
     result = run_cli("report", str(out), "--plots", str(tmp_path / "missing" / "deeper"))
     assert (
@@ -134,3 +135,38 @@ def test_the_overlap_legend_says_how_the_split_was_kept(gate, words):
     fig = _overlap({"num_sms": 20, "overlap": overlap}, "measured")
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any("kept (32 SMs: " in t and words in t for t in labels), labels
+
+
+def test_an_extrapolated_tune_says_why_nothing_is_drawn_and_what_would_draw(tmp_path):
+    """The main job's own policy (a modelled tune outside the model bench's calibration keeps
+    DeepEP's defaults): report says so and names the tunes that record figures."""
+    out = tmp_path / "q.yaml"
+    args = ("--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "--bench", "model")
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert run_cli("tune", *args, "--storage", storage, "-o", str(out)).returncode == 0
+    result = run_cli("report", str(out))
+    line = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and "'moepolicy tune' it first" not in line, line
+    assert (
+        "the tune kept DeepEP's defaults (extrapolated)" in line and "calibrated: h200 EP2" in line
+    )
+    assert "a live tune (--bench live" in line and "--bench model" in line
+
+
+def test_a_partial_result_is_said_and_drawn_as_partial(tuned, tmp_path):
+    """The picture of an interrupted tune says it is partial, on stderr and in every caption."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from moepolicy.document.keys import compute_keys
+    from moepolicy.export import plots
+
+    doc = yaml.safe_load(tuned.read_text())
+    doc["deepep"]["partial"] = {"reason": "interrupted after 3 of 12 trials"}
+    doc["key"] = compute_keys(doc)
+    partial = tmp_path / "t.partial.yaml"
+    partial.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = run_cli("report", str(partial))
+    assert result.returncode == 0, result.stderr
+    assert "a partial result (interrupted after 3 of 12 trials)" in result.stderr
+    assert plots._context(doc, "modelled").startswith("PARTIAL (not for serving): ")
