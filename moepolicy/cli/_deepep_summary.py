@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
+from moepolicy.deepep.settings import source_words
 from moepolicy.measure.rounds import interval_words, speedup_words
 from moepolicy.tuning.overlap_report import OverlapBucketRow
 
@@ -39,7 +40,8 @@ def deepep_lines(deepep) -> list[str]:
     where = ", ".join(str(extra[k]) for k in ("bench", "date") if extra.get(k))
     lines = [
         f"DeepEP: {deepep.num_sms} SMs, NVLink buffer {_mib(deepep.num_nvl_bytes)}, RDMA buffer "
-        f"{_mib(deepep.num_rdma_bytes)}; {prov.source}" + (f" ({where})" if where else "")
+        f"{_mib(deepep.num_rdma_bytes)}; {source_words(prov.source)}"
+        + (f" ({where})" if where else "")
     ]
     if prov.note:
         lines.append(f"  {prov.note}")

@@ -17,6 +17,22 @@ from moepolicy.deepep import buffers
 from moepolicy.deepep.configs import ChunkConfig
 
 
+# Where a policy's DeepEP settings came from (its ``deepep.provenance.source``), in the words every
+# export, audit and picture uses: DeepEP's defaults are named as such, whichever way they were kept.
+SOURCE_WORDS = {
+    "measured": "measured on the target by a live tune",
+    "modelled": "chosen with the model bench (modelled, not measured)",
+    "extrapolated": "DeepEP's built-in defaults for this EP size (extrapolated: a tune outside the "
+    "model bench's calibration keeps them; nothing measured)",
+    "default": "DeepEP's built-in defaults for this EP size (from a plan: no tune ran)",
+}
+
+
+def source_words(source: str) -> str:
+    """``SOURCE_WORDS[source]``, or the source itself for one this version does not know."""
+    return SOURCE_WORDS.get(source, source)
+
+
 @dataclass(frozen=True)
 class Bucket:
     max_tokens: Optional[int]

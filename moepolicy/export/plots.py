@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
+from moepolicy.deepep.settings import source_words
 from moepolicy.text import is_digits
 
 
@@ -93,12 +94,7 @@ def _context(doc: dict[str, Any], label: str) -> str:
     model = (doc.get("model") or {}).get("name", "?")
     target = doc.get("target") or {}
     regime = (doc.get("deepep") or {}).get("regime", "host")
-    words = {
-        "modelled": "modelled: the model bench's answers, not measurements",
-        "measured": "measured on the target",
-        "extrapolated": "extrapolated: DeepEP's defaults kept",
-        "default": "DeepEP's defaults",
-    }.get(label, label)
+    words = source_words(label)
     partial = (doc.get("deepep") or {}).get("partial")
     return (
         ("PARTIAL (not for serving): " if partial else "")

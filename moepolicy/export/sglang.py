@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from moepolicy.deepep.settings import source_words
 from moepolicy.names import Order, WireDtype
 from moepolicy.errors import PolicyError
 from moepolicy.document.model import PolicyDoc
@@ -138,13 +139,7 @@ def launch(doc: PolicyDoc, model: str, tokens: Optional[int] = None) -> dict[str
     if why:
         notes.append(why)
     source = doc.deepep.provenance.source
-    about = [
-        f"the DeepEP settings are {source}"
-        + {
-            "modelled": " (chosen with the model bench, not measured)",
-            "extrapolated": " (DeepEP's defaults: outside the model bench's calibration)",
-        }.get(source, "")
-    ]
+    about = [f"the DeepEP settings: {source_words(source)}"]
     return {"args": args, "env": env, "notes": notes, "about": about, "node_args": node_args}
 
 

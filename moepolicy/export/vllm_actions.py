@@ -263,12 +263,9 @@ def layer_lines(
 def configs_line(source: str, num_buckets: int, kept: Sequence[Optional[str]] = ()) -> str:
     """What the DeepEP dispatch/combine configs are, from the policy's provenance (never "tuned" when
     nothing was measured); ``kept`` names what each bucket's tune kept (``engine``: vLLM's own)."""
-    what = {
-        "measured": "measured on the target by a live tune",
-        "modelled": "chosen with the model bench (modelled, not measured)",
-        "extrapolated": "extrapolated beyond the model bench's measured range (not measured)",
-        "default": "DeepEP's built-in defaults for this EP size",
-    }.get(source, source)
+    from moepolicy.deepep.settings import source_words
+
+    what = source_words(source)
     if source in ("measured", "modelled") and kept and set(kept) == {"engine"}:
         return (
             f"DeepEP dispatch/combine configs: DeepEP's defaults, as vLLM runs them (the {source} tune kept "

@@ -312,9 +312,8 @@ def test_audit_groups_fallbacks(tmp_path):
     assert "- 90 layer(s) [3-92] by moe/unknown-scheme" in result.stdout
     doc = yaml.safe_load(out.read_text())
     assert f"DeepEP: {doc['deepep']['num_sms']} SMs" in result.stdout
-    assert (
-        f"; {doc['deepep']['provenance']['source']}" in result.stdout
-    )  # plan writes DeepEP's defaults
+    assert doc["deepep"]["provenance"]["source"] == "default"  # plan writes DeepEP's defaults
+    assert "; DeepEP's built-in defaults for this EP size (from a plan" in result.stdout
     assert f"  {doc['deepep']['provenance']['note']}" in result.stdout  # and says whose defaults
 
 

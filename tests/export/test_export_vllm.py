@@ -197,6 +197,30 @@ def test_the_export_says_what_the_configs_are_never_tuned_when_nothing_was(tmp_p
     assert "tuned" not in text
 
 
+def test_deepeps_defaults_are_named_so_in_every_export_and_in_audit(tmp_path):
+    """A plan's and an extrapolated tune's DeepEP configs are the same (DeepEP's defaults): the vLLM
+    export, the SGLang export and audit name them so for both, and say which it is."""
+    plan, tune = tmp_path / "plan.yaml", tmp_path / "tune.yaml"
+    args = ("--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8")
+    assert run_cli("plan", *args, "-o", str(plan)).returncode == 0
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert (
+        run_cli(
+            "tune", *args, "--bench", "model", "--storage", storage, "-o", str(tune)
+        ).returncode
+        == 0
+    )
+    for path, which in ((plan, "from a plan"), (tune, "extrapolated")):
+        said = {
+            "vllm": run_cli("export", str(path), "--to", "vllm").stdout,
+            "sglang": run_cli("export", str(path), "--to", "sglang", "--format", "launch").stdout,
+            "audit": run_cli("audit", str(path)).stdout,
+        }
+        for where, text in said.items():
+            assert f"DeepEP's built-in defaults for this EP size ({which}" in text, (where, text)
+            assert "extrapolated beyond" not in text, (where, text)
+
+
 def test_the_sglang_launch_carries_one_bucket_the_backend_and_one_dtype(tmp_path):
     import json
     import shlex
