@@ -59,13 +59,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(found["headline"])
     table(
-        ["order", "rule", "layers", "indices"],
+        ["order", "rule", "layers", "indices", "on the wire"],
         [
             [
                 ("FALLBACK " if g["fallback"] else "") + g["order"],
                 g["rule"],
                 len(g["layers"]),
                 g["indices"],
+                g["wire"],
             ]
             for g in found["groups"]
         ],
@@ -93,11 +94,11 @@ def audit(doc) -> dict:
         set()
     )  # rules that sent bf16 because it was measured faster: no fallback
     for layer in doc.layers:
-        groups[(layer.order, layer.rule, layer.reason)].append(layer.index)
+        groups[(layer.order, layer.rule, layer.reason, wire_words(layer))].append(layer.index)
         if layer.unmeasured is not None:
             measured_choice.add(layer.rule)
     rows = []
-    for (order, rule, reason), idx in sorted(
+    for (order, rule, reason, wire), idx in sorted(
         groups.items(), key=lambda kv: (kv[0][0] not in FALLBACK_ORDERS, kv[0][0], kv[0][1])
     ):
         rows.append(
@@ -105,6 +106,7 @@ def audit(doc) -> dict:
                 "order": order,
                 "rule": rule,
                 "reason": reason,
+                "wire": wire,
                 "layers": idx,
                 "indices": index_ranges(idx),
                 "fallback": order in FALLBACK_ORDERS and rule not in measured_choice,
@@ -126,6 +128,31 @@ def audit(doc) -> dict:
         "groups": rows,
         "per_bucket": _per_bucket_lines(doc),
     }
+
+
+_QUANTIZED = ("none", "bf16", "unknown", None)
+
+
+def wire_words(layer) -> str:
+    """What a layer sends and, for bf16 from a checkpoint with quantized activations or weights, why
+    nothing is quantized around dispatch (from the layer's stored facts)."""
+    facts = layer.facts
+    if layer.kind != "moe":
+        return "no dispatch (dense)"
+    dtype = layer.wire.dtype
+    if layer.order == Order.DISPATCH_THEN_QUANT:
+        return f"{dtype}, quantized after dispatch"
+    if layer.order == Order.FUSED:
+        return "the expert kernel's own communication"
+    if layer.order != Order.NO_QUANT:
+        where = "in DeepEP's kernel" if layer.order == Order.IN_KERNEL_QUANT else "before dispatch"
+        return f"{dtype}, quantized {where}"
+    activations, kernel = facts.get("ckpt.act_dtype"), facts.get("kernel.name", "the")
+    if activations not in _QUANTIZED and facts.get("kernel.act_dtype") == "bf16":
+        return f"{dtype}: the {kernel} experts quantize their own input ({activations} checkpoint)"
+    if facts.get("ckpt.weight_dtype") not in _QUANTIZED:
+        return f"{dtype}: weight-only quantization, bf16 activations"
+    return f"{dtype}: unquantized"
 
 
 def _per_bucket_lines(doc) -> list[str]:

@@ -375,3 +375,28 @@ def test_tune_without_the_tune_extra_says_how_to_install_it(tmp_path):
         "pip install '.[tune]')"
     )
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_audit_says_in_the_table_why_a_quantized_checkpoint_sends_bf16(tmp_path):
+    """An fp8 checkpoint whose layers all send bf16 with no_quant (vLLM's FlashInfer CUTLASS
+    experts quantize their own input): the reason is in audit's table, not only in explain."""
+    out = tmp_path / "q.yaml"
+    args = ("--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "--gpu", "h200")
+    assert run_cli("plan", *args, "-o", str(out)).returncode == 0
+    result = run_cli("audit", str(out))
+    row = next(line for line in result.stdout.splitlines() if line.startswith("no_quant"))
+    assert row.endswith(
+        "bf16: the flashinfer_cutlass experts quantize their own input (fp8_e4m3 checkpoint)"
+    )
+    groups = json.loads(run_cli("audit", str(out), "--format", "json").stdout)["groups"]
+    assert [g["wire"] for g in groups] == [
+        "bf16: the flashinfer_cutlass experts quantize their own input (fp8_e4m3 checkpoint)"
+    ]
+    weight_only = tmp_path / "oss.yaml"
+    assert (
+        run_cli(
+            "plan", "--model", "gpt-oss-120b", "--ep-size", "8", "-o", str(weight_only)
+        ).returncode
+        == 0
+    )
+    assert "bf16: weight-only quantization" in run_cli("audit", str(weight_only)).stdout
