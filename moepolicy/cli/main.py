@@ -9,7 +9,18 @@ from typing import Optional, Sequence
 
 from moepolicy.errors import MoePolicyError, one_line
 
-_COMMANDS = ("models", "plan", "explain", "audit", "validate", "export", "tune", "bench", "report")
+_COMMANDS = (
+    "models",
+    "plan",
+    "explain",
+    "audit",
+    "validate",
+    "export",
+    "tune",
+    "studies",
+    "bench",
+    "report",
+)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -452,12 +452,17 @@ def _extrapolated(plan: Plan, why: str, options: TuneOptions) -> KeptDeepEP:
     )
 
 
-def study_name(plan: Plan, label: str) -> str:
+def study_name(plan: Plan, label: str, fingerprint: str) -> str:
     """The default study name: the model (its Hugging Face organisation kept, ``org--name``, so two
-    fine-tunes of one name do not share a study), the target and the bench."""
+    fine-tunes of one name do not share a study), the target, the bench and the first 8 digits of
+    the study's fingerprint, so that a tune of other buckets or another space in the same storage
+    starts its own study instead of clashing with the tool's own name."""
     target = plan.target
     bench = "live" if label == "measured" else "model"
-    return f"{plan.model.name.replace('/', '--')}-{target.gpu}-ep{target.ep_size}-{target.backend}-{bench}"
+    return (
+        f"{plan.model.name.replace('/', '--')}-{target.gpu}-ep{target.ep_size}-{target.backend}-"
+        f"{bench}-{fingerprint[:8]}"
+    )
 
 
 def tune_plan(
@@ -499,13 +504,9 @@ def _tune(
             why=kept.provenance["note"],
         )
     storage = make_storage(options.storage)
-    name = options.study or study_name(plan, label)
-    open_parent_study(
-        storage,
-        name,
-        _fingerprint(plan, space, objective, label, workload, options),
-        where=redact_url(options.storage),
-    )
+    fingerprint = _fingerprint(plan, space, objective, label, workload, options)
+    name = options.study or study_name(plan, label, fingerprint)
+    open_parent_study(storage, name, fingerprint, where=redact_url(options.storage))
     default = default_configs(target.deepep, target.ep_size)
     if options.overlap is not None:
         return _tune_overlap(plan, bench, workload, space, options, default)

@@ -91,7 +91,7 @@ def open_parent_study(storage, name: str, fp: str, where: str = ""):
         raise TuningError(
             f"study '{name}' was made for another model, target, search space or bench "
             f"(fingerprint {existing[:12]} != {fp[:12]}); use a new study name (--study) or another storage "
-            "(--storage)"
+            f"(--storage), or delete it ('moepolicy studies --delete {name}' with the same --storage)"
         )
     else:
         finished = _finished_sub_trials(storage, name)

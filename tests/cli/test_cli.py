@@ -1,6 +1,7 @@
 """The CLI as a user runs it: output, first stderr line, one-line errors, exit codes."""
 
 import json
+import re
 
 import pytest
 import yaml
@@ -184,7 +185,12 @@ def test_tune_says_when_it_resumes_a_study(tmp_path):
     first = run_cli(*argv)
     assert first.returncode == 0, first.stderr
     assert "resuming" not in first.stderr
-    name = "Qwen--Qwen3-30B-A3B-FP8-h200-ep2-deepep_ht-model"  # the organisation kept: fine-tunes do not collide
+    # the organisation kept (fine-tunes do not collide), and the fingerprint's first 8 digits
+    found = re.search(
+        r"study '(Qwen--Qwen3-30B-A3B-FP8-h200-ep2-deepep_ht-model-[0-9a-f]{8})' in ", first.stderr
+    )
+    assert found, first.stderr
+    name = found.group(1)
     assert f"study '{name}' in sqlite:///{tmp_path}/s.db: new" in first.stderr
     again = run_cli(*argv)
     assert again.returncode == 0, again.stderr
