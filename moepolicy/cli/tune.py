@@ -71,7 +71,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="trials per (SM count, token bucket) study (default 24; 1 on the model bench, whose chunk "
-        "effects are not fitted from measurements, so only DeepEP's default chunks are timed)",
+        "effects are not fitted from measurements, so only DeepEP's default chunks are timed and "
+        "kept: more trials there change nothing, and tune warns)",
     )
     p.add_argument(
         "--max-sms",
@@ -377,6 +378,7 @@ def _tune_and_write(
     from moepolicy.tuning.space import load_objective, load_space
 
     note(f"bench: {choice.kind} ({choice.why})")
+    _warn_unfitted_trials(args.trials, choice)
     objective, space = load_objective(), load_space()
     options = tune_options(args, objective)
     check_storage(options.storage)
@@ -425,6 +427,18 @@ def _tune_and_write(
         "a partial result, marked so in the file" if result.interrupted else "",
     )
     return _after_interrupt(result)
+
+
+def _warn_unfitted_trials(trials: Optional[int], choice: BenchChoice) -> None:
+    """--trials above 1 on the model bench: its chunk effects are hand-set, not fitted, so a modelled
+    tune keeps DeepEP's default chunks whatever the search finds; the trials only cost time."""
+    if choice.kind != "model" or trials is None or trials <= 1:
+        return
+    note(
+        f"warning: --trials {trials}: the model bench fits no chunk effects, so a modelled tune keeps "
+        "DeepEP's default chunks whatever the search finds; the extra trials cost time and change no "
+        "setting the policy keeps (leave --trials out on the model bench)"
+    )
 
 
 def _tune(args: argparse.Namespace, inputs: tuple, bench, experts_bench):

@@ -406,3 +406,19 @@ def test_audit_says_in_the_table_why_a_quantized_checkpoint_sends_bf16(tmp_path)
         == 0
     )
     assert "bf16: weight-only quantization" in run_cli("audit", str(weight_only)).stdout
+
+
+def test_trials_on_the_model_bench_are_warned_to_change_nothing(tmp_path):
+    args = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "model"]
+    args += ["--tokens", "1024", "--storage", f"sqlite:///{tmp_path}/s.db"]
+    many = run_cli(*args, "--trials", "3", "-o", str(tmp_path / "many.yaml"))
+    assert many.returncode == 0, many.stderr
+    assert "warning: --trials 3: the model bench fits no chunk effects" in many.stderr
+    one = run_cli(*args, "--trials", "1", "-o", str(tmp_path / "one.yaml"), "-q")
+    assert one.returncode == 0 and "warning: --trials" not in one.stderr, one.stderr
+    kept = [
+        yaml.safe_load((tmp_path / f).read_text())["deepep"] for f in ("many.yaml", "one.yaml")
+    ]
+    assert [(d["num_sms"], d["buckets"]) for d in kept[:1]] == [
+        (d["num_sms"], d["buckets"]) for d in kept[1:]
+    ]  # the warning's claim: the same SM count and configs
