@@ -506,6 +506,11 @@ def _closing_line(plan, result) -> None:
     kept = {getattr(b.confirmed.kept, "name", "") if b.confirmed else "" for b in result.buckets}
     if result.label == "extrapolated" or not result.buckets:
         deepep = f"DeepEP: its default configs ({result.label}), as vLLM runs it"
+    elif result.interrupted or not any(b.confirmed for b in result.buckets):
+        deepep = (
+            f"DeepEP: {result.num_sms} SMs and the search's best configs so far ({result.label}, "
+            "interrupted: not re-measured, a partial result not for serving)"
+        )
     elif kept == {"engine"}:
         deepep = f"DeepEP: vLLM's own settings kept ({result.num_sms} SMs, DeepEP's table; {result.label})"
     else:
@@ -590,9 +595,10 @@ def render(result, document: dict) -> None:
                 note(line)
         return
     if not result.buckets:
-        note(
-            f"DeepEP: {result.num_sms} SMs, DeepEP's default configs ({result.label}): {result.why}"
-        )
+        if result.label != "extrapolated":  # the tuner's own line said why it kept the defaults
+            note(
+                f"DeepEP: {result.num_sms} SMs, DeepEP's default configs ({result.label}): {result.why}"
+            )
         return
     note(f"num_sms {result.num_sms} ({result.label}): {result.why}")
     if result.interrupted or not any(b.confirmed for b in result.buckets):

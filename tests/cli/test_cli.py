@@ -422,3 +422,15 @@ def test_trials_on_the_model_bench_are_warned_to_change_nothing(tmp_path):
     assert [(d["num_sms"], d["buckets"]) for d in kept[:1]] == [
         (d["num_sms"], d["buckets"]) for d in kept[1:]
     ]  # the warning's claim: the same SM count and configs
+
+
+def test_a_tune_outside_the_calibration_says_why_once(tmp_path):
+    """The model bench's calibration sentence is said once (by the tuner), not again in the DeepEP
+    summary and the experts' line."""
+    args = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "--bench", "model"]
+    done = run_cli(
+        *args, "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "p.yaml")
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("calibrated: h200 EP2") == 1, done.stderr
+    assert "DeepEP: its default configs (extrapolated)" in done.stderr

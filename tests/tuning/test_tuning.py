@@ -352,6 +352,9 @@ def test_an_interrupted_tune_writes_a_partial_result_marked_so(tmp_path, sig, co
     err = proc.finish(timeout=60)
     assert proc.returncode == code, err
     assert "Traceback" not in err
+    # no table of kept configs was printed (nothing re-measured): the closing line cites none
+    assert "not re-measured (interrupted)" in err and "the configs above" not in err, err
+    assert "the search's best configs so far (modelled, interrupted" in err, err
     import yaml
 
     from moepolicy import load_policy
