@@ -255,11 +255,19 @@ OUTPUT_HELP = (
 
 
 def add_output_flag(p, what: str, default: Optional[str] = None) -> None:
-    """The ``-o/--output`` flag, the same in every command."""
+    """The ``-o/--output`` flag, the same in every command. A command with a ``default`` file gets
+    None when ``-o`` is not given, and says where its result goes (:func:`default_output`)."""
     where = f"default {default}" if default else "default: standard output"
-    p.add_argument(
-        "-o", "--output", default=default, metavar="FILE", help=f"{what}: {OUTPUT_HELP} ({where})"
-    )
+    p.add_argument("-o", "--output", metavar="FILE", help=f"{what}: {OUTPUT_HELP} ({where})")
+
+
+def default_output(given: Optional[str], default: str, what: str = "the policy") -> str:
+    """``given``, or ``default`` with a line saying so: a file written without being named is said
+    before any work, not only in the 'wrote' line at the end."""
+    if given is not None:
+        return given
+    note(f"no -o: {what} goes to {default} in the working folder (-o FILE to choose)")
+    return default
 
 
 def output_path(

@@ -58,6 +58,22 @@ def run(args: argparse.Namespace) -> int:
         print_json({**found, "deepep": deepep_lines(doc.deepep), "lint": lint})
         return 0
     print(found["headline"])
+    print_groups(found)
+    fallbacks = [g for g in found["groups"] if g["fallback"]]
+    if fallbacks:
+        print("\nwhy the fallbacks happened:")
+        for g in fallbacks:
+            print(f"- {len(g['layers'])} layer(s) [{g['indices']}] by {g['rule']}: {g['reason']}")
+            print(f"  see: moepolicy explain {args.policy} --layer {g['layers'][0]}")
+    print()
+    for line in deepep_lines(doc.deepep):
+        print(line)
+    print_lint(lint)
+    return 0
+
+
+def print_groups(found: dict) -> None:
+    """The table of layer groups and the per-bucket lines of :func:`audit`'s result."""
     table(
         ["order", "rule", "layers", "indices", "on the wire"],
         [
@@ -73,17 +89,6 @@ def run(args: argparse.Namespace) -> int:
     )
     for line in found["per_bucket"]:
         print(line)
-    fallbacks = [g for g in found["groups"] if g["fallback"]]
-    if fallbacks:
-        print("\nwhy the fallbacks happened:")
-        for g in fallbacks:
-            print(f"- {len(g['layers'])} layer(s) [{g['indices']}] by {g['rule']}: {g['reason']}")
-            print(f"  see: moepolicy explain {args.policy} --layer {g['layers'][0]}")
-    print()
-    for line in deepep_lines(doc.deepep):
-        print(line)
-    print_lint(lint)
-    return 0
 
 
 def audit(doc) -> dict:

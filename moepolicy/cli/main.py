@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(f"moepolicy.cli.{name}").add_parser(sub)
     for command in sub.choices.values():
         _logging.add_flags(command)
-        command.epilog = command.epilog or exit_codes()
+        command.epilog = command.epilog or "exit codes: see 'moepolicy --help'"
         command.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 

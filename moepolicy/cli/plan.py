@@ -115,6 +115,23 @@ def run(args: argparse.Namespace) -> int:
     diff = vllm_difference(plan)
     if diff:
         note(diff)
+    if args.output is None and sys.stdout.isatty():  # a person at a terminal, not a pipe or a file
+        _summary(doc)
+        return 0
     fmt = args.format or ("json" if output and output.endswith(".json") else "yaml")
     write_output(output, dumps(doc, fmt), f"{len(doc['layers'])} layers")
     return 0
+
+
+def _summary(doc: dict) -> None:
+    """The plan as audit shows it (layers grouped by decision), instead of the whole document."""
+    from moepolicy.cli.audit import audit, print_groups
+    from moepolicy.document.model import PolicyDoc
+
+    found = audit(PolicyDoc.model_validate(doc))
+    print(found["headline"])
+    print_groups(found)
+    note(
+        f"not written: -o FILE writes the policy ({len(doc['layers'])} layers), '-o -' prints it "
+        "here, and standard output sent to a pipe or a file gets it"
+    )

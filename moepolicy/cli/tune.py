@@ -19,6 +19,7 @@ from moepolicy.measure.placement import SHARED_LABEL
 from moepolicy.cli._deepep_summary import overlap_lines
 from moepolicy.cli._output import (
     add_output_flag,
+    default_output,
     model_inputs,
     note,
     output_path,
@@ -44,6 +45,7 @@ from moepolicy.tuning.bench import REGIMES
 from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
 from moepolicy.tuning.storage import check_storage
 
+DEFAULT_OUTPUT = "policy.yaml"
 MAX_TRIAL_TIMEOUT_S = 86400.0  # the live watchdog: a day per trial at most
 
 # The one line an interrupt before any result ends with: nothing of this run is on disk but the
@@ -140,7 +142,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "talks to the study; --bench live measures on every rank's GPU (NCCL), --bench model "
         "checks the coordination on CPUs (gloo)",
     )
-    add_output_flag(p, "the policy", default="policy.yaml")
+    add_output_flag(p, "the policy", default=DEFAULT_OUTPUT)
     p.set_defaults(run=run)
 
 
@@ -382,6 +384,7 @@ def _tune_and_write(
     objective, space = load_objective(), load_space()
     options = tune_options(args, objective)
     check_storage(options.storage)
+    args.output = default_output(args.output, DEFAULT_OUTPUT)
     output = output_path(args.output, tune_inputs(args, options.storage))  # before any work
     default_ep = choice.ranks if choice.kind == "live" else None
     if choice.kind == "model" and args.ep_size is None:

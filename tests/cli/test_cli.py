@@ -434,3 +434,61 @@ def test_a_tune_outside_the_calibration_says_why_once(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("calibrated: h200 EP2") == 1, done.stderr
     assert "DeepEP: its default configs (extrapolated)" in done.stderr
+
+
+def _on_a_terminal(*args: str, cwd=None) -> tuple[str, str, int]:
+    """The CLI with its standard output on a pseudo-terminal, as a person runs it."""
+    import os
+    import pty
+    import subprocess
+
+    from conftest import cli_command
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        cli_command(*args),
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env={**os.environ, "MOEPOLICY_OFFLINE": "1"},
+    )
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the terminal's other end closed: the process exited
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    err = proc.stderr.read().decode()
+    return out.decode(), err, proc.wait(timeout=120)
+
+
+def test_plan_on_a_terminal_without_o_shows_the_decisions_not_the_document(tmp_path):
+    out, err, code = _on_a_terminal(
+        "plan", "--model", "DeepSeek-V3", "--ep-size", "8", cwd=tmp_path
+    )
+    assert code == 0, err
+    assert "schema_version" not in out and len(out.splitlines()) < 20, out
+    assert "no_quant" in out and "3-61" in out  # audit's table of the decisions
+    assert "not written: -o FILE writes the policy (62 layers)" in err
+    assert list(tmp_path.iterdir()) == []
+    piped = run_cli("plan", "--model", "DeepSeek-V3", "--ep-size", "8")  # a pipe gets the document
+    assert piped.stdout.startswith("schema_version")
+
+
+def test_tune_without_o_says_where_the_policy_goes_before_any_work(tmp_path):
+    args = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "model"]
+    done = run_cli(
+        *args, "--tokens", "1024", "--storage", f"sqlite:///{tmp_path}/s.db", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    said = done.stderr.splitlines()
+    where = said.index(
+        "no -o: the policy goes to policy.yaml in the working folder (-o FILE to choose)"
+    )
+    assert where < next(i for i, line in enumerate(said) if line.startswith("target:"))
+    assert (tmp_path / "policy.yaml").read_text().startswith("schema_version")

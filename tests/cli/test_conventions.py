@@ -131,7 +131,8 @@ def test_help_lists_the_exit_codes():
         and "130 interrupted" in done.stdout
         and "  6 A policy document" in done.stdout
     )
-    assert "exit codes:" in run_cli("validate", "--help").stdout
+    own = run_cli("validate", "--help").stdout  # the table once, in 'moepolicy --help'
+    assert "exit codes: see 'moepolicy --help'" in own and "130 interrupted" not in own
 
 
 def test_a_mistyped_command_gets_a_suggestion():
