@@ -383,9 +383,7 @@ def _tune_and_write(
     _warn_unfitted_trials(args.trials, choice)
     objective, space = load_objective(), load_space()
     options = tune_options(args, objective)
-    check_storage(options.storage)
-    args.output = default_output(args.output, DEFAULT_OUTPUT)
-    output = output_path(args.output, tune_inputs(args, options.storage))  # before any work
+    output = _checked_output(args, options.storage)
     default_ep = choice.ranks if choice.kind == "live" else None
     if choice.kind == "model" and args.ep_size is None:
         default_ep = args.gpus_per_node or api.DEFAULT_NODE_GPUS
@@ -430,6 +428,14 @@ def _tune_and_write(
         "a partial result, marked so in the file" if result.interrupted else "",
     )
     return _after_interrupt(result)
+
+
+def _checked_output(args: argparse.Namespace, storage: str) -> Optional[str]:
+    """The storage and where the policy goes (``policy.yaml``, said, without -o), checked before any
+    work."""
+    check_storage(storage)
+    args.output = default_output(args.output, DEFAULT_OUTPUT)
+    return output_path(args.output, tune_inputs(args, storage))
 
 
 def _warn_unfitted_trials(trials: Optional[int], choice: BenchChoice) -> None:
