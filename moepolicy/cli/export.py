@@ -4,10 +4,29 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Optional
 
 from moepolicy.cli._output import add_output_flag, note, output_path, write_output
 from moepolicy.cli.validate import add_serving_flags, serving_note
 from moepolicy.weights_memory import fit_note
+
+
+# MOEPOLICY_POLICY's folder when --policy-path is not given: the path the policy has on the serving
+# nodes is not known here (this machine's path would be wrong there, and says who ran the export)
+NODE_PLACEHOLDER = "/same/path/on/every/node"
+
+
+def serving_path(policy: str, given: Optional[str]) -> tuple[str, str]:
+    """MOEPOLICY_POLICY's value, and a note to replace it where it is the placeholder."""
+    from pathlib import PurePath
+
+    if given:
+        return given, ""
+    name = PurePath(policy).name
+    return f"{NODE_PLACEHOLDER}/{name}", (
+        f"MOEPOLICY_POLICY: copy {name} to one path on every node and put that path here "
+        "(export --policy-path PATH writes it)"
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +52,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="vllm: shell (default) or json; sglang: json (the --deepep-config, default) or launch "
         "(a launch_server command with every flag SGLang can take)",
+    )
+    p.add_argument(
+        "--policy-path",
+        metavar="PATH",
+        help="vllm: where the policy file lies on every serving node, for MOEPOLICY_POLICY (default: "
+        f"a placeholder, {NODE_PLACEHOLDER}/ and the policy's file name, to replace)",
     )
     add_output_flag(p, "the export")
     add_serving_flags(p)
@@ -90,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         from moepolicy.export.vllm import export, render_shell
 
-        result = export(doc, args.policy)
+        where, replace = serving_path(args.policy, args.policy_path)
+        result = export(doc, where)
+        result["notes"] = [n for n in (replace, *result["notes"]) if n]
         text = (
             json.dumps(result, indent=2) + "\n"
             if args.format == "json"

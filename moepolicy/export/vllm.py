@@ -70,7 +70,8 @@ def vllm_orders(doc: PolicyDoc) -> dict[int, str]:
 
 
 def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
-    """``env``, ``args`` for ``vllm serve``, the model to serve, what the plugin applies, and what it cannot."""
+    """``env``, ``args`` for ``vllm serve``, the model to serve, what the plugin applies, and what it
+    cannot. ``policy_path`` is where the policy lies on the serving nodes (``MOEPOLICY_POLICY``)."""
     target = doc.target
     backend = {"deepep_ht": "deepep_high_throughput", "deepep_ll": "deepep_low_latency"}[
         target.backend
@@ -82,7 +83,7 @@ def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
             f"vLLM's low-latency path asserts hidden in {list(VLLM_LL_HIDDEN_SIZES)}; "
             f"this model's hidden is {doc.model.hidden_size}"
         )
-    env = {"MOEPOLICY_POLICY": str(Path(policy_path).resolve())}
+    env = {"MOEPOLICY_POLICY": policy_path}
     args = [
         "--enable-expert-parallel",
         "--all2all-backend",

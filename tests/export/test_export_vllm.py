@@ -67,7 +67,12 @@ def test_the_launch_is_the_plugin_with_the_policys_ep_layout(tmp_path):
     assert (
         "-m pip install /path/to/moepolicy " in lines[0] and "not on a package index" in lines[0]
     )
-    assert f"export MOEPOLICY_POLICY={shlex.quote(str(out.resolve()))}" in lines
+    # where the policy lies on the serving nodes: never this machine's path, unless given
+    assert "export MOEPOLICY_POLICY='/same/path/on/every/node/my policy.yaml'" in lines
+    assert str(tmp_path) not in result.stdout
+    assert any("copy my policy.yaml to one path on every node" in line for line in lines)
+    given = run_cli("export", str(out), "--to", "vllm", "--policy-path", "/srv/p.yaml").stdout
+    assert "export MOEPOLICY_POLICY=/srv/p.yaml" in given.splitlines()
     serve = next(line for line in lines if line.startswith("vllm serve"))
     words = shlex.split(serve)
     assert (

@@ -1185,7 +1185,9 @@ def test_the_exports_launch_and_applies_lines_are_what_the_plugin_logs(
 
     path = tmp_path / "policy.yaml"
     assert run_cli("plan", "--model", model, "--ep-size", "8", "-o", str(path)).returncode == 0
-    exported = run_cli("export", str(path), "--to", "vllm", "--format", "json")
+    exported = run_cli(
+        "export", str(path), "--to", "vllm", "--format", "json", "--policy-path", str(path)
+    )
     assert exported.returncode == 0, exported.stderr
     result = json.loads(exported.stdout)
     flags = dict(zip(result["args"], result["args"][1:]))

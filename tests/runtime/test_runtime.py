@@ -495,7 +495,9 @@ def test_vllm_export_buffer_and_plugin_settings(ds_policy):
     assert (
         int(result["env"]["VLLM_DEEPEP_BUFFER_SIZE_MB"]) * 1024 * 1024 >= doc.deepep.num_nvl_bytes
     )
-    assert result["env"]["MOEPOLICY_POLICY"] == str(ds_policy.resolve())
+    assert result["env"]["MOEPOLICY_POLICY"] == str(
+        ds_policy
+    )  # where it lies on the nodes, as given
     assert result["args"][result["args"].index("--data-parallel-size") + 1] == str(
         doc.target.ep_size
     )
