@@ -66,9 +66,13 @@ def run(args: argparse.Namespace) -> int:
         print_json([dict(zip(KEYS, row)) for row in rows])
         return 0
     table(HEADERS, rows)
-    if any(entry.partial for entry in catalog.entries()):
+    partial = [entry for entry in catalog.entries() if entry.partial]
+    if partial:
         print(
-            "partial: the catalog's copy lacks part of the real config (see its SOURCE.md); plan from the "
-            "checkpoint instead: its folder, or its id with a revision (org/name@main) from the hub"
+            "partial: the catalog's copy lacks part of the real config (its SOURCE.md, below, says "
+            "what); plan from the checkpoint instead: its folder, or its id with a revision "
+            "(org/name@main) from the hub"
         )
+        for entry in partial:
+            print(f"  {entry.repo_id}: {entry.folder / 'SOURCE.md'}")
     return 0

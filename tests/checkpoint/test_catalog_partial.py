@@ -34,3 +34,19 @@ def test_a_complete_entry_has_no_unknown_expert_facts():
 def test_the_glm_entry_is_partial_where_its_weights_are_unknown():
     entry = catalog.lookup("GLM-4.6-FP8-dynamic")
     assert entry.partial and read_model(entry.repo_id).first_moe.weights.dtype == "unknown"
+
+
+def test_models_gives_the_path_of_each_partial_entrys_source_notes():
+    from pathlib import Path
+
+    result = run_cli("models")
+    shown = {
+        line.split(": ", 1)[0].strip(): Path(line.split(": ", 1)[1])
+        for line in result.stdout.splitlines()
+        if line.startswith("  ") and line.rstrip().endswith("SOURCE.md")
+    }
+    assert set(shown) == {e.repo_id for e in catalog.entries() if e.partial}
+    assert all(
+        path.is_file() and "complete quantization_config" in path.read_text()
+        for path in shown.values()
+    )
