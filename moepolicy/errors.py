@@ -43,13 +43,13 @@ class InfeasibleError(MoePolicyError):
 
 
 class PolicyError(MoePolicyError):
-    """A policy document is damaged, of an unsupported version, does not match its key, or would not apply in serving."""
+    """A policy file is missing or unreadable, damaged, of an unsupported version, does not match its key, or would not apply in serving."""
 
     exit_code = 6
 
 
 class TuningError(MoePolicyError):
-    """The tuner cannot go on (a study that does not match, no usable bench)."""
+    """The tuner cannot go on (a study that does not match, no usable bench: no GPU or DeepEP for --bench live)."""
 
     exit_code = 7
 
@@ -66,6 +66,6 @@ class OutputError(MoePolicyError):
 
 
 class MeasurementError(MoePolicyError):
-    """A benchmark could not measure (a rank failed or died)."""
+    """A benchmark could not measure (no GPU or DeepEP to run on, a rank failed or died)."""
 
     exit_code = 9

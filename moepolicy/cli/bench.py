@@ -17,7 +17,7 @@ import json
 import sys
 
 from moepolicy.cli._output import STDOUT, add_output_flag, note, output_path, table, write_output
-from moepolicy.errors import UsageError
+from moepolicy.errors import MeasurementError, UsageError
 from moepolicy.measure.placement import SHARED_LABEL
 from moepolicy.measure.rounds import DEFAULT_ROUNDS
 from moepolicy.names import Regime
@@ -116,7 +116,7 @@ def _transport(asked: str, ep_size: int) -> tuple[str, int, str]:
         return "deepep", ep_size, f"{ep_size} ranks on {gpus} GPU(s): {SHARED_LABEL}"
     why = missing or f"{gpus} CUDA GPU(s) visible for EP{ep_size}"
     if asked == "deepep":
-        raise UsageError(f"--transport deepep: {why}")
+        raise MeasurementError(f"--transport deepep: {why}")
     return (
         "emulated",
         0,

@@ -336,8 +336,10 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
         return _torchrun(args, source)
     try:
         choice = source.choose(args.bench, args.ep_size)
-    except TuningError as exc:
-        raise UsageError(f"--bench {args.bench}: {exc}") from None
+    except (
+        TuningError
+    ) as exc:  # the tuner cannot go on here (no GPU, no DeepEP): exit 7, not usage
+        raise TuningError(f"--bench {args.bench}: {exc}") from None
     if args.overlap and choice.kind != "live":
         raise UsageError(
             "--overlap needs the live bench: it times DeepEP beside a confined GEMM on GPUs "

@@ -178,7 +178,7 @@ def _validate(path: str, args: argparse.Namespace) -> dict:
 def _live(paths: list[str], show: bool = True) -> list[dict]:
     """``--live``: the preflight on the GPUs visible, the policies of one EP size in one group of
     ranks; one result per policy, in the order given (``failure``: its one line, or None)."""
-    from moepolicy.errors import UsageError
+    from moepolicy.errors import MeasurementError
     from moepolicy.measure.placement import visible_placement
     from moepolicy.preflight import describe_failure, plan_preflight, render, run_preflight
     from moepolicy.tuning.live_bench import deep_ep_importable
@@ -190,9 +190,9 @@ def _live(paths: list[str], show: bool = True) -> list[dict]:
         try:
             placement = visible_placement(ep_size)
         except (ImportError, ValueError) as exc:
-            raise UsageError(f"--live runs DeepEP on CUDA GPUs: {exc}") from None
+            raise MeasurementError(f"--live runs DeepEP on CUDA GPUs: {exc}") from None
         if missing:
-            raise UsageError(f"--live runs DeepEP on CUDA GPUs: {missing}")
+            raise MeasurementError(f"--live runs DeepEP on CUDA GPUs: {missing}")
         note(f"validate --live: EP {ep_size}: {placement.describe()}")
         shown: list = []
 

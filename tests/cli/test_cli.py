@@ -492,3 +492,27 @@ def test_tune_without_o_says_where_the_policy_goes_before_any_work(tmp_path):
     )
     assert where < next(i for i, line in enumerate(said) if line.startswith("target:"))
     assert (tmp_path / "policy.yaml").read_text().startswith("schema_version")
+
+
+def test_what_needs_gpus_is_not_a_usage_error_where_there_are_none(tmp_path):
+    """No GPU (and no deep_ep) here: the command line is right, the machine cannot measure. A missing
+    policy file is exit 6, as --help words it (a missing checkpoint is 3)."""
+    policy = tmp_path / "q.yaml"
+    assert (
+        run_cli(
+            "plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "-o", str(policy)
+        ).returncode
+        == 0
+    )
+    tune = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "--bench", "live"]
+    for args, code in (
+        ([*tune, "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(tmp_path / "t.yaml")], 7),
+        (["validate", str(policy), "--live"], 9),
+        (["bench", str(policy), "--transport", "deepep"], 9),
+    ):
+        done = run_cli(*args)
+        assert done.returncode == code, (args, done.returncode, done.stderr)
+        assert done.stderr.strip().splitlines()[-1].startswith("moepolicy: "), done.stderr
+    missing = run_cli("report", str(tmp_path / "none.yaml"))
+    assert missing.returncode == 6 and "cannot be read" in missing.stderr
+    assert "  6 A policy file is missing or unreadable" in run_cli("--help").stdout

@@ -129,7 +129,7 @@ def test_help_lists_the_exit_codes():
     assert (
         "exit codes:" in done.stdout
         and "130 interrupted" in done.stdout
-        and "  6 A policy document" in done.stdout
+        and "  6 A policy file is missing or unreadable" in done.stdout
     )
     own = run_cli("validate", "--help").stdout  # the table once, in 'moepolicy --help'
     assert "exit codes: see 'moepolicy --help'" in own and "130 interrupted" not in own
