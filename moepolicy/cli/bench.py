@@ -120,10 +120,7 @@ def _transport(asked: str, ep_size: int) -> tuple[str, int, str]:
     return (
         "emulated",
         0,
-        (
-            f"{why}: the emulated transport (--transport deepep runs DeepEP's ranks on the GPUs "
-            "there are, as a functional check)"
-        ),
+        f"{why}; --transport deepep runs DeepEP's ranks on the GPUs there are, as a functional check",
     )
 
 
@@ -170,7 +167,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{args.policy}: no MoE layer goes through DeepEP's dispatch; nothing to time"
         )
-    _announce(spec, arms, f"{kind} ({why}), {world} ranks", functional, args.regime)
+    _announce(spec, arms, (kind, world, why), functional, args.regime)
+    if same_step(arms, spec.tokens):
+        note(
+            f"nothing to compare: the {len(arms)} arms make the same choices here (the same orders "
+            f"and wires, {arms[0].num_sms} SMs and the same DeepEP configs at every bucket), so the "
+            "bench would time one MoE step several times; not timed. A policy whose decisions or "
+            "DeepEP settings differ from vLLM's (a live tune, another --expert-kernel, a static fp8 "
+            "checkpoint) has something to compare"
+        )
+        return 0
     if args.dry_run:
         note(
             f"dry run: {len(spec.routings)} routing(s) x {len(spec.tokens)} bucket(s) x {spec.rounds} rounds "
@@ -206,13 +212,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _announce(spec, arms, where: str, functional: str, asked_regime) -> None:
-    """What is about to be timed: the transport, the regime (DeepEP only) and each arm's layers."""
+def same_step(arms, tokens) -> bool:
+    """Every arm runs the same MoE step at every token count timed: the same layer kinds (order,
+    wire, what the experts consume), SM count and chunk configs."""
+
+    def step(arm):
+        configs = [arm.deepep.bucket_for(t) for t in tokens]
+        return arm.kinds, arm.num_sms, [(b.dispatch, b.combine) for b in configs]
+
+    return all(step(arm) == step(arms[0]) for arm in arms[1:])
+
+
+def _announce(spec, arms, transport: tuple, functional: str, asked_regime) -> None:
+    """What is about to be timed: the transport and why, the regime (DeepEP only) and each arm's
+    layers; one thought per line (the first: what runs, and what it is)."""
+    kind, world, why = transport
     emulated = spec.transport == "emulated"
     if emulated and asked_regime:
         note("--regime applies to DeepEP on GPUs; the emulated transport times plumbing only")
     regime = "" if emulated else f", {spec.regime} regime"
-    note(f"bench: {where}{regime}; {functional or WHAT_IT_IS}")
+    note(f"bench: {kind}, {world} ranks{regime}; {functional or WHAT_IT_IS}")
+    if why != functional:
+        note(f"  transport: {why}")
     for arm in arms:
         note(
             f"  {arm.name}: {arm.label}; "

@@ -221,3 +221,37 @@ def test_vllms_arm_is_replayed_from_a_stored_fact_set_that_lacks_a_fact(
     edited.write_text(yaml.safe_dump(doc, sort_keys=False))
     policy, vllm, _ = build_arms(read_policy(edited).doc)
     assert sum(k.count for k in vllm.kinds) == sum(k.count for k in policy.kinds)
+
+
+def _depth(text: str) -> int:
+    deepest = level = 0
+    for ch in text:
+        level += {"(": 1, ")": -1}.get(ch, 0)
+        deepest = max(deepest, level)
+    return deepest
+
+
+def test_arms_that_make_the_same_choices_are_said_up_front_and_not_timed(tmp_path):
+    """The main job's Qwen3-30B-A3B-FP8 plan is vLLM's choice with DeepEP's defaults: the three arms
+    would time one step three times (minutes on CPU); bench says so before timing and stops."""
+    policy = tmp_path / "q.yaml"
+    assert (
+        run_cli(
+            "plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "-o", str(policy)
+        ).returncode
+        == 0
+    )
+    done = run_cli("bench", str(policy), "-o", str(tmp_path / "b.json"))
+    assert done.returncode == 0, done.stderr
+    assert "nothing to compare: the 3 arms make the same choices here" in done.stderr
+    assert "timing " not in done.stderr and not (tmp_path / "b.json").exists()
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("bench: emulated, 2 ranks; ") and _depth(first) <= 1, first
+
+
+def test_arms_that_differ_are_timed(mixtral_policy):
+    from moepolicy.cli.bench import same_step
+    from moepolicy.document.reader import read_policy
+    from moepolicy.moe_step.arms import build_arms
+
+    assert not same_step(build_arms(read_policy(mixtral_policy).doc), (16, 128))
