@@ -286,12 +286,75 @@ def _failure(hub_id: HubId, exc: BaseException, filename: str = "config.json") -
     return _unreachable(hub_id, endpoint, exc)
 
 
+MAX_CACHED_REPOS = 10_000  # folders of the Hugging Face cache read for suggestions, at most
+
+
+def cache_root() -> Path:
+    """The Hugging Face hub cache folder (``HF_HUB_CACHE``, else huggingface_hub's own default)."""
+    import os
+
+    from moepolicy.settings import hub_cache_dir
+
+    given = hub_cache_dir()
+    if given:
+        return Path(given).expanduser()
+    try:
+        from huggingface_hub import constants
+
+        return Path(constants.HF_HUB_CACHE)
+    except ImportError:
+        home = os.environ.get("HF_HOME", "").strip()
+        return (
+            Path(home).expanduser() if home else Path.home() / ".cache" / "huggingface"
+        ) / "hub"
+
+
+def cached_repo_ids() -> list[str]:
+    """``org/name`` of the models the Hugging Face cache holds (its ``models--org--name`` folders)."""
+    import itertools
+
+    try:
+        folders = list(itertools.islice(cache_root().iterdir(), MAX_CACHED_REPOS))
+    except OSError:
+        return []
+    found = []
+    for folder in folders:
+        parts = folder.name[len("models--") :].split("--")
+        if folder.name.startswith("models--") and len(parts) == 2 and all(parts):
+            found.append("/".join(parts))
+    return sorted(found)
+
+
+def close_ids(spec: str, limit: int = 3) -> list[str]:
+    """Ids of the catalog and of the Hugging Face cache that look like ``spec``: the same name under
+    another organisation first (``deepseek/DeepSeek-V3``), then names close to it."""
+    import difflib
+
+    pool = {e.repo_id.lower(): e.repo_id for e in catalog.entries()}
+    pool.update({repo.lower(): repo for repo in cached_repo_ids()})
+    wanted = spec.strip().lower()
+    name = wanted.split("/", 1)[-1]
+    by_name: dict[str, list[str]] = {}
+    for key, repo in pool.items():
+        by_name.setdefault(key.split("/", 1)[-1], []).append(repo)
+    found = sorted(r for r in by_name.get(name, []) if r.lower() != wanted)
+    for hit in difflib.get_close_matches(wanted, list(pool), n=limit * 2, cutoff=0.6):
+        found.append(pool[hit])
+    for hit in difflib.get_close_matches(name, list(by_name), n=limit * 2, cutoff=0.6):
+        found += by_name[hit]
+    return list(dict.fromkeys(r for r in found if r.lower() != wanted))[:limit]
+
+
+def did_you_mean(spec: str) -> str:
+    """'; did you mean: a/b, c/d' from the catalog and the Hugging Face cache, or ''."""
+    close = close_ids(spec)
+    return f"; did you mean: {', '.join(close)}" if close else ""
+
+
 def _did_you_mean(hub_id: HubId) -> str:
-    close = catalog.close_names(hub_id.repo_id) or catalog.close_names(
-        hub_id.repo_id.split("/", 1)[1]
-    )
+    close = close_ids(hub_id.repo_id)
     return (
-        f"did you mean: {', '.join(close)} (see 'moepolicy models')"
+        f"did you mean: {', '.join(close)} (the catalog, 'moepolicy models', and the Hugging Face cache)"
         if close
         else ("check the name ('moepolicy models' lists the built-in catalog)")
     )
@@ -332,8 +395,7 @@ def _not_cached(hub_id: HubId, why_offline: str) -> str:
     cache = hub_cache_dir() or constants.HF_HUB_CACHE
     why = f" ({why_offline})" if why_offline else ""
     revision = f" --revision {hub_id.revision}" if hub_id.revision else ""
-    close = catalog.close_names(hub_id.repo_id)
-    hint = f"; close catalog names: {', '.join(close)}" if close else ""
+    hint = did_you_mean(hub_id.repo_id)
     return (
         f"unknown model '{hub_id}': not a file, a folder or a catalog name, and its config.json is not in "
         f"the Hugging Face cache ({cache}){why}; download it first (hf download {hub_id.repo_id} "
@@ -356,4 +418,5 @@ def _unreachable(hub_id: HubId, endpoint: str, exc: BaseException) -> str:
         f"model '{hub_id}': the Hugging Face hub at {endpoint} could not be reached "
         f"({type(innermost).__name__}: {reason}) and the model is not in the Hugging Face cache; check the "
         "network, a proxy or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to read the cache only"
+        + did_you_mean(hub_id.repo_id)
     )

@@ -136,6 +136,21 @@ def _from_local(path: Path) -> Optional[RawCheckpoint]:
     return None
 
 
+def _close_names(spec: str, limit: int = 3) -> list[str]:
+    """The catalog's short names and the Hugging Face cache's ids closest to a bare name, closest
+    first (a cached id by its name part)."""
+    import difflib
+
+    found = catalog.close_names(spec, limit=limit * 2)
+    found += [r for r in hub.close_ids(spec, limit=limit * 2) if catalog.lookup(r) is None]
+
+    def likeness(candidate: str) -> float:
+        name = candidate.split("/", 1)[-1].lower()
+        return difflib.SequenceMatcher(None, spec.lower(), name).ratio()
+
+    return sorted(dict.fromkeys(found), key=likeness, reverse=True)[:limit]
+
+
 def resolve(spec: str, hub: bool = True) -> RawCheckpoint:
     """Turn a model argument into a :class:`RawCheckpoint`, or raise :class:`CheckpointError`.
 
@@ -169,7 +184,7 @@ def _resolve(spec: str, hub_allowed: bool) -> RawCheckpoint:
         return _from_hub(hub_id, network, _why_offline(hub_allowed))
     if os.sep in spec:
         raise CheckpointError(f"{spec}: no such file or folder")
-    close = catalog.close_names(spec)
+    close = _close_names(spec)
     hint = f"; did you mean: {', '.join(close)}" if close else ""
     raise CheckpointError(
         f"unknown model '{spec}': not a file, a folder, a catalog name or a Hugging Face id (org/name){hint} "

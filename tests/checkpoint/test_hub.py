@@ -83,6 +83,25 @@ def test_an_id_in_the_cache_is_read_offline_without_asking_the_network(hub, monk
     assert hub.requests == []
 
 
+def test_suggestions_name_the_right_organisation_and_the_cache(hub, monkeypatch, tmp_path):
+    """A catalog model under a wrong organisation, and a typo of a model in the Hugging Face cache:
+    the message suggests the ids that exist, the same name under its real organisation first."""
+    config = {"config.json": (QWEN_FP8 / "config.json").read_bytes()}
+    fake_cache(tmp_path / "hf-cache", "my-org/Qwen3-Coder-30B-A3B-Instruct", config)
+    monkeypatch.setenv("MOEPOLICY_OFFLINE", "1")
+    assert "did you mean: deepseek-ai/DeepSeek-V3" in _message("deepseek/DeepSeek-V3")
+    typo = _message("my-org/Qwen3-Coder-30B-A3B-Instrcut")
+    assert "did you mean: my-org/Qwen3-Coder-30B-A3B-Instruct" in typo, typo
+    bare = _message("Qwen3-Coder-30B-A3B-Instrcut")  # no organisation: the cache's id is offered
+    assert "my-org/Qwen3-Coder-30B-A3B-Instruct" in bare, bare
+    assert hub.requests == []
+
+
+def test_a_wrong_organisation_is_suggested_when_the_hub_answers_404(hub):
+    message = _message("deepseek/DeepSeek-V3")
+    assert "HTTP 404" in message and "did you mean: deepseek-ai/DeepSeek-V3" in message
+
+
 def test_hf_hub_offline_means_the_cache_only(hub, monkeypatch, tmp_path):
     fake_cache(
         tmp_path / "hf-cache",
@@ -162,7 +181,7 @@ def test_not_found_is_a_404_with_did_you_mean(hub):
     message = _message("Qwen/Qwen3-30B-A3B-FP9")
     assert (
         "has no such repository (HTTP 404)" in message
-        and "did you mean: Qwen3-30B-A3B-FP8" in message
+        and "did you mean: Qwen/Qwen3-30B-A3B-FP8" in message
     )
     assert "could not be reached" not in message
 
