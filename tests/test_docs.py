@@ -12,9 +12,7 @@ from moepolicy.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-VERBATIM = {
-    "DEEPEP_FACTS.md"
-}  # a verbatim copy of notes outside the repository: it cites DeepEP's own tests
+VERBATIM = {"DEEPEP_FACTS.md"}  # the copied DeepEP measurement notes: they cite DeepEP's own tests
 SHELL_OPERATORS = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "2>&1"}
 
 
@@ -140,3 +138,15 @@ def test_the_documented_default_rounds_are_the_codes():
         r"`--confirm-rounds`, default (\d+), at least (\d+)", (ROOT / "README.md").read_text()
     )
     assert said == [(str(DEFAULT_ROUNDS), str(MIN_ROUNDS))]
+
+
+def test_the_readme_installs_torch_as_bench_says_to():
+    """One word on torch in the README and in bench's hint: any build, the CPU build is enough, and
+    PyTorch's CPU index gives it; the tests line pins the one these machines keep on disk."""
+    from moepolicy.cli.bench import TORCH_CPU
+
+    readme = (ROOT / "README.md").read_text()
+    tests_line = next(line for line in bash_lines(readme) if "pytest" in line)
+    assert "torch==2.13.0" in tests_line
+    said = " ".join(readme.split())
+    assert "Any torch works and the CPU build is enough" in said and f"`{TORCH_CPU}`" in said

@@ -31,6 +31,9 @@ WHAT_IT_IS = (
 EMULATED = "emulated all-to-all on CPU (gloo): plumbing only, not a performance number"
 MAX_EMULATED_RANKS = 64  # processes on one machine, each a rank of the emulated all-to-all
 MAX_REPS = 10_000
+TORCH_CPU = (
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu"  # the README's too
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -149,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UsageError(
-            "bench needs torch; the CPU build is enough for the emulated transport: pip install torch "
-            "--index-url https://download.pytorch.org/whl/cpu"
+            f"bench needs torch (any build; the CPU build is enough for the emulated transport; "
+            f"PyTorch's CPU index gives it: {TORCH_CPU})"
         ) from None
     from moepolicy.moe_step.measure import run as run_step, spec_doc
 
