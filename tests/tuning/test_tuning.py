@@ -234,8 +234,6 @@ def test_resume_with_another_target_is_refused(tmp_path):
         "20",
         "--tokens",
         "1024,4096",
-        "--trials",
-        "6",
         "--storage",
         f"sqlite:///{tmp_path}/studies.db",
         "--study",
