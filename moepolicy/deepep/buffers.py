@@ -10,6 +10,9 @@ since combine is bf16.
 from __future__ import annotations
 
 TOPK_IDX_BYTES = 8  # int64 topk_idx_t (the default build)
+# DeepEP's Buffer keeps the high-throughput sizes in an int: num_rdma_bytes (and num_nvl_bytes once an
+# RDMA buffer exists) must be at most INT_MAX (csrc/deep_ep.cpp at 29d31c0; deepep-source-notes)
+INT_MAX = 2**31 - 1
 MAX_TOPK = 128
 MAX_SCALES = 128
 
@@ -72,3 +75,14 @@ def ht_buffer_bytes(num_sms: int, configs, hidden: int, num_ranks: int) -> tuple
         for c in configs
     )
     return nvl, rdma
+
+
+def budget_buffers(budget_bytes: int, num_ranks: int) -> tuple[int, int]:
+    """(num_nvl_bytes, num_rdma_bytes) of a live bench's buffer from its byte budget: intranode
+    (at most 8 ranks) the whole budget on NVLink; internode the budget on each, each kept within
+    DeepEP's int limit (``INT_MAX``, rounded down to 128: the default 2048 MiB is 2**31 bytes, one
+    too many). Both are multiples of 128, as DeepEP asks."""
+    if num_ranks <= 8:
+        return int(budget_bytes) // 128 * 128, 0
+    fit = min(int(budget_bytes), INT_MAX) // 128 * 128
+    return fit, fit

@@ -209,9 +209,10 @@ class RankBench(Bench):
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(self.device)
+        from moepolicy.deepep.buffers import budget_buffers
+
         internode = self.world > 8
-        nvl = min(buffer_bytes, 2**31 - 1) // 128 * 128 if internode else buffer_bytes
-        rdma = buffer_bytes // 128 * 128 if internode else 0
+        nvl, rdma = budget_buffers(buffer_bytes, self.world)
         self.buffer = deep_ep.Buffer(
             group, nvl, rdma, num_qps_per_rank=max(max_sms, 24) if internode else 1
         )
