@@ -29,6 +29,7 @@ from moepolicy.cli._output import (
     write_result,
 )
 from moepolicy.cli._target import add_target_flags
+from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
 from moepolicy.document.yaml_io import dumps
 from moepolicy.errors import MoePolicyError, TuningError, UsageError
 from moepolicy.tuning.bench_source import BenchChoice, BenchSource
@@ -515,7 +516,9 @@ def _closing_line(plan, result) -> None:
     from moepolicy.cli.plan import vllm_difference
 
     kept = {getattr(b.confirmed.kept, "name", "") if b.confirmed else "" for b in result.buckets}
-    if result.label == "extrapolated" or not result.buckets:
+    if result.overlap is not None:  # --overlap keeps its split and chunks, never DeepEP's defaults
+        deepep = _overlap_words(result.overlap, result.label)
+    elif result.label == "extrapolated" or not result.buckets:
         deepep = f"DeepEP: its default configs ({result.label}), as vLLM runs it"
     elif result.interrupted or not any(b.confirmed for b in result.buckets):
         deepep = (
@@ -534,6 +537,19 @@ def _closing_line(plan, result) -> None:
     line = vllm_difference(plan, deepep)
     if line:
         note(line)
+
+
+def _overlap_words(found, label: str) -> str:
+    """What an overlap tune keeps of DeepEP, for the closing line."""
+    sms = (
+        "vLLM's 20 SMs"
+        if found.comm_sms == VLLM_DBO_COMM_SMS
+        else f"{found.comm_sms} SMs (vLLM runs {VLLM_DBO_COMM_SMS})"
+    )
+    return (
+        f"DeepEP: {sms} beside the experts' GEMM on {found.gemm_sms}, with the send chunks chosen "
+        f"with them ({label}, overlapped)"
+    )
 
 
 def evidence_words(choice) -> str:

@@ -59,6 +59,10 @@ def test_overlap_tune_records_the_split_and_exports_it(tmp_path):
         assert measured["best_floor_vs_vllm_split"] <= measured["vs_vllm_split"]
     assert "at vLLM's split DeepEP waited for the GEMM in 15 of 15 rounds" in result.stderr
     assert "bound: the grid's lowest floor is x" in result.stderr
+    # the closing line says what the policy keeps of DeepEP: the split, never DeepEP's defaults
+    closing = result.stderr.strip().splitlines()[-2]
+    assert closing.startswith("this policy ") and "default configs" not in closing, closing
+    assert f"DeepEP: {overlap['comm_sms']} SMs (vLLM runs 20) beside the experts' GEMM" in closing
     assert "DeepEP waited for the GEMM" in next(
         line for line in result.stderr.splitlines() if "c= 12" in line
     )
