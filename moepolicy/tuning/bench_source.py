@@ -51,11 +51,12 @@ class BenchSource:
         missing = deep_ep_importable()
         stage = self.expert_stage_problem() if gpus >= 1 else "no CUDA GPU visible"
         experts = "model" if stage else "live"
+        per_rank = self.gpu_per_rank(gpus, ep_size)
         if asked == "live":
             if gpus < 1:
                 raise TuningError("the live bench needs CUDA GPUs (none visible)")
-            if gpus >= 2 and not missing and (ep_size is None or ep_size == gpus):
-                return BenchChoice("live", "asked for the live bench", gpus, experts=experts)
+            if per_rank and not missing:
+                return BenchChoice("live", "asked for the live bench", per_rank, experts=experts)
             if os.environ.get(SHARED_RANKS_ENV) == "1" and not missing:
                 return self._shared(gpus, ep_size)
             if stage is None:  # one GPU: the expert stage is measured, DeepEP's half is modelled
@@ -63,14 +64,22 @@ class BenchSource:
             if missing:
                 raise TuningError(f"the live bench needs DeepEP: {missing}")
             return self._shared(gpus, ep_size)
-        if gpus >= 2 and not missing:
+        if per_rank and not missing:
             return BenchChoice(
-                "live", f"deep_ep imports and {gpus} GPUs are visible", gpus, experts=experts
+                "live", f"deep_ep imports and {gpus} GPUs are visible", per_rank, experts=experts
             )
-        why = f"{gpus} CUDA GPU(s) visible" if gpus < 2 else missing
+        why = missing if gpus >= 2 and missing else f"{gpus} CUDA GPU(s) visible"
+        why += f" for EP {ep_size}" if ep_size and not missing else ""
         return BenchChoice(
             "model", f"{why}: using the calibrated model bench", gpus, experts=experts
         )
+
+    @staticmethod
+    def gpu_per_rank(gpus: int, ep_size: Optional[int]) -> int:
+        """The ranks of a live bench with a GPU each: ``ep_size`` on the first of the ``gpus``
+        visible (every visible GPU without one), 0 where that is not at least 2 GPUs."""
+        ranks = gpus if ep_size is None else ep_size
+        return ranks if 2 <= ranks <= gpus else 0
 
     @staticmethod
     def stage_only(gpus: int, ep_size: Optional[int], missing: Optional[str]) -> BenchChoice:

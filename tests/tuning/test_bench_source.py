@@ -70,6 +70,23 @@ def test_a_gpu_per_rank_is_the_ordinary_live_bench(machine):
     assert BenchSource().choose(None).kind == "live"
 
 
+@pytest.mark.parametrize("gpus, ep_size", [(4, 2), (8, 2), (8, 4)], ids=lambda n: str(n))
+def test_an_ep_size_below_the_gpu_count_tunes_live_on_a_gpu_per_rank(machine, gpus, ep_size):
+    """On a 4- or 8-GPU host EP 2 or 4 runs on that many of the GPUs, one each, as bench and
+    validate --live do; the tune that follows is not refused either."""
+    from moepolicy.api import check_bench_fits
+
+    machine(gpus)
+    for asked in ("live", None):
+        choice = BenchSource().choose(asked, ep_size)
+        assert (choice.kind, choice.ranks, choice.shared) == ("live", ep_size, False)
+        check_bench_fits(choice, ep_size)
+    assert BenchSource().build(choice, "h200", 1 << 28, 60.0, 20).world == ep_size
+    with pytest.raises(TuningError, match=f"{gpus} GPU\\(s\\) visible for EP 16"):
+        BenchSource().choose("live", 16)
+    assert BenchSource().choose(None, 16).kind == "model"
+
+
 def test_without_deep_ep_or_gpus_the_default_is_the_model_bench(machine):
     machine(1)
     assert BenchSource().choose(None).kind == "model"
