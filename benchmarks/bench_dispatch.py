@@ -265,18 +265,16 @@ def main() -> int:
     p.add_argument("--nvl-mb", type=float, default=1024)
     p.add_argument("--deepep-commit", default=os.environ.get("MOEPOLICY_DEEPEP_COMMIT", "unknown"))
     args = p.parse_args()
-    import tempfile
-
     import torch
-    import torch.multiprocessing as mp
+
+    from moepolicy.measure.ranks import rendezvous_file, run_ranks
 
     world = torch.cuda.device_count()
     if world < 2:
         print("bench_dispatch: needs at least 2 GPUs", file=sys.stderr)
         return 2
-    rendezvous = tempfile.mktemp(prefix="moepolicy-bench-")
-    mp.start_processes(
-        worker, args=(world, args, rendezvous, args.out), nprocs=world, start_method="spawn"
+    run_ranks(  # the safe environment (NVLink multicast off) in every rank
+        worker, (world, args, rendezvous_file("moepolicy-bench-"), args.out), world, 3600.0
     )
     return 0
 

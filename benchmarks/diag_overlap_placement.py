@@ -66,13 +66,6 @@ def trace_summary(trace, t_start_ns: int | None = None) -> dict:
 
 
 def worker(rank: int, world: int, args, rendezvous: str) -> None:
-    os.environ.update(
-        {
-            "NCCL_NVLS_ENABLE": "0",
-            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1",
-        }
-    )
     import deep_ep
     import torch
     import torch.distributed as dist
@@ -308,7 +301,8 @@ def main() -> int:
     p.add_argument("--deepep-commit", default=os.environ.get("MOEPOLICY_DEEPEP_COMMIT", "unknown"))
     args = p.parse_args()
     import torch
-    import torch.multiprocessing as mp
+
+    from moepolicy.measure.ranks import run_ranks
 
     world = 2
     if torch.cuda.device_count() < world:
@@ -317,8 +311,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    rendezvous = tempfile.mktemp(prefix="moepolicy-rdzv-")
-    mp.start_processes(worker, args=(world, args, rendezvous), nprocs=world, start_method="spawn")
+    run_ranks(worker, (world, args, tempfile.mktemp(prefix="moepolicy-rdzv-")), world, 3600.0)
     return 0
 
 

@@ -142,6 +142,7 @@ SLOW_MODULES = {
     "moe_step/test_bench_cli.py",
     "reference/test_prepare_finalize_cpu.py",
     "reference/test_packed_transport_cpu.py",
+    "measure/test_rank_harness.py",
     "export/test_report_plots.py",
 }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from moepolicy.cli._output import STDOUT, add_output_flag, note, output_path, table, write_output
@@ -34,6 +35,8 @@ MAX_REPS = 10_000
 TORCH_CPU = (
     "pip install torch --index-url https://download.pytorch.org/whl/cpu"  # the README's too
 )
+MAX_WATCHDOG_S = 86_400.0
+WATCHDOG_S = 120.0  # the default --watchdog: far above one timing, far below NCCL's 10 minutes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -81,6 +84,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=2,
         help=f"ranks of the emulated transport, 1 to {MAX_EMULATED_RANKS} (default 2)",
+    )
+    p.add_argument(
+        "--watchdog",
+        type=float,
+        default=WATCHDOG_S,
+        help=f"seconds a rank may go without finishing a timing before the bench ends every rank and "
+        f"says which hung, in one line, exit 9 (default {WATCHDOG_S:g})",
     )
     add_output_flag(
         p,
@@ -191,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         f"{spec.reps} repetitions; progress per bucket below"
     )
     with tempfile.TemporaryDirectory(prefix="moepolicy-bench-") as tmp:
-        times = run_step(arms, spec, world, tmp)
+        times = run_step(arms, spec, world, tmp, args.watchdog)
     rows = comparison(times)
     render(rows, functional, args.rounds, out=sys.stderr if args.output == STDOUT else sys.stdout)
     if args.output:
@@ -282,6 +292,11 @@ def _check_counts(args: argparse.Namespace) -> None:
     """The counts a bench runs with, checked before anything is read or started."""
     if args.reps is not None and not 1 <= args.reps <= MAX_REPS:
         raise UsageError(f"--reps must be from 1 to {MAX_REPS}, got {args.reps}")
+    if not (math.isfinite(args.watchdog) and 0 < args.watchdog <= MAX_WATCHDOG_S):
+        raise UsageError(
+            f"--watchdog must be a number of seconds above 0, at most {MAX_WATCHDOG_S:g}, got "
+            f"{args.watchdog}"
+        )
     if not 1 <= args.ranks <= MAX_EMULATED_RANKS:
         raise UsageError(
             f"--ranks must be from 1 to {MAX_EMULATED_RANKS} (processes of the emulated transport), "

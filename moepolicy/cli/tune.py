@@ -275,6 +275,9 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
     """Rank 0 tunes as usual with a coordinated bench; the other ranks serve measurements."""
     import os
 
+    from moepolicy.measure.ranks import safe_environment
+
+    safe_environment()  # torchrun started this process: NVLink multicast off before NCCL starts
     import torch.distributed as dist
 
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:

@@ -18,25 +18,11 @@ from typing import Optional
 
 import torch
 
-from moepolicy.measure.placement import RankPlacement, visible_placement
+from moepolicy.measure.placement import RankPlacement
+from moepolicy.measure.ranks import join_group
 from moepolicy.quant import triton_kernels
 
 REGIONS = ("full", "no-wait", "cached")
-
-
-def join_group(rank: int, world: int, rendezvous: str, placement: Optional[RankPlacement] = None):
-    """This process's GPU, joined to the group of ``world`` ranks (file rendezvous): NCCL with a GPU
-    per rank, gloo where ranks share a GPU (``placement``; by default over the GPUs visible)."""
-    import torch.distributed as dist
-
-    placement = placement or visible_placement(world)
-    device = torch.device("cuda", placement.device_index(rank))
-    torch.cuda.set_device(device)
-    extra = {} if placement.shared else {"device_id": device}
-    dist.init_process_group(
-        placement.backend, rank=rank, world_size=world, init_method=f"file://{rendezvous}", **extra
-    )
-    return device
 
 
 def join_rank(

@@ -141,7 +141,8 @@ def _dequant(x: torch.Tensor, scales: Optional[torch.Tensor]) -> torch.Tensor:
 
 
 class _Clock:
-    """Per-repetition times of ``fn`` on this rank, then the slowest rank's, then the median."""
+    """Per-repetition times of ``fn`` on this rank, then the slowest rank's, then the median; each
+    timing done tells the supervisor this rank is alive (``bench``'s watchdog)."""
 
     def __init__(self, device, regime: str):
         self.device, self.regime = device, regime
@@ -152,6 +153,13 @@ class _Clock:
             self.timer = Timer(device)
 
     def median_us(self, fn, reps: int) -> float:
+        from moepolicy.measure.ranks import tell
+
+        us = self._median_us(fn, reps)
+        tell("progress")
+        return us
+
+    def _median_us(self, fn, reps: int) -> float:
         import torch.distributed as dist
 
         if self.timer is not None:
@@ -218,11 +226,12 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
     """One rank: every (routing, bucket), rounds rotating over the arms; rank 0 writes the times."""
     import torch.distributed as dist
 
+    from moepolicy.measure.ranks import tell
     from moepolicy.measure.rounds import rotated_rounds
 
     gpu = spec.transport == "deepep"
     if gpu:  # a GPU per rank (NCCL), or ranks sharing the GPUs visible (gloo): measure.placement
-        from moepolicy.measure.deepep_ops import join_group
+        from moepolicy.measure.ranks import join_group
 
         device = join_group(rank, world, f"{outdir}/rendezvous")
     else:
@@ -241,6 +250,8 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
     clock = _Clock(device, spec.regime)
     results: dict = {}
     done = 0
+    tell("progress")  # up, with its buffer: from here the watchdog counts
+    dist.barrier()
     if rank == 0:  # the group is up and its buffer made: measuring starts (a test waits for this)
         _progress(f"bench: {world} ranks ready, measuring")
     for r_kind in spec.routings:
@@ -309,34 +320,30 @@ def _buffer(arms: tuple[Arm, ...], spec: StepSpec, world: int):
     return deep_ep.Buffer(dist.group.WORLD, nvl, 0)
 
 
-def _entry(rank: int, world: int, arms, spec, outdir) -> None:
-    os.environ.update(
-        {
-            "NCCL_NVLS_ENABLE": "0",
-            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1",
-        }
-    )
-    worker(rank, world, arms, spec, outdir)
-
-
-def run(arms: tuple[Arm, ...], spec: StepSpec, world: int, outdir: str) -> dict:
-    """Spawn ``world`` ranks, run the benchmark, return {routing: {tokens: {arm: [us per round]}}}."""
-    import torch.multiprocessing as mp
+def run(arms: tuple[Arm, ...], spec: StepSpec, world: int, outdir: str, watchdog_s: float) -> dict:
+    """Spawn ``world`` ranks, run the benchmark, return {routing: {tokens: {arm: [us per round]}}}.
+    A rank that dies or raises, or sends nothing for ``watchdog_s`` (a hung collective), ends every
+    rank and the run in one line."""
+    from moepolicy.measure.ranks import START_TIMEOUT_S, RanksFailed, spawn_ranks
 
     os.makedirs(outdir, exist_ok=True)
+    group = spawn_ranks(worker, [(world, arms, spec, outdir)] * world)
     try:
-        mp.start_processes(
-            _entry, args=(world, arms, spec, outdir), nprocs=world, start_method="spawn", join=True
-        )
-    except (
-        mp.ProcessRaisedException,
-        mp.ProcessExitedException,
-    ) as exc:  # a rank raised or died: its last line says why
-        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-        raise MeasurementError(
-            f"a benchmark rank failed: {lines[-1] if lines else type(exc).__name__}"
-        ) from None
+        group.watch(watchdog_s, "timing the MoE step", start_s=max(START_TIMEOUT_S, watchdog_s))
+    except RanksFailed as exc:
+        if exc.hung:
+            who = (
+                "no rank finished a timing (one stuck in a collective holds up the others)"
+                if exc.rank is None
+                else f"rank {exc.rank} finished no timing while the others waited"
+            )
+            raise MeasurementError(
+                f"a benchmark rank hung: {who} within --watchdog {watchdog_s:g} s; every rank "
+                "was ended"
+            ) from None
+        raise MeasurementError(f"a benchmark rank failed: {exc}") from None
+    finally:
+        group.kill()
     return json.loads((Path(outdir) / "times.json").read_text())
 
 

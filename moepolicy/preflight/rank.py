@@ -9,7 +9,6 @@ case's result (rank 0), ``error``, ``plan-done``, ``done``.
 
 from __future__ import annotations
 
-import os
 import traceback
 
 import torch
@@ -18,12 +17,6 @@ from moepolicy.preflight.plan import Case, PreflightPlan, Row
 from moepolicy.reference.payloads import PayloadFormat, patterned_payload
 from moepolicy.reference.transport import DeepEPTransport, Sent, destination_mask, receive
 
-SAFE_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-
 
 class DeepEPLink:
     """DeepEP's intranode ``Buffer``, one per policy with its NVLink buffer size, on this rank's GPU."""
@@ -31,7 +24,7 @@ class DeepEPLink:
     buffer = None
 
     def join(self, rank: int, world: int, placement, rendezvous: str):
-        from moepolicy.measure.deepep_ops import join_group
+        from moepolicy.measure.ranks import join_group
 
         return join_group(rank, world, rendezvous, placement)
 
@@ -76,8 +69,8 @@ class EmulatedLink:
 def rank_main(
     rank: int, plans: tuple[PreflightPlan, ...], placement, rendezvous: str, events, link=None
 ) -> None:
-    """A spawned rank's entry: join, run every policy's cases, report; never raises."""
-    os.environ.update(SAFE_ENV)
+    """A spawned rank's entry (``measure.ranks.spawn_ranks``): join, run every policy's cases,
+    report; never raises."""
     try:
         _run(rank, plans, placement, rendezvous, events, link or DeepEPLink())
     except Exception as exc:  # noqa: BLE001 (reported to the supervisor in one line)

@@ -3,18 +3,15 @@ step past its deadline, ends the run with a line naming the rank and the step.""
 
 from __future__ import annotations
 
-import queue
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from moepolicy.measure.placement import RankPlacement
+from moepolicy.measure.ranks import START_TIMEOUT_S, RankGroup, RanksFailed
 from moepolicy.preflight.plan import PreflightPlan, PreflightReport
 
 STEP_TIMEOUT_S = 120.0
-START_TIMEOUT_S = (
-    300.0  # spawning, importing torch and DeepEP, joining the group: slow on a loaded host
-)
 
 
 def run_preflight(
@@ -28,10 +25,7 @@ def run_preflight(
     same group, each step under ``step_timeout_s``; ``link`` is how a rank reaches the others
     (``preflight.rank.DeepEPLink`` by default); ``on_report`` sees each plan's report as soon as
     every rank is done with it (progress on long runs)."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
+    from moepolicy.measure.ranks import context, rendezvous_file, spawn_ranks
     from moepolicy.preflight.rank import rank_main
 
     if {plan.ep_size for plan in plans} != {placement.ranks}:
@@ -39,26 +33,16 @@ def run_preflight(
             f"every plan must be for EP {placement.ranks}: {[plan.ep_size for plan in plans]}"
         )
     reports = [PreflightReport(plan, placement) for plan in plans]
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()
-    rendezvous = tempfile.mktemp(prefix="moepolicy-preflight-")
-    procs = [
-        ctx.Process(
-            target=rank_main,
-            args=(r, tuple(plans), placement, rendezvous, events, link),
-            daemon=True,
-        )
-        for r in range(placement.ranks)
-    ]
-    for p in procs:
-        p.start()
+    rendezvous, events = rendezvous_file("moepolicy-preflight-"), context().Queue()
+    group = spawn_ranks(
+        rank_main,
+        [(tuple(plans), placement, rendezvous, events, link)] * placement.ranks,
+        events=events,
+    )
     try:
-        _Watch(reports, procs, events, step_timeout_s, on_report).run()
+        _Watch(reports, group, step_timeout_s, on_report).run()
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
+        group.kill()
     return reports
 
 
@@ -67,8 +51,7 @@ class _Watch:
     """The supervisor's state: each rank's current step and finished policies."""
 
     reports: list[PreflightReport]
-    procs: list
-    events: object
+    group: RankGroup
     step_timeout_s: float
     on_report: Optional[Callable[[PreflightReport], None]] = None
     steps: dict = field(default_factory=dict)
@@ -76,22 +59,43 @@ class _Watch:
     done: set = field(default_factory=set)
 
     def run(self) -> None:
-        ranks = range(len(self.procs))
+        ranks = range(len(self.group.procs))
         self.steps = {r: "starting" for r in ranks}
         self.finished = {r: 0 for r in ranks}
         last_event = time.monotonic()
-        while len(self.done) < len(self.procs):
+        while len(self.done) < len(ranks):
+            limit = self._limit()
             try:
-                kind, rank, payload = self.events.get(timeout=1.0)
-            except queue.Empty:
-                problem = self._stalled(last_event)
-                if problem:
-                    return self._fail(*problem)
-                continue
+                kind, rank, payload = self.group.next_event(
+                    last_event + limit, "running the preflight", tuple(self.done)
+                )
+            except RanksFailed as exc:
+                said = self._said(exc, limit)
+                return self._fail(
+                    min(set(self.steps) - self.done) if exc.rank is None else exc.rank, said
+                )
             last_event = time.monotonic()
             if kind == "error":
                 return self._fail(rank, f"rank {rank} at {self.steps[rank]}: {payload}")
+            if kind == "exited":
+                return self._fail(rank, f"rank {rank} ended at: {self.steps[rank]}")
             self._note(kind, rank, payload)
+
+    def _limit(self) -> float:
+        """How long the run may go without an event: starting (spawn, imports, joining the group)
+        has its own, longer deadline."""
+        starting = any(
+            step == "starting" or step.startswith("joining") for step in self.steps.values()
+        )
+        return max(START_TIMEOUT_S, self.step_timeout_s) if starting else self.step_timeout_s
+
+    def _said(self, failed: RanksFailed, limit: float) -> str:
+        r = failed.rank if failed.rank is not None else min(set(self.steps) - self.done)
+        if failed.hung:
+            return f"no progress within {limit:.0f} s: rank {r} at: {self.steps[r]} (a hung collective?)"
+        if failed.detail:
+            return f"rank {r} at {self.steps[r]}: {failed.detail}"
+        return f"rank {r} died (exit {failed.exitcode}) at: {self.steps[r]}"
 
     def _note(self, kind: str, rank: int, payload) -> None:
         if kind == "step":
@@ -105,29 +109,6 @@ class _Watch:
                 self.on_report(self.reports[payload])
         elif kind == "done":
             self.done.add(rank)
-
-    def _stalled(self, last_event: float):
-        """Why the run cannot go on (a rank died, or no rank progressed in time), or None. Starting
-        (spawn, imports, joining the group) has its own, longer deadline."""
-        dead = [
-            r
-            for r, p in enumerate(self.procs)
-            if p.exitcode not in (None, 0) and r not in self.done
-        ]
-        if dead:
-            r = dead[0]
-            return r, f"rank {r} died (exit {self.procs[r].exitcode}) at: {self.steps[r]}"
-        starting = any(
-            step == "starting" or step.startswith("joining") for step in self.steps.values()
-        )
-        limit = max(START_TIMEOUT_S, self.step_timeout_s) if starting else self.step_timeout_s
-        if time.monotonic() - last_event > limit:
-            r = min(set(self.steps) - self.done)
-            return (
-                r,
-                f"no progress within {limit:.0f} s: rank {r} at: {self.steps[r]} (a hung collective?)",
-            )
-        return None
 
     def _fail(self, rank: int, message: str) -> None:
         """The policy ``rank`` was running failed; the ones after it were not run."""

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from moepolicy.measure.ranks import run_ranks
+
 SPECS = {
     "block128": dict(kind="block", group=128),
     "block128_ue8m0": dict(kind="block", group=128, ue8m0=True),
@@ -48,7 +50,7 @@ def join(
     if transport_kind == "deepep":
         import deep_ep
 
-        from moepolicy.measure.deepep_ops import join_group
+        from moepolicy.measure.ranks import join_group
         from moepolicy.reference.transport import DeepEPTransport
 
         device = join_group(rank, world, f"{outdir}/rendezvous")
@@ -69,25 +71,6 @@ def deepep_nvl_bytes(hidden: int, world: int) -> int:
 
     configs = (deep_ep.Buffer.get_dispatch_config(world), deep_ep.Buffer.get_combine_config(world))
     return max(c.get_nvl_buffer_size_hint(hidden * 2, world) for c in configs)
-
-
-def run_ranks(entry, args: tuple, world: int, timeout_s: float = 300.0) -> None:
-    """Spawn ``world`` ranks of ``entry(rank, *args)``; a rank that fails, or a group that is not
-    done within ``timeout_s`` (a hung collective), ends every rank and raises with why."""
-    import time
-
-    import torch.multiprocessing as mp
-
-    context = mp.start_processes(entry, args=args, nprocs=world, start_method="spawn", join=False)
-    deadline = time.monotonic() + timeout_s
-    while not context.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in context.processes:
-                if p.is_alive():
-                    p.kill()
-            raise TimeoutError(
-                f"{world} ranks not done within {timeout_s:.0f} s (a hung collective?)"
-            )
 
 
 @dataclass(frozen=True)
@@ -215,7 +198,7 @@ def low_latency_worker(
     import deep_ep
     import torch.distributed as dist
 
-    from moepolicy.measure.deepep_ops import join_group
+    from moepolicy.measure.ranks import join_group
 
     device = join_group(rank, world, f"{outdir}/rendezvous-ll")
     hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, world, num_experts)

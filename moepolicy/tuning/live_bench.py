@@ -2,17 +2,15 @@
 
 The tuning process (the only optuna client) sends each trial's config to every worker; the workers
 measure it together (NCCL + DeepEP) and rank 0 answers with the slowest rank's times (its medians; for
-the overlap, the slowest rank in each repetition, ``Timer.slowest_rank_per_rep``). A per-trial
-watchdog kills the whole group when a worker dies or a measurement hangs (a DeepEP device trap
-poisons the CUDA context and strands the peers), the trial fails with the reason, and the next
-measurement starts a fresh group.
+the overlap, the slowest rank in each repetition, ``Timer.slowest_rank_per_rep``). The workers are
+ranks of the one harness (``measure.ranks``); a per-trial watchdog kills the whole group when a
+worker dies or a measurement hangs (a DeepEP device trap poisons the CUDA context and strands the
+peers), the trial fails with the reason, and the next measurement starts a fresh group.
 """
 
 from __future__ import annotations
 
 import os
-import queue
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -28,17 +26,10 @@ from moepolicy.tuning.bench import (
     check_measurement,
 )
 
-SAFE_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-
 
 def _worker(
     rank: int, world: int, rendezvous: str, buffer_bytes: int, commands, results, reps: int
 ) -> None:
-    os.environ.update(SAFE_ENV)
     import torch.distributed as dist
 
     from moepolicy.measure.deepep_ops import join_rank
@@ -59,45 +50,6 @@ def _worker(
         },
     )
     dist.destroy_process_group()
-
-
-def quiet_worker(worker, *args) -> None:
-    """A worker process's entry: Ctrl-C (sent by a terminal to the whole process group) is the
-    supervisor's to handle, which stops or kills the group; a worker ignores it and never prints a
-    traceback for it (nor for SIGTERM: the group is ended by its supervisor)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(
-            signal.SIG_UNBLOCK, {signal.SIGINT}
-        )  # blocked while it started; ignored now
-    try:
-        worker(*args)
-    except KeyboardInterrupt:
-        os._exit(130)
-
-
-class _sigint_blocked:
-    """Block SIGINT in this thread while worker processes start: a process inherits the mask, so a
-    Ctrl-C while one starts (its interpreter and imports, before :func:`quiet_worker` runs) does not
-    reach it; the supervisor still gets the Ctrl-C (another thread, or once the block ends)."""
-
-    def __enter__(self):
-        import signal
-
-        self._old = (
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            if hasattr(signal, "pthread_sigmask")
-            else None
-        )
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import signal
-
-        if self._old is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
 
 
 def serve_commands(rank: int, commands, results, handlers) -> None:
@@ -302,41 +254,26 @@ class LiveBench(Bench):
             reps,
         )
         self._worker = worker or _worker
-        self._procs: list = []
+        self._group = None  # measure.ranks.RankGroup while the workers run
         self._commands: list = []
-        self._results = None
         self._token = 0
         self.restarts = 0
 
     def _start_group(self) -> None:
-        import torch.multiprocessing as mp
+        from moepolicy.measure.ranks import context, rendezvous_file, spawn_ranks
 
-        ctx = mp.get_context("spawn")
-        self._results = ctx.Queue()
-        self._commands = [ctx.Queue() for _ in range(self.world)]
-        rendezvous = tempfile.mktemp(prefix="moepolicy-live-")
-        self._procs = [
-            ctx.Process(
-                target=quiet_worker,
-                args=(
-                    self._worker,
-                    r,
-                    self.world,
-                    rendezvous,
-                    self.buffer_bytes,
-                    self._commands[r],
-                    self._results,
-                    self.reps,
-                ),
-                daemon=True,
-            )
-            for r in range(self.world)
-        ]
-        with (
-            _sigint_blocked()
-        ):  # the workers start with Ctrl-C blocked: it is the supervisor's alone
-            for p in self._procs:
-                p.start()
+        self._commands = [context().Queue() for _ in range(self.world)]
+        results = context().Queue()  # the group's events: ready, and rank 0's answers
+        rendezvous = rendezvous_file("moepolicy-live-")
+        self._group = spawn_ranks(
+            self._worker,
+            [
+                (self.world, rendezvous, self.buffer_bytes, q, results, self.reps)
+                for q in self._commands
+            ],
+            quiet=True,  # Ctrl-C is the supervisor's: it stops or kills the group
+            events=results,
+        )
         ready = 0
         deadline = time.monotonic() + self.start_timeout_s
         while ready < self.world:
@@ -345,37 +282,41 @@ class LiveBench(Bench):
                 ready += 1
 
     def _get(self, deadline: float, what: str):
-        while True:
-            dead = [p for p in self._procs if p.exitcode is not None]
-            if dead:
-                codes = ", ".join(f"rank {self._procs.index(p)} exit {p.exitcode}" for p in dead)
-                self._kill_group(failed=True)
-                raise TrialFailed(f"worker died while {what} ({codes}); group restarted")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._kill_group(failed=True)
+        """The next answer from the workers; a worker's death or a deadline passed kill the group
+        and fail the trial."""
+        from moepolicy.measure.ranks import RanksFailed
+
+        try:
+            event = self._group.next_event(deadline, what)
+        except RanksFailed as exc:
+            self._kill_group(failed=True)
+            if exc.hung:
                 raise TrialFailed(
                     f"no answer within the watchdog while {what}; group killed and restarted"
-                )
-            try:
-                return self._results.get(timeout=min(1.0, remaining))
-            except queue.Empty:
-                continue
+                ) from None
+            if exc.detail:
+                raise TrialFailed(f"worker {exc}; group restarted") from None
+            raise TrialFailed(
+                f"worker died while {what} (rank {exc.rank} exit {exc.exitcode}); group restarted"
+            ) from None
+        if event[0] == "exited":  # a worker ends only when told to
+            self._kill_group(failed=True)
+            raise TrialFailed(
+                f"worker died while {what} (rank {event[1]} exit 0); group restarted"
+            )
+        return event
 
     def _kill_group(self, failed: bool = False) -> None:
-        for p in self._procs:
-            if p.is_alive():
-                p.kill()
-        for p in self._procs:
-            p.join(timeout=10)
-        if self._procs and failed:
-            self.restarts += 1
-        self._procs = []
+        if self._group is not None:
+            self._group.kill()
+            if failed:
+                self.restarts += 1
+        self._group = None
 
     def _ask(self, kind: str, args: tuple, what: str):
         """Every rank runs ``kind`` on ``args``; rank 0's answer (a failure kills the group: a failed
         collective leaves peers in an unknown state)."""
-        if not self._procs:
+        if self._group is None:
             self._start_group()
         self._token += 1
         for q in self._commands:
@@ -421,8 +362,8 @@ class LiveBench(Bench):
                 q.put(None)
             except Exception:  # noqa: BLE001
                 pass
-        for p in self._procs:
-            p.join(timeout=15)
+        if self._group is not None:
+            self._group.close(15.0)
         self._kill_group()
 
 

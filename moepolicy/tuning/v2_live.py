@@ -7,13 +7,12 @@ worker group's plumbing is tested on CPUs with stand-in workers (``moepolicy.tes
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from moepolicy.tuning.bench import TrialFailed, Workload
 from moepolicy.names import LAUNCH_MODE
-from moepolicy.tuning.live_bench import SAFE_ENV, LiveBench, serve_commands
+from moepolicy.tuning.live_bench import LiveBench, serve_commands
 from moepolicy.tuning.v2_tune import V2Point
 
 MAX_TOKENS = 8192  # per rank: the buffers are sized once for the largest bucket the tuner uses
@@ -95,10 +94,9 @@ def measure_v2_point(state: V2RankState, workload: Workload, point: V2Point, tok
 def _v2_worker(
     rank: int, world: int, rendezvous: str, buffer_bytes: int, commands, results, reps: int
 ) -> None:
-    os.environ.update(SAFE_ENV)
     import torch.distributed as dist
 
-    from moepolicy.measure.deepep_ops import join_group
+    from moepolicy.measure.ranks import join_group
     from moepolicy.measure.timing import Timer
 
     device = join_group(rank, world, rendezvous)

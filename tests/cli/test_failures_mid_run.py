@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,46 @@ def test_a_bench_rank_that_dies_ends_the_bench_in_one_line(tmp_path):
     err = bench.finish(timeout=120)
     assert bench.returncode == 9, err
     assert "a benchmark rank failed" in _last_line(err)
+
+
+def test_a_hung_bench_rank_ends_the_bench_in_one_line_at_the_watchdog(tmp_path):
+    """A rank that stops (SIGSTOP: alive, answering nothing, as a rank stuck in a collective or a
+    device hang) ends the bench within --watchdog, not after gloo's or NCCL's own 10-30 minutes."""
+    torch = pytest.importorskip("torch", reason="bench needs torch")  # noqa: F841
+    policy = tmp_path / "p.yaml"
+    assert run_cli("plan", "--model", MODEL, "--ep-size", "2", "-o", str(policy)).returncode == 0
+    bench = Watched(
+        cli_command(
+            "bench",
+            str(policy),
+            "--transport",
+            "emulated",
+            "--tokens",
+            "16",
+            "--rounds",
+            "200",
+            "--reps",
+            "5",
+            "--routing",
+            "uniform",
+            "--watchdog",
+            "15",
+        ),
+        env=ENV,
+    )
+    bench.wait_for(r"^bench: 2 ranks ready, measuring")
+    ranks = _spawned_ranks(bench.pid)
+    assert len(ranks) == 2, "the bench did not start its ranks"
+    os.kill(ranks[-1], signal.SIGSTOP)
+    stopped = time.monotonic()
+    err = bench.finish(timeout=120)
+    assert bench.returncode == 9, err
+    last = _last_line(err)
+    assert (
+        last.startswith("moepolicy: a benchmark rank hung: ") and "within --watchdog 15 s" in last
+    )
+    assert time.monotonic() - stopped < 15 + 60  # the watchdog, then killing and reaping the ranks
+    assert not any(Path(f"/proc/{pid}").exists() for pid in ranks), "a rank was left behind"
 
 
 FULL_DISK = textwrap.dedent("""

@@ -2,7 +2,6 @@
 delivers what the full dispatch delivers, so timing it times the same communication."""
 
 import json
-import tempfile
 
 import pytest
 
@@ -53,19 +52,11 @@ def _compare_regions(rank: int, world: int, rendezvous: str, out_dir: str) -> No
 
 def test_no_wait_dispatch_delivers_what_the_full_dispatch_does(tmp_path):
     require(1, need_deep_ep=True)
-    import torch.multiprocessing as mp
+    from moepolicy.measure.ranks import rendezvous_file, run_ranks
 
-    rendezvous = tempfile.mktemp(prefix="moepolicy-ops-")
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=_compare_regions, args=(r, WORLD, rendezvous, str(tmp_path)))
-        for r in range(WORLD)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-    assert [p.exitcode for p in procs] == [0] * WORLD
+    run_ranks(
+        _compare_regions, (WORLD, rendezvous_file("moepolicy-ops-"), str(tmp_path)), WORLD, 180.0
+    )
     for r in range(WORLD):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         # the worst case is every token of every rank; the full dispatch's rows are DeepEP's own counts
