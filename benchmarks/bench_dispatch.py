@@ -141,7 +141,7 @@ def order_rounds(timer, ops, region: str, mode: str, rounds: int, reps: int) -> 
 
 def parts(timer, ops, mode: str, reps: int) -> dict:
     """What each order is made of, in the cached region: dispatch alone per payload, quant alone."""
-    m = timer.median_max_over_ranks
+    m = timer.step_us
     return {
         "dispatch_fp8": m(lambda: ops.dispatch_only("fp8", "cached"), reps, mode=mode)[
             "median_us"
@@ -189,7 +189,7 @@ def worker(rank: int, world: int, args, rendezvous: str, out_path: str) -> None:
                             timer, ops, region, mode, args.rounds, args.reps
                         )
                     row[f"{mode}_parts"] = parts(timer, ops, mode, args.reps)
-                row["combine"] = timer.median_max_over_ranks(ops.combine, args.reps, mode="queued")
+                row["combine"] = timer.step_us(ops.combine, args.reps, mode="queued")
                 rows.append(row)
                 if rank == 0:
                     print(

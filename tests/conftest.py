@@ -143,6 +143,7 @@ SLOW_MODULES = {
     "reference/test_prepare_finalize_cpu.py",
     "reference/test_packed_transport_cpu.py",
     "measure/test_rank_harness.py",
+    "measure/test_step_time.py",
     "export/test_report_plots.py",
 }
 

@@ -273,7 +273,7 @@ def time_arms(
     torch.cuda.synchronize(device)
 
     def once(name):
-        return timer.median_max_over_ranks(fns[name], reps, warmup=1, mode=mode)["median_us"]
+        return timer.step_us(fns[name], reps, warmup=1, mode=mode)["median_us"]
 
     return rotated_rounds(list(fns), once, rounds, warm_up=warm_up)
 

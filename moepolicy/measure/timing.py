@@ -1,5 +1,5 @@
-"""CUDA-event timing with an L2 flush before every repetition; medians, spreads, max over ranks (of
-the medians, or per repetition).
+"""CUDA-event timing with an L2 flush before every repetition, and the one way a time is reported
+over the ranks of a step (:func:`step_times`: the slowest rank per repetition, then the median).
 
 Three launch modes:
 - ``synced`` (default): host and GPUs are synchronised (barrier, then the GPU idle) right before the
@@ -53,15 +53,6 @@ class Timer:
             else:
                 dist.barrier(group=self.group, device_ids=[self.device.index])
 
-    def _all_gather(self, values: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's ``values`` (gloo gathers host tensors, NCCL device tensors)."""
-        import torch.distributed as dist
-
-        local = values.cpu() if self._gloo() else values.to(self.device)
-        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather(gathered, local, group=self.group)
-        return gathered
-
     def quiesce(self) -> None:
         """Flush L2, meet the other ranks, and wait until this GPU is idle (the barrier's own
         kernels must not spill into the next timing)."""
@@ -112,37 +103,52 @@ class Timer:
             out.append(start.elapsed_time(end) * 1000.0 / calls)
         return out
 
-    def median_max_over_ranks(
+    def step_us(
         self, fn: Callable[[], object], reps: int = 30, warmup: int = 5, mode: str = "synced"
     ) -> dict:
-        """Median per rank, then the slowest rank's median (a collective waits for the slowest)."""
-        import torch.distributed as dist
-
+        """``fn`` timed ``reps`` times on every rank and reported as an EP step's time
+        (:func:`step_times`: the slowest rank in each repetition, then the median)."""
         xs = self.samples(fn, reps, warmup, mode)
-        med = statistics.median(xs)
-        stats = torch.tensor([med, min(xs), max(xs)], dtype=torch.float64)
-        if self.collective and dist.is_initialized():
-            slowest = max(self._all_gather(stats), key=lambda t: float(t[0]))
-        else:
-            slowest = stats
         return {
-            "median_us": float(slowest[0]),
-            "min_us": float(slowest[1]),
-            "max_us": float(slowest[2]),
-            "reps": reps,
+            **step_times(xs, self.group if self.collective else False, self.device),
             "mode": mode,
         }
 
     def slowest_rank_per_rep(self, samples: dict[str, list[float]]) -> dict[str, list[float]]:
         """``samples`` (this rank's timings of the same repetitions as every other rank's) reduced to
         the slowest rank's time in each repetition (:func:`slowest_per_rep`); unchanged on one process."""
-        import torch.distributed as dist
+        return gather_slowest(samples, self.group if self.collective else False, self.device)
 
-        if not (self.collective and dist.is_initialized()):
-            return samples
-        keys = sorted(samples)
-        gathered = self._all_gather(torch.tensor([samples[k] for k in keys], dtype=torch.float64))
-        return slowest_per_rep([{k: row.tolist() for k, row in zip(keys, g)} for g in gathered])
+
+def step_times(xs: Sequence[float], group=None, device=None) -> dict:
+    """How every reported GPU time of moepolicy is taken (docs/BENCHMARKS.md, "How GPU times are
+    taken"): each rank times the same repetitions, every one started together after a barrier; a
+    repetition counts its slowest rank (an expert-parallel step ends when its last rank does); the
+    median over the repetitions is reported, with the fastest and slowest of the same series.
+    ``group``: the process group (None: the default one; False: this process alone)."""
+    slowest = gather_slowest({"t": list(xs)}, group, device)["t"]
+    return {
+        "median_us": float(statistics.median(slowest)),
+        "min_us": float(min(slowest)),
+        "max_us": float(max(slowest)),
+        "reps": len(slowest),
+    }
+
+
+def gather_slowest(samples: dict[str, list[float]], group=None, device=None) -> dict:
+    """Every rank's ``samples`` gathered over ``group`` (gloo: host tensors; NCCL: on ``device``)
+    and reduced to the slowest rank per repetition; unchanged on one process or ``group=False``."""
+    import torch.distributed as dist
+
+    if group is False or not dist.is_initialized():
+        return samples
+    keys = sorted(samples)
+    local = torch.tensor([samples[k] for k in keys], dtype=torch.float64)
+    if dist.get_backend(group) != "gloo":
+        local = local.to(device)
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, local, group=group)
+    return slowest_per_rep([{k: row.tolist() for k, row in zip(keys, g.cpu())} for g in gathered])
 
 
 def slowest_per_rep(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, list[float]]:
@@ -171,8 +177,6 @@ def interleaved_rounds(
     per-round medians per name."""
     return rotated_rounds(
         list(fns),
-        lambda name: timer.median_max_over_ranks(fns[name], reps, warmup=warmup, mode=mode)[
-            "median_us"
-        ],
+        lambda name: timer.step_us(fns[name], reps, warmup=warmup, mode=mode)["median_us"],
         rounds,
     )

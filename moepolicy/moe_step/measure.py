@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -141,8 +140,9 @@ def _dequant(x: torch.Tensor, scales: Optional[torch.Tensor]) -> torch.Tensor:
 
 
 class _Clock:
-    """Per-repetition times of ``fn`` on this rank, then the slowest rank's, then the median; each
-    timing done tells the supervisor this rank is alive (``bench``'s watchdog)."""
+    """Per-repetition times of ``fn`` on every rank, reported as an EP step's time
+    (``measure.timing.step_times``: the slowest rank per repetition, then the median); each timing
+    done tells the supervisor this rank is alive (``bench``'s watchdog)."""
 
     def __init__(self, device, regime: str):
         self.device, self.regime = device, regime
@@ -154,30 +154,28 @@ class _Clock:
 
     def median_us(self, fn, reps: int) -> float:
         from moepolicy.measure.ranks import tell
+        from moepolicy.measure.timing import step_times
 
-        us = self._median_us(fn, reps)
+        if self.timer is not None:
+            us = self.timer.step_us(fn, reps, warmup=2, mode=LAUNCH_MODE[self.regime])["median_us"]
+        else:
+            us = step_times(_host_samples(fn, reps))["median_us"]
         tell("progress")
         return us
 
-    def _median_us(self, fn, reps: int) -> float:
-        import torch.distributed as dist
 
-        if self.timer is not None:
-            mode = LAUNCH_MODE[self.regime]
-            xs = self.timer.slowest_rank_per_rep(
-                {"t": self.timer.samples(fn, reps, warmup=2, mode=mode)}
-            )["t"]
-            return statistics.median(xs)
-        fn()  # warm-up
-        xs = []
-        for _ in range(reps):
-            dist.barrier()
-            start = time.perf_counter()
-            fn()
-            xs.append((time.perf_counter() - start) * 1e6)
-        times = torch.tensor(xs, dtype=torch.float64)
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)
-        return statistics.median(times.tolist())
+def _host_samples(fn, reps: int) -> list[float]:
+    """Wall-clock microseconds of ``fn`` per repetition, each started after a barrier (CPUs)."""
+    import torch.distributed as dist
+
+    fn()  # warm-up
+    xs = []
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        xs.append((time.perf_counter() - start) * 1e6)
+    return xs
 
 
 def _transport(arm: Arm, tokens: int, spec: StepSpec, buffer):

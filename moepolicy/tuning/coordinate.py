@@ -27,7 +27,9 @@ def _measure(inner: Bench, workload: Workload, point: TunePoint) -> Union[Measur
 
 
 def slowest(results: list[Measurement]) -> Measurement:
-    """A collective waits for its slowest rank: the max of each time over ranks."""
+    """The ranks' answers as one: a live rank's times are already the step's (``RankBench`` times
+    with the group's timer, ``measure.timing.step_times``), so every rank answers the same; a bench
+    that is not collective answers per rank, and a collective waits for its slowest rank."""
     return Measurement(
         dispatch_us=max(m.dispatch_us for m in results),
         dispatch_cached_us=max(m.dispatch_cached_us for m in results),

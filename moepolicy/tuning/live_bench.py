@@ -1,11 +1,11 @@
 """The live bench: one process per GPU running DeepEP, supervised by the tuning process.
 
 The tuning process (the only optuna client) sends each trial's config to every worker; the workers
-measure it together (NCCL + DeepEP) and rank 0 answers with the slowest rank's times (its medians; for
-the overlap, the slowest rank in each repetition, ``Timer.slowest_rank_per_rep``). The workers are
-ranks of the one harness (``measure.ranks``); a per-trial watchdog kills the whole group when a
-worker dies or a measurement hangs (a DeepEP device trap poisons the CUDA context and strands the
-peers), the trial fails with the reason, and the next measurement starts a fresh group.
+measure it together (NCCL + DeepEP) and rank 0 answers with the step's times, taken as every GPU
+time is (``measure.timing.step_times``: the slowest rank in each repetition, then the median). The
+workers are ranks of the one harness (``measure.ranks``); a per-trial watchdog kills the whole group
+when a worker dies or a measurement hangs (a DeepEP device trap poisons the CUDA context and strands
+the peers), the trial fails with the reason, and the next measurement starts a fresh group.
 """
 
 from __future__ import annotations
@@ -122,12 +122,13 @@ class RankState:
 
 def measure_point(state: RankState, workload: Workload, point: TunePoint) -> Measurement:
     """One collective measurement on this rank (every rank calls it with the same point): the full
-    dispatch call, the cached-handle kernel, combine, and both orders when asked; slowest rank's medians."""
+    dispatch call, the cached-handle kernel, combine, and both orders when asked; each an EP step's
+    time (``Timer.step_us``)."""
     ops = state.ops(workload, point)
     payload, mode = workload.payload, LAUNCH_MODE[workload.regime]
 
     def timed(fn) -> float:
-        return state.timer.median_max_over_ranks(fn, state.reps, mode=mode)["median_us"]
+        return state.timer.step_us(fn, state.reps, mode=mode)["median_us"]
 
     full = timed(lambda: ops.dispatch_only(payload, "full"))
     cached = timed(lambda: ops.dispatch_only(payload, "cached"))

@@ -84,10 +84,10 @@ def measure_v2_point(state: V2RankState, workload: Workload, point: V2Point, tok
     rows = (received[0] if isinstance(received, tuple) else received).shape[0]
     y = torch.ones(rows, workload.hidden, dtype=torch.bfloat16, device=state.device)
     mode = LAUNCH_MODE[workload.regime]
-    dispatch_us = state.timer.median_max_over_ranks(dispatch, state.reps, mode=mode)["median_us"]
-    combine_us = state.timer.median_max_over_ranks(
-        lambda: buffer.combine(y, handle), state.reps, mode=mode
-    )["median_us"]
+    dispatch_us = state.timer.step_us(dispatch, state.reps, mode=mode)["median_us"]
+    combine_us = state.timer.step_us(lambda: buffer.combine(y, handle), state.reps, mode=mode)[
+        "median_us"
+    ]
     return dispatch_us + combine_us
 
 
