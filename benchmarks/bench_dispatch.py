@@ -267,12 +267,13 @@ def main() -> int:
     args = p.parse_args()
     import torch
 
-    from moepolicy.measure.ranks import rendezvous_file, run_ranks
+    from moepolicy.measure.ranks import gpu_placement, rendezvous_file, run_ranks
 
     world = torch.cuda.device_count()
     if world < 2:
         print("bench_dispatch: needs at least 2 GPUs", file=sys.stderr)
         return 2
+    gpu_placement(world)  # peer access between every pair, before any rank starts
     run_ranks(  # the safe environment (NVLink multicast off) in every rank
         worker, (world, args, rendezvous_file("moepolicy-bench-"), args.out), world, 3600.0
     )

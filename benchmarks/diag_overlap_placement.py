@@ -302,7 +302,7 @@ def main() -> int:
     args = p.parse_args()
     import torch
 
-    from moepolicy.measure.ranks import run_ranks
+    from moepolicy.measure.ranks import gpu_placement, run_ranks
 
     world = 2
     if torch.cuda.device_count() < world:
@@ -311,6 +311,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    gpu_placement(world)
     run_ranks(worker, (world, args, tempfile.mktemp(prefix="moepolicy-rdzv-")), world, 3600.0)
     return 0
 

@@ -44,6 +44,30 @@ def nvml_gpus() -> tuple[str, ...]:
     return tuple(names)
 
 
+NVML_P2P_CAPS_INDEX_NVLINK = 2  # nvmlGpuP2PCapsIndex_t
+NVML_P2P_STATUS_OK = 0
+
+
+def nvml_nvlink(a: int, b: int) -> Optional[bool]:
+    """Are NVML devices ``a`` and ``b`` (NVML's indices) peers over NVLink; None when NVML cannot say."""
+    lib = _nvml()
+    if lib is None:
+        return None
+    handles = [ctypes.c_void_p(), ctypes.c_void_p()]
+    for index, handle in zip((a, b), handles):
+        if lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
+            return None
+    status = ctypes.c_int(-1)
+    if (
+        lib.nvmlDeviceGetP2PStatus(
+            handles[0], handles[1], NVML_P2P_CAPS_INDEX_NVLINK, ctypes.byref(status)
+        )
+        != 0
+    ):
+        return None
+    return status.value == NVML_P2P_STATUS_OK
+
+
 @lru_cache(maxsize=1)
 def nvml_arch() -> Optional[str]:
     lib = _nvml()

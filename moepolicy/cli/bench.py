@@ -124,6 +124,9 @@ def _transport(asked: str, ep_size: int) -> tuple[str, int, str]:
         return "emulated", 0, "asked for the emulated transport"
     gpus, missing = visible_gpus(), deep_ep_importable()
     if gpus >= 2 and not missing and gpus >= ep_size:
+        from moepolicy.measure.ranks import gpu_placement
+
+        gpu_placement(ep_size, gpus)  # peer access between the ranks' GPUs, before any rank starts
         return "deepep", ep_size, f"deep_ep imports and {gpus} GPUs are visible"
     if asked == "deepep" and gpus >= 1 and not missing:
         return "deepep", ep_size, f"{ep_size} ranks on {gpus} GPU(s): {SHARED_LABEL}"

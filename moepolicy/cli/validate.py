@@ -179,7 +179,7 @@ def _live(paths: list[str], show: bool = True) -> list[dict]:
     """``--live``: the preflight on the GPUs visible, the policies of one EP size in one group of
     ranks; one result per policy, in the order given (``failure``: its one line, or None)."""
     from moepolicy.errors import MeasurementError
-    from moepolicy.measure.placement import visible_placement
+    from moepolicy.measure.ranks import gpu_placement
     from moepolicy.preflight import describe_failure, plan_preflight, render, run_preflight
     from moepolicy.tuning.live_bench import deep_ep_importable
 
@@ -188,7 +188,7 @@ def _live(paths: list[str], show: bool = True) -> list[dict]:
     reports = {}
     for ep_size in sorted({plan.ep_size for plan in plans}):
         try:
-            placement = visible_placement(ep_size)
+            placement = gpu_placement(ep_size)
         except (ImportError, ValueError) as exc:
             raise MeasurementError(f"--live runs DeepEP on CUDA GPUs: {exc}") from None
         if missing:

@@ -7,7 +7,8 @@
 - **Spawn**, never fork (CUDA), with Ctrl-C blocked while the ranks start; a ``quiet`` rank then
   ignores it (its supervisor ends the group). A rank that raises reports one line and exits 1.
 - **A device per rank** (``measure.placement``: a GPU each, or ranks sharing the GPUs visible) and
-  the join (:func:`join_group`).
+  the join (:func:`join_group`); peer access between the ranks' GPUs is checked once, before the
+  first group (:func:`gpu_placement`), and refused in one line naming the GPU pair.
 - **One supervisor loop** (:meth:`RankGroup.next_event`): the ranks' events, a rank's death or
   error, and a deadline, each ending the group in one line (:class:`RanksFailed`).
 
@@ -23,8 +24,10 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from functools import lru_cache
+from typing import Any, Callable, Mapping, Optional, Sequence
 
+from moepolicy.errors import InfeasibleError
 from moepolicy.measure.placement import RankPlacement
 
 SAFE_ENV = {
@@ -263,3 +266,80 @@ def join_group(rank: int, world: int, rendezvous: str, placement: Optional[RankP
         placement.backend, rank=rank, world_size=world, init_method=f"file://{rendezvous}", **extra
     )
     return device
+
+
+@dataclass(frozen=True)
+class PeerLink:
+    """How two GPUs reach each other: peer access (CUDA IPC mappings, which DeepEP's intranode
+    buffer needs) and whether it is NVLink (None: unknown, NVML could not say)."""
+
+    access: bool
+    nvlink: Optional[bool] = None
+
+
+Probe = Callable[[tuple[int, ...]], Mapping[tuple[int, int], PeerLink]]
+
+
+@lru_cache(maxsize=None)
+def probe_peer_links(devices: tuple[int, ...]) -> Mapping[tuple[int, int], PeerLink]:
+    """Every pair of ``devices`` (CUDA indices): peer access from CUDA, NVLink from NVML. Once per
+    process for a set of devices."""
+    import torch
+
+    from moepolicy.hardware import nvml_nvlink
+
+    links = {}
+    for i, a in enumerate(devices):
+        for b in devices[i + 1 :]:
+            access = torch.cuda.can_device_access_peer(a, b) and torch.cuda.can_device_access_peer(
+                b, a
+            )
+            links[(a, b)] = PeerLink(access, _nvml_nvlink(a, b, nvml_nvlink))
+    return links
+
+
+def _nvml_nvlink(a: int, b: int, nvml_nvlink) -> Optional[bool]:
+    import torch
+
+    try:
+        return nvml_nvlink(
+            torch.cuda._get_nvml_device_index(a), torch.cuda._get_nvml_device_index(b)
+        )
+    except Exception:  # noqa: BLE001 (no NVML, or a device NVML does not list: unknown)
+        return None
+
+
+def check_peer_links(placement: RankPlacement, probe: Optional[Probe] = None) -> None:
+    """Refuse, in one line naming the GPU pair, where DeepEP's intranode buffer cannot join the
+    ranks' GPUs: no peer access between two of them, or PCIe (not NVLink) at more than 2 ranks
+    (DeepEP's own ``check_nvlink_connections``). Ranks sharing GPUs need neither. ``probe``: what
+    answers for the GPUs (:func:`probe_peer_links` by default)."""
+    if placement.shared or placement.ranks < 2:
+        return
+    devices = tuple(sorted({placement.device_index(r) for r in range(placement.ranks)}))
+    for (a, b), link in sorted((probe or probe_peer_links)(devices).items()):
+        if not link.access:
+            raise InfeasibleError(
+                f"GPUs {a} and {b} have no peer access (cudaDeviceCanAccessPeer): DeepEP's intranode "
+                f"buffer maps every peer's memory; run the {placement.ranks} ranks on GPUs that reach "
+                "each other (CUDA_VISIBLE_DEVICES; 'nvidia-smi topo -m' shows the links)"
+            )
+        if link.nvlink is False and placement.ranks > 2:
+            raise InfeasibleError(
+                f"GPUs {a} and {b} are joined by PCIe, not NVLink: DeepEP intranode runs at most 2 "
+                f"ranks over PCIe, {placement.ranks} asked; run on NVLink-joined GPUs "
+                "(CUDA_VISIBLE_DEVICES; 'nvidia-smi topo -m' shows the links) or at EP 2"
+            )
+
+
+def gpu_placement(ranks: int, gpus: Optional[int] = None) -> RankPlacement:
+    """``ranks`` placed over the ``gpus`` visible (counted here by default), with the peer links
+    between their GPUs checked (once per process and set of GPUs)."""
+    if gpus is None:
+        from moepolicy.measure.placement import visible_placement
+
+        placement = visible_placement(ranks)
+    else:
+        placement = RankPlacement(ranks, gpus)
+    check_peer_links(placement)
+    return placement

@@ -145,16 +145,27 @@ class BenchSource:
             return ModelBench(gpu)
         from moepolicy.tuning.live_bench import LiveBench
 
+        self.check_links(choice)
         if choice.shared:
             reps = min(reps, FUNCTIONAL_REPS)
         return LiveBench(
             choice.ranks, max_buffer_bytes, trial_timeout_s=trial_timeout_s, reps=reps
         )
 
+    @staticmethod
+    def check_links(choice: BenchChoice) -> None:
+        """Before any worker starts: the peer links between the live ranks' GPUs, refused in one
+        line where DeepEP intranode cannot run on them (``measure.ranks.check_peer_links``)."""
+        from moepolicy.measure.ranks import gpu_placement
+        from moepolicy.tuning.live_bench import visible_gpus
+
+        gpu_placement(choice.ranks, visible_gpus())
+
     def build_v2(self, choice: BenchChoice, trial_timeout_s: float, reps: int):
         """The live bench for DeepEP v2 on the visible GPUs (``tuning.v2_live``)."""
         from moepolicy.tuning.v2_live import V2LiveBench
 
+        self.check_links(choice)
         if choice.shared:
             reps = min(reps, FUNCTIONAL_REPS)
         return V2LiveBench(choice.ranks, trial_timeout_s=trial_timeout_s, reps=reps)

@@ -3,21 +3,33 @@ with what to run instead, except as the test-only functional run (whose policy i
 
 import pytest
 
-from moepolicy.errors import TuningError
+from moepolicy.errors import InfeasibleError, TuningError
+from moepolicy.measure import ranks
 from moepolicy.tuning import bench_source, live_bench
 from moepolicy.tuning.bench_source import SHARED_RANKS_ENV, BenchSource
 
 
 @pytest.fixture
 def machine(monkeypatch):
-    """This process's view of the machine: ``gpus`` visible, deep_ep importable or not."""
+    """This process's view of the machine: ``gpus`` visible, deep_ep importable or not, and what
+    the peer-link probe answers for a pair of GPUs (NVLink between every pair unless ``links``)."""
 
-    def set_machine(gpus: int, deep_ep: bool = True):
+    def set_machine(gpus: int, deep_ep: bool = True, links=None):
         monkeypatch.setattr(live_bench, "visible_gpus", lambda: gpus)
         monkeypatch.setattr(
             live_bench,
             "deep_ep_importable",
             lambda: None if deep_ep else "no module named deep_ep",
+        )
+        answer = {**(links or {})}
+        monkeypatch.setattr(
+            ranks,
+            "probe_peer_links",
+            lambda devices: {
+                (a, b): answer.get((a, b), ranks.PeerLink(True, True))
+                for i, a in enumerate(devices)
+                for b in devices[i + 1 :]
+            },
         )
 
     monkeypatch.delenv(SHARED_RANKS_ENV, raising=False)
@@ -85,6 +97,17 @@ def test_an_ep_size_below_the_gpu_count_tunes_live_on_a_gpu_per_rank(machine, gp
     with pytest.raises(TuningError, match=f"{gpus} GPU\\(s\\) visible for EP 16"):
         BenchSource().choose("live", 16)
     assert BenchSource().choose(None, 16).kind == "model"
+
+
+def test_gpus_without_peer_access_are_refused_before_any_worker_starts(machine):
+    machine(8, links={(0, 1): ranks.PeerLink(False)})
+    choice = BenchSource().choose("live", 4)
+    with pytest.raises(InfeasibleError, match="^GPUs 0 and 1 have no peer access"):
+        BenchSource().build(choice, "h200", 1 << 28, 60.0, 20)
+    machine(8, links={(0, 1): ranks.PeerLink(True, False)})  # PCIe: EP 2 runs, EP 4 does not
+    BenchSource().build(BenchSource().choose("live", 2), "h200", 1 << 28, 60.0, 20)
+    with pytest.raises(InfeasibleError, match="^GPUs 0 and 1 are joined by PCIe"):
+        BenchSource().build_v2(choice, 60.0, 20)
 
 
 def test_without_deep_ep_or_gpus_the_default_is_the_model_bench(machine):
