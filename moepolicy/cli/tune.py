@@ -32,7 +32,12 @@ from moepolicy.cli._target import add_target_flags
 from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
 from moepolicy.document.yaml_io import dumps
 from moepolicy.errors import MoePolicyError, TuningError, UsageError
-from moepolicy.tuning.bench_source import BenchChoice, BenchSource
+from moepolicy.tuning.bench_source import (
+    FUNCTIONAL_REPS,
+    SHARED_RANKS_ENV,
+    BenchChoice,
+    BenchSource,
+)
 from moepolicy.tuning.overlap_report import OverlapBucketRow
 from moepolicy.tuning.options import (
     DEFAULT_STORAGE,
@@ -298,15 +303,9 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
     from moepolicy.target import TargetSpec, resolve_target
     from moepolicy.tuning.coordinate import CoordinatedBench, join_group, serve
 
+    shared = False
     if args.bench == "live":
-        import torch
-
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        join_group("nccl", note, device_id=torch.device("cuda", local))
-        from moepolicy.tuning.live_bench import RankBench
-
-        inner = RankBench(dist.group.WORLD, args.max_buffer_mb * 1024 * 1024 // 128 * 128)
+        inner, shared = _rank_bench(args, source, world)
     else:
         join_group("gloo", note)
         inner = source.build(
@@ -323,15 +322,40 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
             return 0
         bench = CoordinatedBench(inner)
         try:
-            choice = BenchChoice(
-                args.bench, f"torchrun, {world} ranks, rank 0 drives the study", world
-            )
+            why = f"torchrun, {world} ranks, rank 0 drives the study"
+            if shared:
+                why += f" ({SHARED_RANKS_ENV}=1): a functional run, not for serving"
+            choice = BenchChoice(args.bench, why, world, shared=shared)
             return _tune_and_write(args, choice, lambda plan, objective: bench)
         finally:
             bench.close()
     finally:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _rank_bench(args: argparse.Namespace, source: BenchSource, world: int):
+    """This torchrun rank's live bench, joined to the job: on a GPU of its own (NCCL), or, as the
+    test-only functional run, on a GPU its node's ranks share (gloo). Returns (bench, shared)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from moepolicy.tuning.coordinate import join_group
+    from moepolicy.tuning.live_bench import RankBench
+
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    try:
+        placement = source.torchrun_placement(local_ranks)
+    except TuningError as exc:
+        raise UsageError(f"--launcher torchrun --bench live: {exc}") from None
+    device = torch.device("cuda", placement.device_index(int(os.environ.get("LOCAL_RANK", "0"))))
+    torch.cuda.set_device(device)
+    join_group(placement.backend, note, device_id=None if placement.shared else device)
+    budget = args.max_buffer_mb * 1024 * 1024 // 128 * 128
+    reps = FUNCTIONAL_REPS if placement.shared else 20
+    return RankBench(dist.group.WORLD, budget, reps=reps, device=device), placement.shared
 
 
 def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:

@@ -161,6 +161,23 @@ class BenchSource:
 
         gpu_placement(choice.ranks, visible_gpus())
 
+    @staticmethod
+    def torchrun_placement(local_ranks: int):
+        """This node's ``local_ranks`` torchrun ranks over its GPUs: one each (their peer links
+        checked), or sharing them only as the test-only functional run (``SHARED_RANKS_ENV``)."""
+        from moepolicy.measure.ranks import gpu_placement
+        from moepolicy.tuning.live_bench import visible_gpus
+
+        gpus = visible_gpus()
+        if gpus < 1:
+            raise TuningError("the live bench needs CUDA GPUs (none visible)")
+        if local_ranks > gpus and os.environ.get(SHARED_RANKS_ENV) != "1":
+            raise TuningError(
+                f"{gpus} GPU(s) visible for {local_ranks} ranks on this node: the live bench needs "
+                f"one GPU per rank; {SHARED_REFUSAL}"
+            )
+        return gpu_placement(local_ranks, gpus)
+
     def build_v2(self, choice: BenchChoice, trial_timeout_s: float, reps: int):
         """The live bench for DeepEP v2 on the visible GPUs (``tuning.v2_live``)."""
         from moepolicy.tuning.v2_live import V2LiveBench

@@ -154,13 +154,13 @@ class RankBench(Bench):
     name = "live"
     source = "measured"
 
-    def __init__(self, group, buffer_bytes: int, reps: int = 20, max_sms: int = 64):
+    def __init__(self, group, buffer_bytes: int, reps: int = 20, max_sms: int = 64, device=None):
         import deep_ep
         import torch
         import torch.distributed as dist
 
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        self.device = device or torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(self.device)
         from moepolicy.deepep.buffers import budget_buffers
 

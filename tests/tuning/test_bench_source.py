@@ -110,6 +110,23 @@ def test_gpus_without_peer_access_are_refused_before_any_worker_starts(machine):
         BenchSource().build_v2(choice, 60.0, 20)
 
 
+def test_torchrun_ranks_get_a_gpu_each_or_share_one_only_as_the_functional_run(
+    machine, monkeypatch
+):
+    machine(8)
+    placement = BenchSource.torchrun_placement(8)
+    assert (placement.shared, placement.backend, placement.device_index(7)) == (False, "nccl", 7)
+    machine(1)
+    with pytest.raises(TuningError, match="1 GPU\\(s\\) visible for 2 ranks on this node"):
+        BenchSource.torchrun_placement(2)
+    monkeypatch.setenv(SHARED_RANKS_ENV, "1")
+    shared = BenchSource.torchrun_placement(2)
+    assert (shared.shared, shared.backend, shared.device_index(1)) == (True, "gloo", 0)
+    machine(4, links={(2, 3): ranks.PeerLink(False)})
+    with pytest.raises(InfeasibleError, match="^GPUs 2 and 3 have no peer access"):
+        BenchSource.torchrun_placement(4)
+
+
 def test_without_deep_ep_or_gpus_the_default_is_the_model_bench(machine):
     machine(1)
     assert BenchSource().choose(None).kind == "model"
