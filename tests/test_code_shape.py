@@ -3,6 +3,7 @@ starts, which a formatter's wrapping of long calls does not change) and 8 parame
 measurement kernels (Triton kernels take every pointer, stride and block size as a parameter)."""
 
 import ast
+import re
 from pathlib import Path
 
 import moepolicy
@@ -48,3 +49,16 @@ def test_no_function_is_over_40_logical_lines_or_8_parameters():
                         f"{_parameters(node)} parameters"
                     )
     assert not found, "\n".join(found)
+
+
+def test_every_gpu_test_is_in_the_gpu_suite():
+    """``pytest -m gpu tests/gpu`` is the GPU suite's one command: no test marked gpu lives elsewhere,
+    where that command never collects it."""
+    tests = Path(__file__).parent
+    marked = re.compile(r"^(pytestmark = |@)pytest\.mark\.gpu\b", re.MULTILINE)
+    outside = [
+        path.relative_to(tests).as_posix()
+        for path in sorted(tests.rglob("test_*.py"))
+        if marked.search(path.read_text()) and path.parent.name != "gpu"
+    ]
+    assert not outside, outside

@@ -43,3 +43,39 @@ def shared(world: int) -> bool:
     import torch
 
     return torch.cuda.device_count() < world
+
+
+def ranks_env(world: int) -> tuple[dict, bool]:
+    """(environment, shared) for a CLI run of ``world`` ranks here: with a GPU per rank, the
+    ordinary environment; with fewer GPUs, the test-only switch that lets the ranks share them (a
+    functional run, labelled so, never a measurement)."""
+    import os
+
+    from moepolicy.tuning.bench_source import SHARED_RANKS_ENV
+
+    shared_here = shared(world)
+    env = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
+    if shared_here:
+        env[SHARED_RANKS_ENV] = "1"
+    else:
+        env.pop(SHARED_RANKS_ENV, None)
+    return env, shared_here
+
+
+# wall-clock limits of one CLI run, by EP size: 8 ranks time-slicing one GPU are the slow case
+# (a shared-ranks tune at EP 8 took ~8 minutes at 20 repetitions, 2026-12-03, 1 x H200)
+CLI_TIMEOUT_S = {2: 600, 4: 900, 8: 1200}
+
+
+def moepolicy_cli(args, env: dict, world: int):
+    """``python -m moepolicy ARGS`` under the limit for ``world`` ranks."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "moepolicy", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=CLI_TIMEOUT_S[world],
+    )

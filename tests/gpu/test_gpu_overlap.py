@@ -149,3 +149,25 @@ def test_measure_overlap_times_both_sides_on_one_gpu():
             <= r[name]["max_us"] + 1e-6
         )
     assert r["timing"].startswith("queued") and isinstance(r["deepep_waited_for_gemm"], bool)
+
+
+def test_an_overlap_tune_keeps_a_split_and_its_closing_line_says_so(tmp_path):
+    """``tune --overlap`` end to end at EP 2 (ranks sharing the GPU where one is visible)."""
+    require(1, need_deep_ep=True)
+    pytest.importorskip("optuna")
+    import yaml
+
+    from gpu_support import moepolicy_cli, ranks_env
+
+    env, shared = ranks_env(2)
+    out = tmp_path / "p.yaml"
+    args = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", 2, "--gpu", "h200"]
+    args += ["--bench", "live", "--overlap", "--sms", "20,32", "--tokens", "1024", "--trials", 2]
+    args += ["--confirm-rounds", 7, "--storage", f"sqlite:///{tmp_path}/s.db", "-o", out]
+    done = moepolicy_cli(args, env, 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    overlap = yaml.safe_load(out.read_text())["deepep"]["overlap"]
+    assert overlap["comm_sms"] in (20, 32) and set(overlap["splits_us"]) == {20, 32}
+    closing = next(line for line in done.stderr.splitlines() if line.startswith("this policy "))
+    assert "beside the experts' GEMM" in closing and "default configs" not in closing
+    assert ("functional only" in done.stderr) == shared
