@@ -19,7 +19,9 @@ def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         rows = json.load(f)["comparison"]
     if not rows:
-        print("null check: a functional run: nothing was compared (no times are compared where ranks share a GPU)")
+        print(
+            "null check: a functional run: nothing was compared (no times are compared where ranks share a GPU)"
+        )
         return 0
     verdicts = [
         (row["routing"], row["tokens"], base, row[key]["verdict"])

@@ -56,8 +56,8 @@ class RanksFailed(Exception):
         if detail:
             said = f"rank {rank} failed while {what}: {detail}"
         elif exitcode is None:
-            who = "no rank" if rank is None else f"rank {rank}"
-            said = f"{who} sent anything in time while {what} (a hung collective?)"
+            who = "no rank sent anything" if rank is None else f"rank {rank} sent nothing"
+            said = f"{who} in time while {what} (a hung collective?)"
         else:
             said = f"rank {rank} died (exit {exitcode}) while {what}"
         super().__init__(said)
