@@ -37,6 +37,15 @@ class Order(_Name):
 # moepolicy/integrations/vllm/pins.py); what the exports and docs name
 CHECKED_VLLM_RELEASES = ("0.33", "0.34")
 
+
+def checked_vllm_release(version: str) -> "str | None":
+    """The checked release (``0.34``) a vLLM version (``0.34.1``, ``0.34.0rc1``) belongs to, or None."""
+    for release in CHECKED_VLLM_RELEASES:
+        if version == release or version.startswith(release + "."):
+            return release
+    return None
+
+
 # a measured fact's value where no order was measured faster beyond noise: the rules' order stands
 UNMEASURED = "unmeasured"
 

@@ -20,6 +20,7 @@ _COMMANDS = (
     "studies",
     "bench",
     "report",
+    "doctor",
 )
 
 

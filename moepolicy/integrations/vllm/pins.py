@@ -17,6 +17,8 @@ import hashlib
 import importlib
 import inspect
 
+from moepolicy.names import checked_vllm_release
+
 _FUSED = "vllm.model_executor.layers.fused_moe"
 _A2A = "vllm.distributed.device_communicators.all2all"
 
@@ -133,10 +135,7 @@ CHECKED_RELEASES = tuple(
 
 def release_of(version: str) -> str | None:
     """The checked release (``0.34``) a vLLM version (``0.34.1``, ``0.34.0rc1``) belongs to, or None."""
-    for release in CHECKED_RELEASES:
-        if version == release or version.startswith(release + "."):
-            return release
-    return None
+    return checked_vllm_release(version)
 
 
 def _resolve(module: str, attribute: str):
