@@ -9,19 +9,23 @@ from typing import Optional, Sequence
 
 from moepolicy.errors import MoePolicyError, one_line
 
-_COMMANDS = (
-    "models",
-    "plan",
-    "explain",
-    "audit",
-    "validate",
-    "export",
-    "tune",
-    "studies",
-    "bench",
-    "report",
-    "doctor",
-)
+# name -> one-line help: the command index (as optuna's CLI keeps one). Only the command run is
+# imported; --version, --help and a usage error import none (tests/cli: each module's own help is
+# this one).
+_COMMANDS = {
+    "models": "list the built-in catalog of MoE checkpoints",
+    "plan": "decide quant-before/after dispatch per layer; write the policy",
+    "explain": "why a layer got its order: every rule considered",
+    "audit": "group layers by decision; count the fallbacks and their reasons",
+    "validate": "check a policy: schema, version, DeepEP rules, key integrity",
+    "export": "the vLLM plugin launch, or SGLang's --deepep-config JSON or launch command",
+    "tune": "tune DeepEP (optuna, live or modelled) and write the policy",
+    "studies": "list the tunes' optuna studies in a storage, or delete one",
+    "bench": "time the MoE step with the policy vs vLLM's choices vs DeepEP's defaults",
+    "report": "draw the policy's tuning evidence (SM scan, kept vs defaults, orders, overlap)",
+    "doctor": "what this node has: the DeepEP build's APIs (the --deep-ep-version to plan with), "
+    "the vLLM release and whether the plugin supports it, the GPUs",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +56,17 @@ def _did_you_mean(message: str) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_in(argv: Optional[Sequence[str]]) -> Optional[str]:
+    """The command ``argv`` runs: its first word that is not an option, where it names one."""
+    for word in argv or ():
+        if not word.startswith("-"):
+            return word if word in _COMMANDS else None
+    return None
+
+
+def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The parser; with ``argv``, only the command it runs is imported and built in full (the others
+    are listed by name and help), with ``argv=None`` every command is."""
     import importlib
 
     from moepolicy.cli import _logging
@@ -71,8 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"moepolicy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for name in _COMMANDS:
-        importlib.import_module(f"moepolicy.cli.{name}").add_parser(sub)
+    chosen = _command_in(argv) if argv is not None else None
+    for name, help_text in _COMMANDS.items():
+        if argv is None or name == chosen:
+            importlib.import_module(f"moepolicy.cli.{name}").add_parser(sub)
+        else:
+            sub.add_parser(name, help=help_text, add_help=False)
     for command in sub.choices.values():
         _logging.add_flags(command)
         command.epilog = command.epilog or "exit codes: see 'moepolicy --help'"
@@ -241,8 +259,9 @@ def main(argv: Optional[Sequence[str]] = None, *, bench_source=None) -> int:
         from moepolicy.cli import _logging
 
         _logging.log_to_stderr()
-        parser = build_parser()
-        args = parser.parse_args(argv)
+        words = list(sys.argv[1:] if argv is None else argv)
+        parser = build_parser(words)
+        args = parser.parse_args(words)
         from moepolicy.cli._output import SafeStream
     except BaseException as exc:  # noqa: BLE001 (Ctrl-C or SIGTERM before the command started)
         code = interrupt_exit(exc)

@@ -17,7 +17,7 @@ DRIVER = textwrap.dedent("""
 
     WORK = {work!r}
 
-    def build_parser():
+    def build_parser(argv=None):
         parser = argparse.ArgumentParser()
         parser.set_defaults(command="stand-in", run=lambda args: exec(WORK, {{}}))
         return parser
