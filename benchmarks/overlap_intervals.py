@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The overlap table's figures as paired comparisons: for each ``tune --overlap`` policy given, each
 bucket's per-round ratios to vLLM's split (``vs_vllm_split_per_round``, the launch order the split was
-chosen for) as a paired geometric mean with its 95 % t-interval, the exact sign-flip test's one-sided
+chosen for) as a paired geometric mean with its 95 % t-interval, the exact signed-rank sign-flip test's one-sided
 p-value, and the ratio of medians the policy's ``vs_vllm_split`` printed. CPU only.
 
     python benchmarks/overlap_intervals.py benchmarks/raw/2026-11-30-run49-overlap-*.yaml ...
@@ -41,14 +41,14 @@ T975 = {
 
 
 def paired(ratios: list[float]) -> dict:
-    from moepolicy.measure.rounds import sign_flip
+    from moepolicy.measure.rounds import signed_rank
 
     logs = [math.log(r) for r in ratios]
     n, mean = len(logs), statistics.fmean(logs)
     half = T975[n - 1] * statistics.stdev(logs) / math.sqrt(n)
-    p_lower, _, _, _, _ = sign_flip(
+    p_lower = signed_rank(
         [-x for x in logs]
-    )  # p of "this split is faster" (time ratio below 1)
+    ).p_faster  # p of "this split is faster" (ratio below 1)
     return {
         "rounds": n,
         "geomean": round(math.exp(mean), 3),

@@ -165,7 +165,9 @@ def require_tuner():
     return optuna
 
 
-EXPERT_ROUNDS = 16  # rotated rounds of the expert-stage comparison: 8 decide, 8 report
+EXPERT_ROUNDS = (
+    12  # balanced rounds per phase of the expert-stage comparison (gate, report; selection)
+)
 
 
 def compare_experts(plan: Plan, choice, options: TuneOptions, bench=None):

@@ -169,14 +169,22 @@ def _measured_lines(name: str, bucket, source: str) -> list[str]:
 
 
 def _claim(r: dict[str, Any]) -> str:
-    """One stored paired comparison (``Speedup.to_doc``) in the convention's words."""
+    """One stored comparison in the convention's words: a report figure (``protocol.Figure``: the
+    estimate and its interval, no verdict) or, from older files, a tested one (``Speedup.to_doc``)."""
     low, high = r["ci95"] if r.get("ci95") else (None, None)
+    interval = interval_words(low, high)
+    if r.get("rounds_from") == "report":
+        together = r.get("interval", "").partition(", ")[2]
+        return (
+            f"{speedup_words(r['speedup'])} than {r['baseline']} ({interval}"
+            f"{', ' + together if together else ''}, {r['rounds']} report rounds)"
+        )
     verdict = r.get("verdict", "")
     tail = {"faster": "", "slower": ": a loss beyond noise"}.get(verdict, f", {verdict}")
     family = f", {r['correction']}" if r.get("correction") else ""
     return (
         f"{speedup_words(r['speedup'])} than {r['baseline']}{tail} "
-        f"({interval_words(low, high)}, {r['rounds']} rounds{family})"
+        f"({interval}, {r['rounds']} rounds{family})"
     )
 
 
@@ -269,7 +277,7 @@ def overlap_lines(row: OverlapBucketRow) -> list[str]:
         )
         paired = row.paired_vs_vllm
         claim = (
-            f"{speedup_words(paired.speedup)} ({interval_words(paired.low, paired.high)}, paired over "
+            f"{speedup_words(paired.speedup)} ({paired.interval()}, paired over "
             f"{paired.rounds} rounds)"
             if paired is not None
             else _time_ratio_words(row.vs_vllm_split)

@@ -120,12 +120,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--confirm-rounds",
         type=int,
         default=DEFAULT_ROUNDS,
-        help="rotated rounds of each phase of the re-measurement protocol: selection, gate and report, "
+        help="balanced rounds of each phase of the re-measurement protocol: selection, gate and report, "
         "each in fresh workers (a new Buffer) after a dropped warm-up pass. The gate decides with "
-        "the exact sign-flip test on the per-round speed-ups, 2.5%% per side (Holm over the buckets "
-        "where several are claimed); the report's figures are the ones written and printed "
-        f"(default {DEFAULT_ROUNDS}; at least {MIN_ROUNDS}, the fewest in which Holm over three buckets "
-        "can claim anything)",
+        "the exact signed-rank sign-flip test on the per-round speed-ups (Holm over the buckets "
+        "where several are claimed; a policy with no true difference records any claim at most 5%% "
+        "of the time); the report's figures, from rounds that decided nothing, are the ones "
+        "written and printed "
+        f"(default {DEFAULT_ROUNDS}; at least {MIN_ROUNDS}, the fewest in which every claim can pass "
+        "its test with Holm over three buckets)",
     )
     p.add_argument(
         "--regime",
@@ -500,10 +502,11 @@ def _render_v2(result) -> None:
             f"{name} {us} us" for name, us in chosen.report_us.get(tokens, {}).items()
         )
         note(
-            f"  T={tokens}, report rounds: " + (speedup.words() if speedup is not None else times)
+            f"  T={tokens}: "
+            + (speedup.words() if speedup is not None else f"report rounds: {times}")
         )
     if chosen.report_weighted is not None:
-        note(f"  weighted over the buckets, report rounds: {chosen.report_weighted.words()}")
+        note(f"  weighted over the buckets: {chosen.report_weighted.words()}")
 
 
 def render_experts(choice, kernel: str) -> None:
@@ -704,8 +707,9 @@ def _render_measured(result) -> None:
     note(
         f"  measured, {result.region} region: DeepEP's dispatch + combine, medians of the report rounds (fresh workers; "
         "they decided nothing); the serial MoE step adds the experts' GEMM, the same in every column. Speed-ups: "
-        "paired per-round geometric means with the exact sign-flip test's 95% interval, per bucket (not adjusted "
-        "for the other buckets); what is kept was decided in the gate rounds before"
+        "the report rounds' paired estimates (Hodges-Lehmann) with the signed-rank test's 95% intervals, "
+        "simultaneous over the buckets; what is kept was decided in the gate rounds before, whose own "
+        "figures are never printed"
     )
 
 

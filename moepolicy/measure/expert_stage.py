@@ -265,7 +265,7 @@ def time_arms(
     """Per-round medians (microseconds) of each arm, rounds rotating over the arms after a dropped
     warm-up pass (``measure.timing.interleaved_rounds`` on this one process)."""
     from moepolicy.measure.timing import Timer
-    from moepolicy.measure.rounds import rotated_rounds
+    from moepolicy.measure.rounds import balanced_rounds
 
     timer = Timer(device, collective=False)
     for fn in fns.values() if warm_up else ():
@@ -275,7 +275,7 @@ def time_arms(
     def once(name):
         return timer.step_us(fns[name], reps, warmup=1, mode=mode)["median_us"]
 
-    return rotated_rounds(list(fns), once, rounds, warm_up=warm_up)
+    return balanced_rounds(list(fns), once, rounds, warm_up=warm_up)
 
 
 def closeness_diff(got: torch.Tensor, want: torch.Tensor) -> float:

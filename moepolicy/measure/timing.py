@@ -23,7 +23,7 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-from moepolicy.measure.rounds import rotated_rounds  # noqa: F401 (re-exported: its home is torch-free)
+from moepolicy.measure.rounds import balanced_rounds  # noqa: F401 (re-exported: its home is torch-free)
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 HEAD_START_US = 500.0
@@ -173,9 +173,9 @@ def interleaved_rounds(
     warmup: int = 2,
 ) -> dict[Hashable, list[float]]:
     """Each round times every callable once (median of ``reps``, slowest rank), in turn
-    (``rotated_rounds``), so slow drifts of the machine fall on all of them alike. Returns the
+    (``balanced_rounds``), so slow drifts of the machine fall on all of them alike. Returns the
     per-round medians per name."""
-    return rotated_rounds(
+    return balanced_rounds(
         list(fns),
         lambda name: timer.step_us(fns[name], reps, warmup=warmup, mode=mode)["median_us"],
         rounds,

@@ -4,9 +4,10 @@ For each kind of MoE layer an arm runs: prepare (quantize then dispatch, or disp
 as the arm decides) → an expert GEMM stand-in on the received rows (two grouped matmuls per local
 expert, the same for every arm that feeds the experts the same format) → finalize (combine). The
 arm's step is the sum over its layer kinds of (layers of that kind) × (the kind's median time). Each
-repetition counts its slowest rank (an EP step ends when its last rank does). Rounds rotate over the
-arms (``rounds.rotated_rounds``, after a warm-up pass whose timings are dropped), so a drifting machine
-falls on every arm alike and the first timings after the ranks start count for none.
+repetition counts its slowest rank (an EP step ends when its last rank does). Rounds take the arms in
+carry-over-balanced orders (``rounds.balanced_rounds``, after a warm-up pass whose timings are
+dropped), so a drifting machine falls on every arm alike, no arm always follows the same one, and the
+first timings after the ranks start count for none.
 
 Transports: DeepEP on GPUs (NCCL; the arm's SM count and chunk configs per bucket), or the emulated
 all-to-all over gloo on CPUs, which checks the plumbing only and is labelled so.
@@ -225,7 +226,7 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
     import torch.distributed as dist
 
     from moepolicy.measure.ranks import tell
-    from moepolicy.measure.rounds import rotated_rounds
+    from moepolicy.measure.rounds import balanced_rounds
 
     gpu = spec.transport == "deepep"
     if gpu:  # a GPU per rank (NCCL), or ranks sharing the GPUs visible (gloo): measure.placement
@@ -278,7 +279,7 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
                 return sum(count * clock.median_us(fn, spec.reps) for count, fn in steps[name])
 
             started = time.perf_counter()
-            results.setdefault(r_kind, {})[str(tokens)] = rotated_rounds(
+            results.setdefault(r_kind, {})[str(tokens)] = balanced_rounds(
                 [a.name for a in arms], time_once, spec.rounds, warm_up=True
             )
             if rank == 0:

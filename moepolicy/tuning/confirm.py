@@ -1,49 +1,46 @@
-"""The protocol behind every claim of a tune: select, gate and report in three fresh benches, one
-exact paired test per decision.
+"""The serial tune's strategy for the protocol (``tuning.protocol``): the SM count, then the chunks.
 
-Each phase runs in a fresh bench (new worker processes, a new ``deep_ep.Buffer``), opens with a
-warm-up pass whose timings are dropped (the first call after a start pays for it), and times its
-contenders over rotated rounds (``measure.rounds.rotated_rounds``). Comparisons are paired per round
-and tested with the exact sign-flip test on the per-round log-ratios, 2.5 % per side
-(``measure.rounds``).
+At the SM count the search chose, the protocol's stages (a fixed sequence, the ``deepep`` family's
+level, 2.5 %) are:
 
-1. **Selection** (per bucket): the search's top configs beside DeepEP's default chunks at the chosen
-   SM count; the pick is the highest geometric-mean speed-up over the default. It proposes; it claims
-   nothing.
-2. **Gate** (every bucket, one fresh bench): the pick, DeepEP's default chunks at the chosen SM count
-   (``default``) and the engine's default (``engine``: its SM count, DeepEP's built-in table). Two
-   decisions in a fixed sequence, so that the chance of any false claim stays at 2.5 %:
+1. **the SM count**, which acts on every bucket: DeepEP's default chunks at the chosen SM count
+   (``default``) against the engine's default (``engine``: its SM count, DeepEP's built-in table),
+   one test of the weighted objective (weight x time summed over the buckets, round by round), then
+   no bucket slower beyond noise (Holm). Otherwise the engine's default is kept everywhere.
+2. **the chunks**, per bucket, once the SM count stands: the search's top configs (the best of them
+   in the selection rounds) against ``default``, Holm over the buckets.
 
-   - the SM count, which acts on every bucket: ``default`` against ``engine`` on the weighted
-     objective (the sum over the buckets of weight x time, round by round), one test; and no bucket
-     slower beyond noise (Holm over the buckets). Otherwise the engine's default is kept everywhere.
-   - the chunks, per bucket, once the SM count stands: the pick against ``default``, Holm over the
-     buckets.
-3. **Report** (every bucket, another fresh bench): the kept config beside ``engine`` and ``default``
-   in rounds that decided nothing. Every figure printed or written comes from here, so none is the
-   figure that chose it. Where the engine's default is kept, these are its own times.
+The report sets what is kept beside ``engine`` and ``default`` in rounds that decided nothing: every
+figure printed or written comes from there. Where the engine's default is kept, these are its own
+times. Timings run in fresh benches (new processes, a new ``deep_ep.Buffer``) per phase, each group
+of rounds after a dropped warm-up pass.
+
+Also here: a modelled tune's rule (no noise: the model's held-out error instead of a test) and both
+dispatch orders timed as their own two-sided family (``orders``).
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from moepolicy.errors import TuningError
-from moepolicy.measure.rounds import (
-    MIN_ROUNDS,
-    Speedup,
-    geomean_speedup,
-    holm,
-    interval_words,
-    paired_speedup,
-    rotated_rounds,
-    speedup_words,
-    weighted_rounds,
-)
+from moepolicy.measure.rounds import MIN_ROUNDS, Speedup, balanced_rounds, speedup_words
 from moepolicy.tuning import progress
 from moepolicy.tuning.bench import Bench, TrialFailed, TunePoint, Workload
+from moepolicy.tuning.protocol import (
+    FAMILY_LEVELS,
+    Figure,
+    Gated,
+    Option,
+    Outcome,
+    Stage,
+    decision_doc,
+    decision_words,
+    run,
+)
+
+SMS, CHUNKS = "the SM count", "the chunks"
 
 
 @dataclass(frozen=True)
@@ -91,134 +88,85 @@ def protocol_rounds(bench: Bench, asked: int) -> int:
     return asked
 
 
-def interleaved(
-    bench: Bench, workload: Workload, contenders: Sequence[Contender], rounds: int, region: str
-) -> dict[str, list[float]]:
-    """Per-round times of every contender in one fresh bench (:func:`fresh_rounds` for one bucket)."""
-    return fresh_rounds(bench, {0: (workload, contenders)}, rounds, region)[0]
-
-
-def fresh_rounds(bench: Bench, groups: dict, rounds: int, region: str) -> dict:
-    """A fresh bench (closed and started again: new processes, a new Buffer); then for each group
-    (key -> (workload, contenders)) a dropped warm-up pass and ``rounds`` rotated rounds. A failed
+class BenchTimer:
+    """The protocol's timer on a :class:`Bench`: arms are ``TunePoint``s; each phase restarts the bench
+    (new processes, a new Buffer); each group of rounds opens with a dropped warm-up pass. A failed
     measurement fails the protocol."""
-    bench.restart()
 
-    def timer(workload: Workload, by_name: dict[str, TunePoint]):
-        def time_once(name: str) -> float:
-            value = bench.measure(workload, by_name[name]).objective(region)
-            progress.advance()
-            return value
+    def __init__(self, bench: Bench, workload: Workload, region: str):
+        self.bench, self.workload, self.region, self.phase = bench, workload, region, ""
 
-        return time_once
+    def fresh(self, phase: str) -> None:
+        self.phase = phase
+        self.bench.restart()
 
-    out = {}
-    try:
-        for key, (workload, contenders) in groups.items():
-            by_name = {c.name: c.point for c in contenders}
-            time_once = timer(workload, by_name)
-            for name in by_name:  # warm-up: the first timings after a start are dropped
-                time_once(name)
-            out[key] = rotated_rounds(list(by_name), time_once, rounds)
-    except TrialFailed as exc:
-        raise TuningError(f"re-measurement failed: {exc}") from None
-    return out
+    def rounds(self, arms: Mapping[int, Sequence[TunePoint]], rounds: int) -> dict:
+        progress.phase(self.phase, sum(len(a) for a in arms.values()) * (rounds + 1))
+        try:
+            return {
+                tokens: balanced_rounds(list(points), self._once, rounds, warm_up=True)
+                for tokens, points in arms.items()
+            }
+        except TrialFailed as exc:
+            raise TuningError(f"re-measurement failed: {exc}") from None
 
-
-def named_rounds(
-    bench: Bench,
-    workload: Workload,
-    named: dict[int, dict[str, TunePoint]],
-    rounds: int,
-    region: str,
-    phase: str,
-) -> dict[int, dict[str, list[float]]]:
-    """Per bucket (tokens -> {name: point}), every name's per-round times from one fresh bench; a
-    point shared by two names is measured once and both read its times."""
-    groups = {}
-    for tokens, by_name in named.items():
-        first: dict[TunePoint, str] = {}
-        for name, point in by_name.items():
-            first.setdefault(point, name)
-        groups[tokens] = (workload, [Contender(n, p) for p, n in first.items()])
-    progress.phase(phase, sum(len(c) for _, c in groups.values()) * (rounds + 1))
-    measured = fresh_rounds(bench, groups, rounds, region)
-    return {
-        tokens: {
-            name: measured[tokens][next(n for n, p in by_name.items() if p == point)]
-            for name, point in by_name.items()
-        }
-        for tokens, by_name in named.items()
-    }
+    def _once(self, point: TunePoint) -> float:
+        value = self.bench.measure(self.workload, point).objective(self.region)
+        progress.advance()
+        return value
 
 
-def select(
-    bench: Bench,
-    workload: Workload,
-    top: Sequence[TunePoint],
-    default: TunePoint,
-    rounds: int,
-    region: str,
-) -> tuple[Contender, str]:
-    """Among the search's top configs, the one with the highest geometric-mean speed-up over
-    ``default`` in rounds of its own fresh bench, if above 1; else the default. A proposal for the
-    gate: nothing here is claimed or printed as a gain."""
-    contenders = [Contender("default", default)] + [
-        Contender(f"top{i + 1}", p) for i, p in enumerate(top) if p != default
-    ]
-    if len(contenders) == 1:
-        return contenders[0], "the search found nothing but DeepEP's default"
-    progress.phase(f"select T={default.tokens}", len(contenders) * (rounds + 1))
-    times = interleaved(bench, workload, contenders, rounds, region)
-    speedups = {c.name: geomean_speedup(times["default"], times[c.name]) for c in contenders[1:]}
-    best = max(speedups, key=speedups.__getitem__)
-    if speedups[best] <= 1.0:
-        return (
-            contenders[0],
-            f"none of the search's top {len(top)} was faster than the default in the selection rounds",
-        )
-    kept = next(c for c in contenders if c.name == best)
-    return (
-        kept,
-        f"{best} of the search's top {len(top)}, the fastest in the selection rounds (proposed to the gate)",
+def serial_stages(buckets: Sequence[BucketCandidates], choose_chunks: bool) -> tuple[Stage, ...]:
+    """The SM count (joint), then the chunks (per bucket), as the protocol's stages."""
+    chosen, engine_sms = buckets[0].default.num_sms, buckets[0].engine.num_sms
+    engine = Option(
+        "engine",
+        {b.tokens: b.engine for b in buckets},
+        f"the engine's default ({engine_sms} SMs)",
     )
+    default = {b.tokens: b.default for b in buckets}
+    moved = Option("default", default, f"{chosen} SMs with DeepEP's default chunks")
+    tops: list[Option] = []
+    most = max((len(b.top) for b in buckets), default=0) if choose_chunks else 0
+    for i in range(most):
+        arms = {b.tokens: b.top[i] for b in buckets if i < len(b.top) and b.top[i] != b.default}
+        if arms:
+            tops.append(Option(f"top{i + 1}", arms))
+    chunks = Stage(
+        CHUNKS, Option("default", default, "DeepEP's default chunks"), tuple(tops), joint=False
+    )
+    return Stage(SMS, engine, (moved,)), chunks
 
 
 @dataclass(frozen=True)
 class Gate:
-    """The gate's decisions and the tests behind them."""
+    """The gate's decisions and the tests behind them (the decisions' own statistics: never a gain)."""
 
     moved: bool  # the SM count moved off the engine's
-    sms: Optional[Speedup] = (
-        None  # default chunks at the chosen SM count vs the engine's default, weighted
-    )
-    losses: dict[int, Speedup] = field(
-        default_factory=dict
-    )  # per bucket, the same (Holm, "slower")
-    chunks: dict[int, Speedup] = field(
-        default_factory=dict
-    )  # per bucket, the pick vs the default (Holm, "faster")
+    sms: Optional[Speedup] = None  # the weighted test of the SM count (None: not tested)
+    losses: dict[int, Speedup] = field(default_factory=dict)  # per bucket, its loss test (Holm)
+    chunks: dict[int, Speedup] = field(default_factory=dict)  # per bucket, the chunk test (Holm)
     why: str = ""
 
     def bucket_doc(self, tokens: int) -> dict:
         out = {}
         if tokens in self.losses:
-            out["loss_vs_engine"] = self.losses[tokens].to_doc()
+            out["loss_vs_engine"] = decision_doc(self.losses[tokens])
         if tokens in self.chunks:
-            out["chunks_vs_default"] = self.chunks[tokens].to_doc()
+            out["chunks_vs_default"] = decision_doc(self.chunks[tokens])
         return out
 
 
 @dataclass(frozen=True)
 class Report:
-    """One bucket in the report rounds: medians of the kept config and the baselines, and the paired
-    speed-ups (per bucket, 95 % intervals not adjusted for the other buckets)."""
+    """One bucket in the report rounds: medians of the kept config and the baselines, and its
+    figures (report rounds; intervals simultaneous over the buckets)."""
 
     tokens: int
     rounds: int
     times_us: dict[str, float]  # kept, engine, default (a point shared by two names measured once)
-    vs_engine: Optional[Speedup]  # None where the engine's default is what is kept
-    vs_default: Optional[Speedup]  # None where DeepEP's default chunks are what is kept
+    vs_engine: Optional[Figure]  # None where the engine's default is what is kept
+    vs_default: Optional[Figure]  # None where DeepEP's default chunks are what is kept
 
     def to_doc(self) -> dict:
         return {
@@ -231,8 +179,8 @@ class Report:
 
 @dataclass(frozen=True)
 class Confirmed:
-    """One bucket after the protocol: the config kept, how it was proposed, the gate's tests for it
-    and the report rounds' figures."""
+    """One bucket after the protocol: the config kept, how it was proposed and decided (words, no
+    figure), the gate's statistics for it and the report rounds' figures."""
 
     tokens: int
     kept: Contender
@@ -245,11 +193,11 @@ class Confirmed:
         return self.report.times_us
 
     @property
-    def vs_engine(self) -> Optional[Speedup]:
+    def vs_engine(self) -> Optional[Figure]:
         return self.report.vs_engine
 
     @property
-    def vs_default(self) -> Optional[Speedup]:
+    def vs_default(self) -> Optional[Figure]:
         return self.report.vs_default
 
     def to_doc(self) -> dict:
@@ -269,139 +217,8 @@ class Protocol:
     num_sms: int
     buckets: dict[int, Confirmed]
     gate: Gate
-    weighted: Optional[
-        Speedup
-    ]  # report rounds: the kept configs vs the engine's default, weighted
+    weighted: Optional[Figure]  # report rounds: the kept configs vs the engine's default, weighted
     why: str
-
-
-def gate(
-    bench: Bench,
-    workload: Workload,
-    buckets: Sequence[BucketCandidates],
-    picks: dict[int, Contender],
-    rounds: int,
-    region: str,
-) -> Gate:
-    """The SM count, then the chunks, each decided by one test at 2.5 % on rounds of one fresh bench."""
-    named = {
-        b.tokens: {"engine": b.engine, "default": b.default, "pick": picks[b.tokens].point}
-        for b in buckets
-    }
-    times = named_rounds(bench, workload, named, rounds, region, "gate")
-    chosen, engine = buckets[0].default.num_sms, buckets[0].engine.num_sms
-    sms, losses, why = None, {}, ""
-    if chosen != engine:
-        sms, losses, why = _sms_decision(buckets, times, chosen, engine)
-        if not sms.faster or any(t.slower for t in losses.values()):
-            return Gate(False, sms, losses, {}, why)
-    contested = [b for b in buckets if picks[b.tokens].point != b.default]
-    tests = holm(
-        [
-            paired_speedup(
-                times[b.tokens]["default"],
-                times[b.tokens]["pick"],
-                0,
-                (picks[b.tokens].name, "DeepEP's default chunks"),
-            )
-            for b in contested
-        ],
-        "faster",
-        "buckets",
-    )
-    chunks = {b.tokens: t for b, t in zip(contested, tests)}
-    return Gate(
-        True, sms, losses, chunks, why or f"the search chose the engine's SM count ({engine})"
-    )
-
-
-def _sms_decision(
-    buckets: Sequence[BucketCandidates], times: dict, chosen: int, engine: int
-) -> tuple[Speedup, dict[int, Speedup], str]:
-    """DeepEP's default chunks at the chosen SM count against the engine's default: one test on the
-    weighted objective, and each bucket tested for a loss (Holm)."""
-    weights = [b.weight for b in buckets]
-    base = weighted_rounds([times[b.tokens]["engine"] for b in buckets], weights)
-    mine = weighted_rounds([times[b.tokens]["default"] for b in buckets], weights)
-    names = (f"{chosen} SMs", f"the engine's default ({engine} SMs)")
-    sms = paired_speedup(base, mine, 0, names)
-    losses = holm(
-        [
-            paired_speedup(times[b.tokens]["engine"], times[b.tokens]["default"], 0, names)
-            for b in buckets
-        ],
-        "slower",
-        "buckets",
-    )
-    lost = [f"T={b.tokens}: {t.words()}" for b, t in zip(buckets, losses) if t.slower]
-    if lost:
-        why = f"{chosen} SMs are slower beyond noise in a bucket ({'; '.join(lost)}): the engine's default kept"
-    elif not sms.faster:
-        why = (
-            f"{chosen} SMs, weighted over the buckets in the gate rounds: {sms.words()}: no gain beyond noise, "
-            "the engine's default kept"
-        )
-    else:
-        why = (
-            f"{chosen} SMs with DeepEP's default chunks, weighted over the buckets in the gate rounds: "
-            f"{sms.words()}; no bucket slower beyond noise"
-        )
-    return sms, {b.tokens: t for b, t in zip(buckets, losses)}, why
-
-
-def report(
-    bench: Bench,
-    workload: Workload,
-    buckets: Sequence[BucketCandidates],
-    kept: dict[int, Contender],
-    rounds: int,
-    region: str,
-) -> tuple[dict[int, Report], Optional[Speedup]]:
-    """The kept configs beside the engine's default and DeepEP's default chunks at the kept SM
-    count, in rounds of a fresh bench that decide nothing."""
-    named = {
-        b.tokens: {
-            "kept": kept[b.tokens].point,
-            "engine": b.engine,
-            "default": TunePoint(
-                kept[b.tokens].point.num_sms, b.tokens, b.default.dispatch, b.default.combine
-            ),
-        }
-        for b in buckets
-    }
-    runs = named_rounds(bench, workload, named, rounds, region, "report")
-    out = {}
-    for b in buckets:
-        k, mine = kept[b.tokens], runs[b.tokens]
-        vs_engine = (
-            None
-            if k.point == b.engine
-            else paired_speedup(mine["engine"], mine["kept"], 0, (k.name, "the engine's default"))
-        )
-        vs_default = (
-            None
-            if k.point == named[b.tokens]["default"]
-            else paired_speedup(
-                mine["default"], mine["kept"], 0, (k.name, "DeepEP's default chunks")
-            )
-        )
-        out[b.tokens] = Report(
-            b.tokens,
-            rounds,
-            {n: statistics.median(xs) for n, xs in mine.items()},
-            vs_engine,
-            vs_default,
-        )
-    weighted = None
-    if any(r.vs_engine is not None for r in out.values()):
-        weights = [b.weight for b in buckets]
-        weighted = paired_speedup(
-            weighted_rounds([runs[b.tokens]["engine"] for b in buckets], weights),
-            weighted_rounds([runs[b.tokens]["kept"] for b in buckets], weights),
-            0,
-            ("the kept configs", "the engine's default"),
-        )
-    return out, weighted
 
 
 def run_protocol(
@@ -410,68 +227,109 @@ def run_protocol(
     buckets: Sequence[BucketCandidates],
     settings: ConfirmSettings,
 ) -> Protocol:
-    """Selection (per bucket), gate and report (all buckets), each in a fresh bench."""
-    rounds, region = settings.rounds, settings.region
+    """Selection, gate and report (``tuning.protocol.run``) of the SM count and the chunks."""
+    rounds = settings.rounds
     if rounds < MIN_ROUNDS:
         raise TuningError(
             f"confirm_rounds must be at least {MIN_ROUNDS}, got {rounds}", field="confirm_rounds"
         )
-    picks, notes = {}, {}
+    stages = serial_stages(buckets, settings.choose_chunks)
+    done = run(
+        stages,
+        BenchTimer(bench, workload, settings.region),
+        {b.tokens: b.weight for b in buckets},
+        rounds,
+        FAMILY_LEVELS["deepep"],
+    )
+    return _protocol(buckets, done, settings.choose_chunks)
+
+
+def _protocol(buckets: Sequence[BucketCandidates], done: Outcome, choose_chunks: bool) -> Protocol:
+    sms, chunks = done.stage(SMS), done.stage(CHUNKS)
+    moved = any(sms.claimed(b.tokens) for b in buckets)
+    decided = Gate(moved, sms.overall, sms.tests, chunks.tests, _why(buckets, sms, done))
+    confirmed = {}
     for b in buckets:
-        if settings.choose_chunks:
-            picks[b.tokens], notes[b.tokens] = select(
-                bench, workload, b.top, b.default, rounds, region
-            )
-        else:
-            picks[b.tokens], notes[b.tokens] = (
-                Contender("default", b.default),
-                (
-                    "the bench's chunk effects are not fitted from measurements: DeepEP's default chunks"
-                ),
-            )
-    decided = gate(bench, workload, buckets, picks, rounds, region)
-    kept = {}
-    for b in buckets:
-        test = decided.chunks.get(b.tokens)
-        if not decided.moved:
-            kept[b.tokens] = Contender("engine", b.engine)
-        elif test is not None and test.faster:
-            kept[b.tokens] = picks[b.tokens]
-        else:
-            kept[b.tokens] = Contender("engine" if b.default == b.engine else "default", b.default)
-    reports, weighted = report(bench, workload, buckets, kept, rounds, region)
-    confirmed = {
-        b.tokens: Confirmed(
+        kept = done.kept[b.tokens]
+        figures = done.figures[b.tokens]
+        report = Report(
             b.tokens,
-            kept[b.tokens],
-            _selection_words(notes[b.tokens], decided, b.tokens),
-            reports[b.tokens],
+            done.rounds,
+            _times(done, b, kept),
+            figures.get("engine") if kept.arms[b.tokens] != b.engine else None,
+            figures.get("default") if kept.arms[b.tokens] != b.default else None,
+        )
+        confirmed[b.tokens] = Confirmed(
+            b.tokens,
+            Contender(kept.name, kept.arms[b.tokens]),
+            _selection_words(b, chunks, sms, choose_chunks),
+            report,
             decided.bucket_doc(b.tokens),
         )
-        for b in buckets
-    }
-    num_sms = buckets[0].default.num_sms if decided.moved else buckets[0].engine.num_sms
-    return Protocol(num_sms, confirmed, decided, weighted, decided.why)
+    num_sms = buckets[0].default.num_sms if moved else buckets[0].engine.num_sms
+    return Protocol(num_sms, confirmed, decided, done.weighted.get("engine"), decided.why)
 
 
-def _selection_words(note: str, decided: Gate, tokens: int) -> str:
-    test = decided.chunks.get(tokens)
-    if not decided.moved:
+def _times(done: Outcome, b: BucketCandidates, kept: Option) -> dict[str, float]:
+    """The report's medians by the names people read: kept, engine, and DeepEP's default chunks at
+    the kept SM count."""
+    got, point = done.times_us[b.tokens], kept.arms[b.tokens]
+    default = b.default if point.num_sms == b.default.num_sms else b.engine
+    return {"kept": got[point], "engine": got[b.engine], "default": got[default]}
+
+
+def _why(buckets: Sequence[BucketCandidates], sms: Gated, done: Outcome) -> str:
+    """Why the SM count is what it is: the gate's decision in words (no figure), then what the
+    report rounds measured."""
+    chosen, engine = buckets[0].default.num_sms, buckets[0].engine.num_sms
+    if not sms.tested:
+        return f"the search chose the engine's SM count ({engine})"
+    head = (
+        f"{chosen} SMs with DeepEP's default chunks against the engine's default ({engine} SMs) "
+        f"in the gate: {sms.words()}"
+    )
+    if not sms.claimed(buckets[0].tokens):
+        return f"{head}: the engine's default kept"
+    weighted = done.weighted.get("engine")
+    said = "" if weighted is None else f"; {weighted.words()}"
+    return f"{head}: kept{said}"
+
+
+def _selection_words(b: BucketCandidates, chunks: Gated, sms: Gated, choose_chunks: bool) -> str:
+    """How the bucket's config was proposed and decided, in words (no figure)."""
+    if not choose_chunks:
+        note = (
+            "the bench's chunk effects are not fitted from measurements: DeepEP's default chunks"
+        )
+    elif not chunks.stage.candidates or all(
+        b.tokens not in c.arms for c in chunks.stage.candidates
+    ):
+        note = "the search found nothing but DeepEP's default"
+    elif chunks.pick[b.tokens] is chunks.stage.baseline:
+        note = f"none of the search's top {len(b.top)} was faster than the default in the selection rounds"
+    elif len(chunks.stage.candidates) == 1:
+        note = f"{chunks.pick[b.tokens].name}, the search's one proposal (to the gate)"
+    else:
+        note = (
+            f"{chunks.pick[b.tokens].name} of the search's top {len(b.top)}, the fastest in the "
+            "selection rounds (proposed to the gate)"
+        )
+    if sms.tested and not sms.claimed(b.tokens):
         return f"{note}; the SM count did not pass the gate: the engine's default kept"
+    test = chunks.tests.get(b.tokens)
     if test is None:
         return note
     if test.faster:
-        return f"{note}; gate: {test.words()}"
-    return f"{note}; gate: {test.words()}: DeepEP's default chunks kept"
+        return f"{note}; gate: {decision_words(test)}"
+    return f"{note}; gate: {decision_words(test)}: DeepEP's default chunks kept"
 
 
-def report_words(speedup: Optional[Speedup]) -> str:
-    """A report-round speed-up in one cell: ``x1.035 faster [95% CI ...]``, ``(kept)`` where it is the
-    baseline itself."""
-    if speedup is None:
+def report_words(figure: Optional[Figure]) -> str:
+    """A report figure in one cell: ``x1.035 faster [95% CI ...]``; ``(is the baseline)`` where the
+    kept config is the baseline itself."""
+    if figure is None:
         return "(is the baseline)"
-    tail = "" if speedup.verdict in ("faster", "slower") else f", {speedup.verdict}"
-    return f"{speedup_words(speedup.speedup)}{tail} [{interval_words(speedup.low, speedup.high)}]"
+    return f"{speedup_words(figure.speedup)} [{figure.interval()}]"
 
 
 @dataclass(frozen=True)
@@ -604,54 +462,88 @@ def modelled_protocol(
     return Modelled(engine, rows, why, weighted, weighted_error)
 
 
+ORDERS = ("quant_then_dispatch", "dispatch_then_quant")
+
+
+class OrdersTimer:
+    """The protocol's timer for both orders: one measurement times both at a bucket's point, the
+    order timed first alternating round by round (AB, BA: each follows the other as often as
+    itself), after a dropped warm-up measurement; each phase in a fresh bench."""
+
+    def __init__(self, bench: Bench, workload: Workload, points: Mapping[int, TunePoint]):
+        self.bench, self.workload, self.points, self.phase = bench, workload, points, ""
+
+    def fresh(self, phase: str) -> None:
+        self.phase = phase
+        self.bench.restart()
+
+    def rounds(self, arms: Mapping[int, Sequence[str]], rounds: int) -> dict:
+        import dataclasses
+
+        progress.phase(f"orders ({self.phase})", len(arms) * (rounds + 1))
+        times = {t: {name: [] for name in ORDERS} for t in arms}
+        for r in range(-1, rounds):  # round -1: the warm-up, dropped
+            for tokens in arms:
+                first = ORDERS[r % 2]
+                both = dataclasses.replace(self.workload, both_orders=True, orders_first=first)
+                got = self.bench.measure(both, self.points[tokens]).orders
+                progress.advance()
+                for name in ORDERS if r >= 0 else ():
+                    times[tokens][name].append(got[name])
+        return times
+
+
+def order_stage(points: Mapping[int, TunePoint]) -> Stage:
+    """Both orders at each bucket's point: quantizing first against dispatching bf16 first, a
+    comparing stage (recorded whatever the gate says), a claim either way."""
+    return Stage(
+        "the order",
+        Option("dispatch_then_quant", {t: ORDERS[1] for t in points}, "dispatching bf16 first"),
+        (Option("quant_then_dispatch", {t: ORDERS[0] for t in points}, "quantizing first"),),
+        joint=False,
+        sides="both",
+        compare=True,
+    )
+
+
+def order_outcome(
+    bench: Bench, workload: Workload, points: Mapping[int, TunePoint], rounds: int
+) -> Outcome:
+    """The ``orders`` family's protocol: gate and report of :func:`order_stage`, each in a fresh bench."""
+    weights = {t: 1.0 for t in points}
+    timer = OrdersTimer(bench, workload, points)
+    return run([order_stage(points)], timer, weights, rounds, FAMILY_LEVELS["orders"])
+
+
 def time_both_orders(
     bench: Bench, workload: Workload, points: dict[int, TunePoint], rounds: int
 ) -> tuple:
-    """Both orders (quantize then dispatch, dispatch bf16 then quantize) at each bucket's point over
-    rotated rounds in a fresh bench after a dropped warm-up pass, the order timed first alternating
-    round by round; each bucket's paired speed-up of quantizing first tested two-sided with Holm over
-    the buckets. The verdict is the order faster beyond noise, else ``unmeasured``: the rules' order
-    stands. A failed measurement raises (the caller leaves the decisions unmeasured)."""
-    import dataclasses
+    """Both orders (quantize then dispatch, dispatch bf16 then quantize) at each bucket's point, as
+    the protocol's two-sided stage of the ``orders`` family: the gate's rounds decide, bucket by
+    bucket with Holm over the buckets (half the family's level per side); the report's rounds, in
+    another fresh bench, give the medians, speed-ups and intervals recorded. The verdict is the
+    order faster beyond noise, else ``unmeasured``: the rules' order stands. A failed measurement
+    raises (the caller leaves the decisions unmeasured)."""
+    return order_timings(order_outcome(bench, workload, points, rounds))
 
+
+def order_timings(done: Outcome) -> tuple:
+    """The recorded facts: each bucket's verdict from the gate, medians and figure from the report."""
     from moepolicy.names import UNMEASURED
     from moepolicy.schema.measured import OrderTiming
 
-    orders = ("quant_then_dispatch", "dispatch_then_quant")
-    progress.phase("orders", len(points) * (rounds + 1))
-    bench.restart()
-    times = {t: {name: [] for name in orders} for t in points}
-    for r in range(-1, rounds):  # round -1: the warm-up, dropped
-        for tokens, point in points.items():
-            both = dataclasses.replace(workload, both_orders=True, orders_first=orders[r % 2])
-            got = bench.measure(both, point).orders
-            progress.advance()
-            for name in orders if r >= 0 else ():
-                times[tokens][name].append(got[name])
-    tests = holm(
-        [
-            paired_speedup(
-                times[t]["dispatch_then_quant"],
-                times[t]["quant_then_dispatch"],
-                0,
-                ("quantizing first", "dispatching bf16 first"),
-            )
-            for t in points
-        ],
-        "both",
-        "buckets",
-    )
-    out = []
-    for (tokens, by_order), test in zip(times.items(), tests):
-        verdict = {"faster": orders[0], "slower": orders[1]}.get(test.verdict, UNMEASURED)
+    gated, out = done.stages[0], []
+    for tokens in done.kept:
+        test, shown = gated.tests[tokens], done.figures[tokens]["dispatch_then_quant"]
+        verdict = {"faster": ORDERS[0], "slower": ORDERS[1]}.get(test.verdict, UNMEASURED)
         out.append(
             OrderTiming(
                 tokens,
-                statistics.median(by_order[orders[0]]),
-                statistics.median(by_order[orders[1]]),
-                rounds=test.rounds,
-                speedup=test.speedup,
-                ci95=None if test.low is None else (test.low, test.high),
+                done.times_us[tokens][ORDERS[0]],
+                done.times_us[tokens][ORDERS[1]],
+                rounds=shown.rounds,
+                speedup=shown.speedup,
+                ci95=None if shown.low is None else (shown.low, shown.high),
                 verdict=verdict,
                 correction=test.correction,
             )

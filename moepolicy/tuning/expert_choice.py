@@ -3,19 +3,21 @@ own compute (its sender quantization and expert stage, from an :class:`~moepolic
 expert_bench.ExpertBench`) plus the communication of the arm's wire (dispatch and combine, from a
 :class:`Communication` source), per token bucket.
 
-The protocol (``measure.rounds``): the rounds are split, alternately, into **decide** rounds and
-**report** rounds. Verdicts come from the decide rounds only, with the exact paired sign-flip test
-and Holm's correction over the buckets; every figure printed or written comes from the report
-rounds, which decided nothing. Communication from a model enters adversarially: the contender's
-dispatch is raised by the model's error and the baseline's lowered (the combine is bf16 in every
-order: the same op either way), so a verdict never rests on the model being right. Where no communication figure exists (outside the model's range), an order is
-still claimed one way only: quantizing first puts half the bytes on the wire (fp8 with 1x128 scales
-against bf16), so where its compute is faster beyond noise, its step is too; the other way needs the
-communication and is not claimed.
+The protocol (``tuning.protocol``, the ``experts`` family's level split among the stages it runs):
+each kernel's two orders are one comparing stage, bucket by bucket with Holm's correction over the
+buckets; another kernel against the engine's pick (as the engine runs it) is one joint stage whose
+candidates are the kernel with each order per bucket (the selection rounds pick one). Verdicts come
+from gate rounds; every figure printed or written comes from report rounds, which decided nothing.
+Communication from a model enters adversarially: the contender's dispatch is raised by the model's
+error and the baseline's lowered (the combine is bf16 in every order: the same op either way), so a
+verdict never rests on the model being right. Where no communication figure exists (outside the
+model's range), an order is still claimed one way only: quantizing first puts half the bytes on the
+wire (fp8 with 1x128 scales against bf16), so where its compute is faster beyond noise, its step is
+too; the other way needs the communication and is not claimed.
 
-The kernel gate: another kernel replaces the engine's pick only where its step, at its faster
-order, is faster beyond noise on the weighted buckets and slower at none; where the engine's pick
-could not be measured here nothing is claimed against it (``faster_kernel`` stays ``unmeasured``).
+The kernel gate: another kernel replaces the engine's pick only where its step is faster beyond
+noise on the weighted buckets and slower at none; where the engine's pick could not be measured
+here nothing is claimed against it (``faster_kernel`` stays ``unmeasured``).
 
 A modelled bench (noise-free) answers with one figure and an error instead of rounds: a verdict
 needs the difference to exceed the errors of both sides.
@@ -25,20 +27,18 @@ Nothing here imports the planner or the document: it returns a ``schema.measured
 
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
-from moepolicy.measure.rounds import holm, paired_speedup, weighted_rounds
+from moepolicy.measure.rounds import least_rounds
 from moepolicy.measure.routing import ExpertShape
 from moepolicy.names import UNMEASURED
 from moepolicy.schema.measured import ArmTiming, ExpertChoice, KernelTest, OrderTiming
 from moepolicy.tuning.expert_bench import KERNEL_ORDERS, ExpertBench, arm_name
+from moepolicy.tuning.protocol import FAMILY_LEVELS, Option, Stage, run
 
 QTD, DTQ = "quant_then_dispatch", "dispatch_then_quant"
 WIRE_OF_ORDER = {QTD: "fp8", DTQ: "bf16", "no_quant": "bf16"}
-LEAST_ROUNDS = 12  # 6 decide + 6 report: the fewest with a 95 % interval in each half
 
 
 @dataclass(frozen=True)
@@ -66,25 +66,16 @@ class ChoiceInputs:
     buckets: tuple[tuple[int, float], ...]  # (tokens per rank, weight)
     engine_default: str  # the engine's own pick for these layers
     candidates: tuple[str, ...]  # kernels the engine can build for them on this GPU
-    rounds: int = 16
+    rounds: int = 12  # per phase (gate, report; selection where a kernel stage runs)
     communication_words: str = ""  # where the communication figures come from
     seed: int = 0
-
-
-def _median(xs: Sequence[float]) -> float:
-    return float(statistics.median(xs))
-
-
-def _halves(xs: Sequence[float]) -> tuple[list[float], list[float]]:
-    """Decide rounds (even) and report rounds (odd): both spread over the whole run."""
-    return list(xs[0::2]), list(xs[1::2])
 
 
 @dataclass(frozen=True)
 class _Bucket:
     tokens: int
     weight: float
-    compute: dict[str, list[float]]  # arm -> per-round compute (one value when modelled)
+    compute: dict[str, list[float]]  # arm -> its compute (one value, modelled; empty, measured)
     error: float  # the expert bench's relative error (0 measured)
     comm: dict[str, Optional[Communication]]  # wire -> figure
 
@@ -107,234 +98,143 @@ def _same_wire(*arms: str) -> bool:
     return len({WIRE_OF_ORDER[a.split("/", 1)[1]] for a in arms}) == 1
 
 
-class _Chooser:
+class _Modelled:
+    """A noise-free (modelled) bench: one figure and an error per arm instead of rounds; a verdict
+    needs the difference to exceed the errors of both sides."""
+
     def __init__(self, inputs: ChoiceInputs, bench: ExpertBench, buckets: list[_Bucket]):
         self.inputs, self.bench, self.buckets = inputs, bench, buckets
-        self.modelled = bench.noise_free
 
-    # --- one comparison at one bucket: contender vs baseline ------------------------------------
-    def _measured_test(self, b: _Bucket, contender: str, baseline: str, sign: int, half: int):
-        """The paired test on one half of the rounds (0 decide, 1 report). ``sign`` +1: the
-        contender's communication raised and the baseline's lowered (a claim that it is faster);
-        -1 the other way (a claim that it is slower); 0: point figures (the report)."""
-        c_rounds = _halves(b.compute[contender])[half]
-        b_rounds = _halves(b.compute[baseline])[half]
-        if _has_comm(b, contender, baseline) and not _same_wire(contender, baseline):
-            c_step, b_step = (
-                _step(b, contender, c_rounds, sign),
-                _step(b, baseline, b_rounds, -sign),
-            )
-        else:  # the same wire (its communication cancels) or none: compute alone
-            c_step, b_step = c_rounds, b_rounds
-        return paired_speedup(b_step, c_step, self.inputs.seed, (contender, baseline))
-
-    def _modelled_bounds(self, b: _Bucket, arm: str, sign: int, with_comm: bool) -> float:
+    def _bounds(self, b: _Bucket, arm: str, sign: int, with_comm: bool) -> float:
         x = b.compute[arm][0] * (1 + sign * b.error)
         if with_comm:
             c = b.comm[WIRE_OF_ORDER[arm.split("/", 1)[1]]]
             x += c.dispatch_us * (1 + sign * c.error) + c.combine_us
         return x
 
-    def _modelled_verdict(self, b: _Bucket, contender: str, baseline: str, one_way: bool) -> str:
+    def verdict(self, b: _Bucket, contender: str, baseline: str, one_way: bool) -> str:
         with_comm = _has_comm(b, contender, baseline) and not _same_wire(contender, baseline)
-        if self._modelled_bounds(b, contender, +1, with_comm) < self._modelled_bounds(
-            b, baseline, -1, with_comm
-        ):
+        if self._bounds(b, contender, +1, with_comm) < self._bounds(b, baseline, -1, with_comm):
             return "faster"
-        if not one_way and self._modelled_bounds(b, contender, -1, with_comm) > (
-            self._modelled_bounds(b, baseline, +1, with_comm)
+        if not one_way and self._bounds(b, contender, -1, with_comm) > (
+            self._bounds(b, baseline, +1, with_comm)
         ):
             return "slower"
         return "within noise"
 
-    def point(self, b: _Bucket, arm: str) -> tuple[float, Optional[float]]:
-        """The report figure of ``arm`` at ``b``: compute median and step median (None without
-        communication)."""
-        rounds = _halves(b.compute[arm])[1] if not self.modelled else b.compute[arm]
-        compute = _median(rounds)
-        if not _has_comm(b, arm):
-            return compute, None
-        return compute, _median(_step(b, arm, rounds))
-
     def figure(self, b: _Bucket, arm: str) -> float:
-        compute, step = self.point(b, arm)
-        return compute if step is None else step
+        compute = b.compute[arm][0]
+        return compute if not _has_comm(b, arm) else _step(b, arm, [compute])[0]
 
-    # --- the orders of one kernel ---------------------------------------------------------------
-    def orders(self, kernel: str) -> tuple[tuple[OrderTiming, ...], str]:
-        """Both orders of ``kernel`` at every bucket, each with its verdict, and the basis."""
+    def orders(self, kernel: str, basis: str, one_way: bool) -> tuple[OrderTiming, ...]:
         qtd, dtq = arm_name(kernel, QTD), arm_name(kernel, DTQ)
-        comm_everywhere = all(_has_comm(b, qtd, dtq) for b in self.buckets)
-        one_way = not comm_everywhere  # without communication only quantizing first is claimed
-        basis = self._basis(comm_everywhere)
-        if self.modelled:
-            verdicts = [self._modelled_verdict(b, qtd, dtq, one_way) for b in self.buckets]
-            correction = ""
-        else:
-            faster = holm(
-                [self._measured_test(b, qtd, dtq, +1, 0) for b in self.buckets],
-                side="faster",
-                family="buckets",
-            )
-            slower = (
-                [None] * len(self.buckets)
-                if one_way
-                else holm(
-                    [self._measured_test(b, qtd, dtq, -1, 0) for b in self.buckets],
-                    side="slower",
-                    family="buckets",
-                )
-            )
-            verdicts = [
-                "faster"
-                if f.faster
-                else "slower"
-                if (s is not None and s.slower)
-                else "within noise"
-                for f, s in zip(faster, slower)
-            ]
-            correction = faster[0].correction
         out = []
-        for b, verdict in zip(self.buckets, verdicts):
-            q_compute, q_step = self.point(b, qtd)
-            d_compute, d_step = self.point(b, dtq)
-            q, d = (q_step, d_step) if comm_everywhere else (q_compute, d_compute)
-            report = None if self.modelled else self._measured_test(b, qtd, dtq, 0, 1)
+        for b in self.buckets:
+            q, d = self.figure(b, qtd), self.figure(b, dtq)
+            if one_way:
+                q, d = b.compute[qtd][0], b.compute[dtq][0]
+            verdict = self.verdict(b, qtd, dtq, one_way)
             out.append(
                 OrderTiming(
                     tokens=b.tokens,
                     quant_then_dispatch_us=round(q, 2),
                     dispatch_then_quant_us=round(d, 2),
-                    rounds=0 if self.modelled else report.rounds,
-                    speedup=round(d / q, 4) if self.modelled else round(report.speedup, 4),
-                    ci95=None
-                    if self.modelled or report.low is None
-                    else (round(report.low, 4), round(report.high, 4)),
-                    verdict=QTD
-                    if verdict == "faster"
-                    else DTQ
-                    if verdict == "slower"
-                    else UNMEASURED,
-                    correction=correction,
+                    rounds=0,
+                    speedup=round(d / q, 4),
+                    verdict={"faster": QTD, "slower": DTQ}.get(verdict, UNMEASURED),
                     basis=basis,
                 )
             )
-        return tuple(out), basis
+        return tuple(out)
 
-    def _basis(self, comm_everywhere: bool) -> str:
-        compute = self.bench.describe()
-        if comm_everywhere:
-            return f"{compute}; communication {self.inputs.communication_words}"
-        return (
-            f"{compute}; no communication figure for this target "
-            f"({self.inputs.communication_words}): the times are compute only, and only quantizing "
-            "first can be claimed (it puts half the bytes on the wire)"
-        )
-
-    # --- the kernel gate ------------------------------------------------------------------------
     def best_arm(self, kernel: str, b: _Bucket) -> str:
-        """The kernel's faster order at ``b`` by the decide rounds (or the model's figure)."""
+        """The kernel's faster order at ``b`` by the model's figure."""
         arms = [arm_name(kernel, o) for o in KERNEL_ORDERS[kernel]]
-        if len(arms) == 1:
-            return arms[0]
+        return min(arms, key=lambda arm: _step(b, arm, b.compute[arm])[0])
 
-        def decide_step(arm: str) -> float:
-            rounds = b.compute[arm] if self.modelled else _halves(b.compute[arm])[0]
-            return _median(_step(b, arm, rounds))
-
-        return min(arms, key=decide_step)
-
-    def kernel_test(self, contender: str, baseline: str) -> tuple[bool, tuple[KernelTest, ...]]:
+    def kernel(self, contender: str, baseline: str) -> tuple[bool, tuple[KernelTest, ...]]:
         c_arms = [self.best_arm(contender, b) for b in self.buckets]
-        b_arms = [self.best_arm(baseline, b) for b in self.buckets]
+        b_arms = [_engine_arm(baseline)] * len(self.buckets)
         if not all(
             _has_comm(b, c, d) or _same_wire(c, d) for b, c, d in zip(self.buckets, c_arms, b_arms)
         ):
             return False, ()
-        if self.modelled:
-            verdicts = [
-                self._modelled_verdict(b, c, d, False)
-                for b, c, d in zip(self.buckets, c_arms, b_arms)
-            ]
-            tests = tuple(
-                KernelTest(b.tokens, c, d, v, round(self.figure(b, d) / self.figure(b, c), 4))
-                for b, c, d, v in zip(self.buckets, c_arms, b_arms, verdicts)
-            )
-            wins = all(v != "slower" for v in verdicts) and any(v == "faster" for v in verdicts)
-            return wins, tests
-        per_bucket = [
-            self._measured_test(b, c, d, +1, 0) for b, c, d in zip(self.buckets, c_arms, b_arms)
-        ]
-        slower = holm(
-            [self._measured_test(b, c, d, -1, 0) for b, c, d in zip(self.buckets, c_arms, b_arms)],
-            side="slower",
-            family="buckets",
+        verdicts = [self.verdict(b, c, d, False) for b, c, d in zip(self.buckets, c_arms, b_arms)]
+        tests = tuple(
+            KernelTest(b.tokens, c, d, v, round(self.figure(b, d) / self.figure(b, c), 4))
+            for b, c, d, v in zip(self.buckets, c_arms, b_arms, verdicts)
         )
-        weights = [b.weight for b in self.buckets]
+        return all(v != "slower" for v in verdicts) and any(v == "faster" for v in verdicts), tests
 
-        def weighted(arms: list[str], half: int, sign: int) -> list[float]:
-            return weighted_rounds(
-                [
-                    _step(b, a, _halves(b.compute[a])[half], sign)
-                    for b, a in zip(self.buckets, arms)
-                ],
-                weights,
-            )
 
-        decide = paired_speedup(
-            weighted(b_arms, 0, -1),
-            weighted(c_arms, 0, +1),
-            self.inputs.seed,
-            (contender, baseline),
-        )
-        report = paired_speedup(
-            weighted(b_arms, 1, 0), weighted(c_arms, 1, 0), self.inputs.seed, (contender, baseline)
-        )
-        tests = [
-            KernelTest(
-                b.tokens,
-                c,
-                d,
-                "slower" if s.slower else ("faster" if t.faster else "within noise"),
-                round(self._measured_test(b, c, d, 0, 1).speedup, 4),
-                correction=s.correction,
-            )
-            for b, c, d, t, s in zip(self.buckets, c_arms, b_arms, per_bucket, slower)
-        ]
-        tests.append(
-            KernelTest(
-                0,
-                contender,
-                baseline,
-                decide.verdict,
-                round(report.speedup, 4),
-                None if report.low is None else (round(report.low, 4), round(report.high, 4)),
-            )
-        )
-        wins = decide.faster and not any(s.slower for s in slower)
-        return wins, tuple(tests)
+def _engine_arm(kernel: str) -> str:
+    """The arm the engine runs for ``kernel``: its first order (DeepGEMM's experts take fp8 rows
+    quantized before the dispatch, as vLLM sends them; FlashInfer's quantize their own bf16)."""
+    return arm_name(kernel, KERNEL_ORDERS[kernel][0])
 
-    # --- what the report shows -------------------------------------------------------------------
-    def arms(self, kernels: Sequence[str]) -> tuple[tuple[int, tuple[ArmTiming, ...]], ...]:
-        out = []
-        for b in self.buckets:
-            timings = []
-            for kernel in kernels:
-                for order in KERNEL_ORDERS[kernel]:
-                    arm = arm_name(kernel, order)
-                    compute, _ = self.point(b, arm)
-                    c = b.comm.get(WIRE_OF_ORDER[order])
-                    timings.append(
-                        ArmTiming(
-                            kernel,
-                            order,
-                            round(compute, 2),
-                            None if c is None else round(c.dispatch_us, 2),
-                            None if c is None else round(c.combine_us, 2),
-                        )
-                    )
-            out.append((b.tokens, tuple(timings)))
-        return tuple(out)
+
+class ExpertTimer:
+    """The protocol's timer on an :class:`ExpertBench`: each group of rounds is one call of the
+    bench (its arms over balanced rounds after a warm-up); its processes stay (nothing to restart)."""
+
+    def __init__(self, bench: ExpertBench, shape: ExpertShape):
+        self.bench, self.shape = bench, shape
+
+    def fresh(self, phase: str) -> None:
+        pass
+
+    def rounds(self, arms: Mapping[int, Sequence[str]], rounds: int) -> dict:
+        return {
+            t: self.bench.times(self.shape, t, list(a), rounds).per_round for t, a in arms.items()
+        }
+
+
+def _bound(buckets: dict[int, _Bucket]):
+    """How a test sees an arm: its compute plus its wire's communication (the modelled dispatch
+    raised by its error for the side whose claim is tested, lowered for the other) where the two
+    arms send different wires and both have a figure; the compute alone otherwise (the same wire's
+    communication cancels; without a figure there is none to add)."""
+
+    def bound(tokens: int, arm: str, other: str, sign: int, xs: list[float]) -> list[float]:
+        b = buckets[tokens]
+        if not _has_comm(b, arm, other) or _same_wire(arm, other):
+            return xs
+        return _step(b, arm, xs, sign)
+
+    return bound
+
+
+def _order_stage(kernel: str, weights, bound, one_way: bool) -> Stage:
+    """Both orders of ``kernel``, bucket by bucket: quantizing first against quantizing after, a
+    claim either way (only quantizing first where some bucket has no communication figure)."""
+    return Stage(
+        f"{kernel}'s order",
+        Option(DTQ, {t: arm_name(kernel, DTQ) for t in weights}, "quantizing after the dispatch"),
+        (Option(QTD, {t: arm_name(kernel, QTD) for t in weights}),),
+        joint=False,
+        sides="faster" if one_way else "both",
+        compare=True,
+        bound=bound,
+    )
+
+
+def _kernel_stage(kernels: Sequence[str], default: str, weights, bound) -> Stage:
+    """Another kernel instead of the engine's pick (run as the engine runs it), on the weighted
+    buckets and slower at none; each kernel's order per bucket is its candidates' choice (the
+    selection rounds pick one)."""
+    import itertools
+
+    candidates = []
+    for kernel in kernels:
+        if kernel == default:
+            continue
+        for orders in itertools.product(KERNEL_ORDERS[kernel], repeat=len(weights)):
+            arms = {t: arm_name(kernel, o) for t, o in zip(weights, orders)}
+            candidates.append(Option(kernel, arms))
+    base = Option(
+        default, {t: _engine_arm(default) for t in weights}, f"{default} (the engine's pick)"
+    )
+    return Stage("the expert kernel", base, tuple(candidates), compare=True, bound=bound)
 
 
 def choose_experts(
@@ -360,82 +260,276 @@ def choose_experts(
             f"{why}; the engine's pick ({inputs.engine_default}) is kept",
             kernels=statuses,
         )
-    if not bench.noise_free and inputs.rounds < LEAST_ROUNDS:
+    comm = {
+        t: {wire: communication(t, wire) for wire in ("fp8", "bf16")} for t, _ in inputs.buckets
+    }
+    if bench.noise_free:
+        return _modelled_choice(inputs, bench, measured, statuses, comm)
+    return _measured_choice(inputs, bench, measured, statuses, comm)
+
+
+def _plan(inputs: ChoiceInputs, measured: list[str]) -> tuple[list[str], bool, int]:
+    """The kernels whose orders are compared, whether the kernel stage runs, and the level each
+    stage gets (the experts family's, split among them ahead of any measurement)."""
+    two = [k for k in measured if len(KERNEL_ORDERS[k]) == 2]
+    gate_kernels = inputs.engine_default in measured and len(measured) > 1
+    return two, gate_kernels, len(two) + int(gate_kernels)
+
+
+def least_rounds_for(inputs: ChoiceInputs, measured: list[str]) -> int:
+    """The fewest rounds per phase in which every stage can claim at its level (Holm over the
+    buckets, the orders split per side)."""
+    two, _, stages = _plan(inputs, measured)
+    level = FAMILY_LEVELS["experts"] / max(stages, 1)
+    per_side = level / 2 if two else level
+    return least_rounds(len(inputs.buckets), per_side)
+
+
+def _measured_choice(inputs, bench, measured, statuses, comm) -> ExpertChoice:
+    needed = least_rounds_for(inputs, measured)
+    if inputs.rounds < needed:
         raise ValueError(
-            f"rounds: the expert-stage comparison needs at least {LEAST_ROUNDS} rounds (half decide, "
-            f"half report, 6 each for a 95 % interval), got {inputs.rounds}"
+            f"rounds: the expert-stage comparison needs at least {needed} rounds per phase for its "
+            f"claims at their level (the experts family's {FAMILY_LEVELS['experts']:.2%}, Holm over "
+            f"{len(inputs.buckets)} buckets), got {inputs.rounds}"
         )
-    arms = [arm_name(k, o) for k in measured for o in KERNEL_ORDERS[k]]
-    buckets = []
-    for tokens, weight in inputs.buckets:
-        times = bench.times(inputs.shape, tokens, arms, inputs.rounds)
-        comm = {wire: communication(tokens, wire) for wire in ("fp8", "bf16")}
-        buckets.append(_Bucket(tokens, weight, times.per_round, times.error, comm))
-    chooser = _Chooser(inputs, bench, buckets)
-    orders, bases = [], []
-    for kernel in measured:
-        if len(KERNEL_ORDERS[kernel]) == 2:
-            timings, basis = chooser.orders(kernel)
-            orders.append((kernel, timings))
-            bases.append(basis)
-    faster_kernel, tests, why = _gate(chooser, inputs, measured, statuses)
-    basis = bases[0] if bases else bench.describe()
-    if bench.noise_free:  # a model's figures carry its error, said with them
-        errors = [100 * b.error for b in buckets]
-        basis += f"; the expert-stage model's error at these buckets: {min(errors):.0f}-{max(errors):.0f} %"
+    weights = dict(inputs.buckets)
+    buckets = {t: _Bucket(t, w, {}, 0.0, comm[t]) for t, w in inputs.buckets}
+    bound, timer = _bound(buckets), ExpertTimer(bench, inputs.shape)
+    two, gate_kernels, stages = _plan(inputs, measured)
+    level = FAMILY_LEVELS["experts"] / max(stages, 1)
+    comm_everywhere = all(v is not None for c in comm.values() for v in c.values())
+    basis = _basis(bench, inputs, comm_everywhere)
+    medians: dict[int, dict[str, float]] = {t: {} for t in weights}
+    orders = []
+    for kernel in two:
+        stage = _order_stage(kernel, weights, bound, one_way=not comm_everywhere)
+        done = run([stage], timer, weights, inputs.rounds, level)
+        orders.append((kernel, _order_timings(kernel, done, buckets, basis, comm_everywhere)))
+        _collect(medians, done)
+    faster_kernel, tests, why = UNMEASURED, (), _unmeasured_default(inputs, statuses)
+    if gate_kernels:
+        faster_kernel, tests, why = _kernel_gate(
+            inputs, measured, (weights, bound, timer, level), buckets, medians
+        )
     return ExpertChoice(
         engine_default=inputs.engine_default,
         faster_kernel=faster_kernel,
-        source=source,
-        basis=basis,
+        source=bench.source,
+        basis=basis if two else bench.describe(),
         why=why,
         kernels=statuses,
-        arms=chooser.arms(measured),
+        arms=_arm_timings(measured, buckets, medians),
         orders=tuple(orders),
         tests=tests,
-        rounds=0 if bench.noise_free else len(_halves(range(inputs.rounds))[1]),
+        rounds=inputs.rounds,
     )
 
 
-def _gate(chooser: _Chooser, inputs: ChoiceInputs, measured: list[str], statuses):
+def _unmeasured_default(inputs: ChoiceInputs, statuses) -> str:
     default = inputs.engine_default
-    if default not in measured:
-        detail = next((s.detail for s in statuses if s.kernel == default), "not a candidate here")
+    detail = next((s.detail for s in statuses if s.kernel == default), "not a candidate here")
+    return (
+        f"{default} (the engine's pick) was not measured here ({detail}): nothing is claimed "
+        "against it, and it is kept unless another kernel is asked for"
+    )
+
+
+def _collect(medians: dict, done) -> None:
+    for t, by_arm in done.times_us.items():
+        medians[t].update(by_arm)
+
+
+def _order_timings(kernel, done, buckets, basis, comm_everywhere) -> tuple[OrderTiming, ...]:
+    """Each bucket's orders: the gate's verdict, the report's medians and figure."""
+    gated, out = done.stages[0], []
+    qtd, dtq = arm_name(kernel, QTD), arm_name(kernel, DTQ)
+    for t, b in buckets.items():
+        test, shown = gated.tests[t], done.figures[t][DTQ]
+        q, d = done.times_us[t][qtd], done.times_us[t][dtq]
+        if comm_everywhere:
+            q, d = _step(b, qtd, [q])[0], _step(b, dtq, [d])[0]
+        out.append(
+            OrderTiming(
+                tokens=t,
+                quant_then_dispatch_us=round(q, 2),
+                dispatch_then_quant_us=round(d, 2),
+                rounds=shown.rounds,
+                speedup=round(shown.speedup, 4),
+                ci95=None if shown.low is None else (round(shown.low, 4), round(shown.high, 4)),
+                verdict={"faster": QTD, "slower": DTQ}.get(test.verdict, UNMEASURED),
+                correction=test.correction,
+                basis=basis,
+            )
+        )
+    return tuple(out)
+
+
+def _kernel_gate(inputs, measured, how, buckets, medians):
+    """The kernel stage: another kernel replaces the engine's pick only where its step is faster
+    beyond noise on the weighted buckets and slower at none."""
+    weights, bound, timer, level = how
+    default = inputs.engine_default
+    stage = _kernel_stage(measured, default, weights, bound)
+    comparable = all(
+        _has_comm(b, c.arms[t], stage.baseline.arms[t])
+        or _same_wire(c.arms[t], stage.baseline.arms[t])
+        for c in stage.candidates
+        for t, b in buckets.items()
+    )
+    if not comparable:
         return (
             UNMEASURED,
             (),
-            f"{default} (the engine's pick) was not measured here ({detail}): nothing is claimed "
-            "against it, and it is kept unless another kernel is asked for",
+            f"the kernels send different wires and this target has no communication figure: "
+            f"{default} (the engine's pick) is kept",
         )
-    best, best_tests = None, ()
-    for kernel in measured:
-        if kernel == default:
-            continue
-        wins, tests = chooser.kernel_test(kernel, default)
-        if wins and (best is None or _weighted_speedup(tests) > _weighted_speedup(best_tests)):
-            best, best_tests = kernel, tests
-        elif best is None and not best_tests:
-            best_tests = tests
-    if best is None:
+    done = run([stage], timer, weights, inputs.rounds, level)
+    _collect(medians, done)
+    gated = done.stages[0]
+    first = next(iter(weights))
+    pick = gated.pick[first]
+    if pick is stage.baseline:
         return (
             UNMEASURED,
-            best_tests,
-            f"no kernel's MoE step was faster beyond noise than {default} (the engine's pick) at "
-            "the weighted buckets without being slower at one: it is kept",
+            (),
+            f"no kernel's MoE step was faster than {default} (the engine's pick) in the selection "
+            "rounds: it is kept",
+        )
+    tests = [
+        KernelTest(
+            t,
+            pick.arms[t],
+            stage.baseline.arms[t],
+            gated.tests[t].verdict if t in gated.tests else "within noise",
+            round(done.figures[t][default].speedup, 4),
+            _ci(done.figures[t][default]),
+            correction=gated.tests[t].correction if t in gated.tests else "",
+        )
+        for t in weights
+    ]
+    overall = done.weighted.get(default)
+    tests.append(
+        KernelTest(
+            0,
+            pick.name,
+            default,
+            gated.overall.verdict,
+            round(overall.speedup, 4),
+            _ci(overall),
+        )
+    )
+    if gated.claimed(first):
+        return (
+            pick.name,
+            tuple(tests),
+            f"{pick.name}'s MoE step was faster beyond noise than {default} (the engine's pick) at "
+            "the weighted buckets and slower at none (gate rounds; the figures from report rounds)",
         )
     return (
-        best,
-        best_tests,
-        f"{best}'s MoE step was faster beyond noise than {default} (the engine's pick) at the "
-        "weighted buckets and slower at none",
+        UNMEASURED,
+        tuple(tests),
+        f"no kernel's MoE step was faster beyond noise than {default} (the engine's pick) at "
+        "the weighted buckets without being slower at one: it is kept",
     )
 
 
-def _weighted_speedup(tests: Sequence[KernelTest]) -> float:
-    overall = [t for t in tests if t.tokens == 0]
-    if overall:
-        return overall[0].speedup
-    return math.prod(t.speedup for t in tests) ** (1 / max(len(tests), 1))
+def _ci(f) -> Optional[tuple[float, float]]:
+    return None if f is None or f.low is None else (round(f.low, 4), round(f.high, 4))
+
+
+def _basis(bench: ExpertBench, inputs: ChoiceInputs, comm_everywhere: bool) -> str:
+    compute = bench.describe()
+    if comm_everywhere:
+        return f"{compute}; communication {inputs.communication_words}"
+    return (
+        f"{compute}; no communication figure for this target "
+        f"({inputs.communication_words}): the times are compute only, and only quantizing "
+        "first can be claimed (it puts half the bytes on the wire)"
+    )
+
+
+def _arm_timings(measured, buckets, medians) -> tuple[tuple[int, tuple[ArmTiming, ...]], ...]:
+    """Each arm's compute (the report's median) and its wire's communication, per bucket."""
+    out = []
+    for t, b in buckets.items():
+        timings = []
+        for kernel in measured:
+            for order in KERNEL_ORDERS[kernel]:
+                arm = arm_name(kernel, order)
+                if arm not in medians[t]:
+                    continue
+                c = b.comm.get(WIRE_OF_ORDER[order])
+                timings.append(
+                    ArmTiming(
+                        kernel,
+                        order,
+                        round(medians[t][arm], 2),
+                        None if c is None else round(c.dispatch_us, 2),
+                        None if c is None else round(c.combine_us, 2),
+                    )
+                )
+        out.append((t, tuple(timings)))
+    return tuple(out)
+
+
+def _modelled_choice(inputs, bench, measured, statuses, comm) -> ExpertChoice:
+    """A recorded (noise-free) bench: one figure per arm with its error; reported, never decided on
+    by a test."""
+    arms = [arm_name(k, o) for k in measured for o in KERNEL_ORDERS[k]]
+    buckets = []
+    for tokens, weight in inputs.buckets:
+        times = bench.times(inputs.shape, tokens, arms, 1)
+        buckets.append(_Bucket(tokens, weight, times.per_round, times.error, comm[tokens]))
+    model = _Modelled(inputs, bench, buckets)
+    comm_everywhere = all(_has_comm(b, *arms) for b in buckets)
+    basis = _basis(bench, inputs, comm_everywhere)
+    orders = [
+        (k, model.orders(k, basis, not comm_everywhere))
+        for k in measured
+        if len(KERNEL_ORDERS[k]) == 2
+    ]
+    faster_kernel, tests, why = UNMEASURED, (), _unmeasured_default(inputs, statuses)
+    if inputs.engine_default in measured:
+        faster_kernel, tests, why = _modelled_gate(model, inputs, measured)
+    errors = [100 * b.error for b in buckets]
+    basis = (basis if orders else bench.describe()) + (
+        f"; the expert-stage model's error at these buckets: {min(errors):.0f}-{max(errors):.0f} %"
+    )
+    medians = {b.tokens: {a: b.compute[a][0] for a in arms} for b in buckets}
+    return ExpertChoice(
+        engine_default=inputs.engine_default,
+        faster_kernel=faster_kernel,
+        source=bench.source,
+        basis=basis,
+        why=why,
+        kernels=statuses,
+        arms=_arm_timings(measured, {b.tokens: b for b in buckets}, medians),
+        orders=tuple(orders),
+        tests=tests,
+        rounds=0,
+    )
+
+
+def _modelled_gate(model: _Modelled, inputs: ChoiceInputs, measured: list[str]):
+    default = inputs.engine_default
+    for kernel in measured:
+        if kernel == default:
+            continue
+        wins, tests = model.kernel(kernel, default)
+        if wins:
+            return (
+                kernel,
+                tests,
+                f"{kernel}'s MoE step was faster beyond the model's error than {default} (the "
+                "engine's pick) at a bucket and slower at none (modelled)",
+            )
+    return (
+        UNMEASURED,
+        (),
+        f"no kernel's MoE step was faster beyond the model's error than {default} (the engine's "
+        "pick) without being slower at a bucket: it is kept",
+    )
 
 
 def model_communication(bench, workload, num_sms: int, dispatch, combine) -> CommunicationOf:
@@ -472,7 +566,7 @@ def model_communication_words(bench, workload) -> str:
 
 
 def choice_inputs(
-    facts, target, buckets, rounds: int = 16, seed: int = 0
+    facts, target, buckets, rounds: int = 12, seed: int = 0
 ) -> Optional[ChoiceInputs]:
     """What the comparison is for: the first MoE layer's expert shapes at the target's EP size, the
     engine's own pick and the kernels the engine can build for it here (None: no MoE layer, or no

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from moepolicy.measure.rounds import Speedup, paired_speedup
+from moepolicy.tuning.protocol import Figure, figure
 
 # the launch orders a row may carry, as they prefix its keys (``tuning.overlap.ORDER_ROWS``)
 LAUNCH_ORDERS = ("gemm_first", "comm_first", "comm_first_no_wait")
@@ -86,14 +86,16 @@ class OverlapBucketRow:
     rounds_from: str = (
         "selection"  # report: fresh rounds that decided nothing; selection: the rounds that chose
     )
+    family: int = 1  # the buckets whose intervals are simultaneous (Bonferroni) with this one's
 
     @property
-    def paired_vs_vllm(self) -> Optional[Speedup]:
-        """The kept split's speed-up over vLLM's split, paired per round (above 1: faster)."""
+    def paired_vs_vllm(self) -> Optional[Figure]:
+        """The kept split's speed-up over vLLM's split, paired per round (above 1: faster), with its
+        interval simultaneous over ``family`` buckets."""
         if not self.per_round_vs_vllm:
             return None
         ratios = list(self.per_round_vs_vllm)
-        return paired_speedup([1.0] * len(ratios), ratios, 0, ("this split", "vLLM's split"))
+        return figure([1.0] * len(ratios), ratios, ("this split", "vLLM's split"), self.family)
 
     @property
     def floor_us(self) -> float:
@@ -150,6 +152,7 @@ class OverlapBucketRow:
             "vs_floor": _r(self.vs_floor, 3),
             "gemm": c.gemm_kind,
             "rounds_from": self.rounds_from,
+            "simultaneous_over": self.family,
             "vllm_split_overlapped_us": None,
             "vs_vllm_split": None,
             **c._to_doc(""),
@@ -236,4 +239,5 @@ class OverlapBucketRow:
             per_round_vs_vllm=tuple(m.get("vs_vllm_split_per_round") or ()),
             bound=bound,
             rounds_from=m.get("rounds_from", "selection"),
+            family=m.get("simultaneous_over", 1),
         )

@@ -38,9 +38,11 @@ from typing import NamedTuple, Optional
 from moepolicy.deepep.configs import ChunkConfig
 from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
 from moepolicy.measure.gemm_shape import GemmShape
-from moepolicy.measure.rounds import Speedup, holm, paired_speedup
+from moepolicy.errors import TuningError
+from moepolicy.measure.rounds import Speedup, round_orders
 from moepolicy.tuning.bench import TrialFailed, TunePoint, Workload
 from moepolicy.tuning.overlap_report import OverlapBucketRow, SplitBound, SplitTimes
+from moepolicy.tuning.protocol import FAMILY_LEVELS, Figure, Option, Stage, decision_doc, run
 
 log = logging.getLogger("moepolicy.tuning")
 CHUNK_CANDIDATES = {"dispatch": (16, 20, 24, 32), "combine": (6, 8, 10, 12, 16)}
@@ -248,33 +250,32 @@ def best_per_split(
     return list(best.values())[:splits]
 
 
-def confirm(
-    m: _Measurer, candidates: list[SplitConfig], rounds: int, warm_up: bool = False
+def measured_rounds(
+    m: _Measurer, configs: list[SplitConfig], rounds: int, warm_up: bool = False
 ) -> dict[SplitConfig, list[dict[int, dict]]]:
-    """Every candidate measured once per round, the order rotating one further each round (none is
-    first after a pause in every round), for ``rounds`` rounds; with ``warm_up``, one pass first whose
+    """Every config measured once per round (at every bucket), in the carry-over-balanced orders of
+    ``measure.rounds.round_orders``, for ``rounds`` rounds; with ``warm_up``, one pass first whose
     measurements are dropped (a fresh group's first calls pay its start-up). A round in which any
-    candidate failed is dropped for all, so the i-th runs of two candidates stay side by side."""
-    out: dict[SplitConfig, list[dict[int, dict]]] = {cfg: [] for cfg in candidates}
-    if warm_up:
-        for cfg in candidates:
-            m.fresh(cfg)
+    config failed is dropped for all, so the i-th runs of two configs stay side by side."""
+    cycle = round_orders(len(configs))
+    out: dict[SplitConfig, list[dict[int, dict]]] = {cfg: [] for cfg in configs}
+    for i in cycle[-1] if warm_up else ():
+        m.fresh(configs[i])
     for r in range(rounds):
-        order = [candidates[(r + i) % len(candidates)] for i in range(len(candidates))]
-        got = {cfg: m.fresh(cfg) for cfg in order}
+        got = {configs[i]: m.fresh(configs[i]) for i in cycle[r % len(cycle)]}
         if any(rows is None for rows in got.values()):
             log.info(f"  round {r + 1}/{rounds}: dropped (a measurement failed)")
             continue
-        for cfg in candidates:
+        for cfg in configs:
             out[cfg].append(got[cfg])
         log.info(
             f"  round {r + 1}/{rounds}: "
             + ", ".join(
                 f"c={cfg.comm_sms} {cfg.chunks[0][0]}/{cfg.chunks[1][0]}: {m.weighted(got[cfg]):.1f} us"
-                for cfg in candidates
+                for cfg in configs
             )
         )
-    return {cfg: runs for cfg, runs in out.items() if runs}
+    return out
 
 
 def _fresh_group(bench) -> None:
@@ -283,9 +284,40 @@ def _fresh_group(bench) -> None:
         restart()
 
 
+class OverlapTimer:
+    """The protocol's timer for the split: one measurement times a config at every bucket; each
+    phase in a fresh worker group, each group of rounds after a dropped warm-up pass. The last
+    rounds' full rows stay (``rows``): the report's bucket rows are built from them."""
+
+    def __init__(self, m: _Measurer):
+        self.m, self.phase = m, ""
+        self.rows: dict[SplitConfig, list[dict[int, dict]]] = {}
+
+    def fresh(self, phase: str) -> None:
+        log.info(f"overlap {phase} (fresh workers)")
+        self.phase = phase
+        _fresh_group(self.m.bench)
+
+    def rounds(self, arms, rounds: int) -> dict:
+        configs = list(dict.fromkeys(cfg for cfgs in arms.values() for cfg in cfgs))
+        self.rows = measured_rounds(self.m, configs, rounds, warm_up=True)
+        if not all(self.rows[cfg] for cfg in configs):
+            raise TuningError(
+                f"the overlap {self.phase} rounds could not be measured: every round had a failed "
+                "measurement"
+            )
+        return {
+            t: {
+                cfg: [objective_us(run[t], self.m.order) for run in self.rows[cfg]] for cfg in cfgs
+            }
+            for t, cfgs in arms.items()
+        }
+
+
 @dataclass(frozen=True)
 class SplitGate:
-    """The gate's decision: the split kept, the weighted test behind it and each bucket's loss test."""
+    """The gate's decision: the split kept, the weighted test behind it and each bucket's loss test
+    (the decision's own statistics, never a gain), and what it decided in words."""
 
     kept: SplitConfig
     test: Optional[Speedup]
@@ -294,47 +326,10 @@ class SplitGate:
 
     def to_doc(self) -> dict:
         return {
-            "test": None if self.test is None else self.test.to_doc(),
-            "losses": {str(t): s.to_doc() for t, s in self.losses.items()},
+            "test": None if self.test is None else decision_doc(self.test),
+            "losses": {str(t): decision_doc(s) for t, s in self.losses.items()},
             "why": self.why,
         }
-
-
-def gate_split(m: _Measurer, pick: SplitConfig, vllm: SplitConfig, rounds: int) -> SplitGate:
-    """The pick against vLLM's split in a fresh worker group: kept only where the weighted paired
-    speed-up passes one sign-flip test at 2.5 % and no bucket is slower beyond noise (Holm)."""
-    if pick == vllm:
-        return SplitGate(vllm, None, {}, "vLLM's split was the fastest in the selection rounds")
-    _fresh_group(m.bench)
-    runs = confirm(m, [pick, vllm], rounds, warm_up=True)
-    if pick not in runs or vllm not in runs:
-        return SplitGate(
-            vllm, None, {}, "the gate rounds failed: vLLM's split kept, no gain claimed"
-        )
-    names = (f"c={pick.comm_sms}", f"vLLM's split ({VLLM_DBO_COMM_SMS} SMs)")
-    test = paired_speedup(
-        [m.weighted(r) for r in runs[vllm]], [m.weighted(r) for r in runs[pick]], 0, names
-    )
-    per_bucket = [
-        paired_speedup(
-            [objective_us(r[t], m.order) for r in runs[vllm]],
-            [objective_us(r[t], m.order) for r in runs[pick]],
-            0,
-            names,
-        )
-        for t, _ in m.buckets
-    ]
-    losses = {t: s for (t, _), s in zip(m.buckets, holm(per_bucket, "slower", "buckets"))}
-    lost = [t for t, s in losses.items() if s.slower]
-    what = f"c={pick.comm_sms} on the weighted buckets in the gate rounds (fresh workers): {test.words()}"
-    if test.faster and not lost:
-        return SplitGate(pick, test, losses, f"{what}; no bucket slower beyond noise")
-    why = (
-        f"{what}; "
-        + (f"slower beyond noise at T={lost[0]}" if lost else "no gain beyond noise")
-        + ": vLLM's split kept"
-    )
-    return SplitGate(vllm, test, losses, why)
 
 
 def _median(runs: list[dict[int, dict]], tokens: int, key: str) -> float:
@@ -380,6 +375,7 @@ def bucket_row(
     order: str = "gemm-first",
     bound: Optional[SplitBound] = None,
     rounds_from: str = "report",
+    family: int = 1,
 ) -> OverlapBucketRow:
     """The kept config's row at ``tokens``, beside vLLM's split measured in the same rounds."""
     mine = [objective_us(run[tokens], order) for run in runs]
@@ -396,6 +392,7 @@ def bucket_row(
         per_round_vs_vllm=tuple(round(a / b, 4) for a, b in zip(mine, theirs)),
         bound=bound,
         rounds_from=rounds_from,
+        family=family,
     )
 
 
@@ -432,7 +429,7 @@ class OverlapSearch:
     confirmed_us: dict[str, float]  # the selection rounds' weighted medians (what chose the pick)
     why: str
     gate: Optional[SplitGate] = None
-    report_vs_vllm: Optional[Speedup] = (
+    report_vs_vllm: Optional[Figure] = (
         None  # the report rounds: weighted, the kept split vs vLLM's
     )
 
@@ -456,28 +453,6 @@ class OverlapSearch:
             "why": self.why,
         }
         return {k: v for k, v in out.items() if v is not None}
-
-
-def _report(m: _Measurer, kept: SplitConfig, vllm: Optional[SplitConfig], rounds: int):
-    """The report rounds in a fresh worker group: the kept split beside vLLM's (where they differ)."""
-    log.info(f"overlap phase 5 (report, fresh workers): {rounds} rounds")
-    _fresh_group(m.bench)
-    beside = vllm is not None and kept != vllm
-    report = confirm(m, [kept] + ([vllm] if beside else []), rounds, warm_up=True)
-    if kept not in report:
-        raise TrialFailed("the kept configuration could not be measured in the report rounds")
-    vllm_runs = report.get(vllm) if beside else None
-    weighted = (
-        None
-        if vllm_runs is None
-        else paired_speedup(
-            [m.weighted(r) for r in vllm_runs],
-            [m.weighted(r) for r in report[kept]],
-            0,
-            (f"c={kept.comm_sms}", f"vLLM's split ({VLLM_DBO_COMM_SMS} SMs)"),
-        )
-    )
-    return kept, report, vllm_runs, weighted
 
 
 @dataclass(frozen=True)
@@ -519,6 +494,32 @@ def search_overlap(
     return _select_gate_report(m, candidates, measured, vllm, rounds)
 
 
+def _name(cfg: SplitConfig) -> str:
+    return f"c={cfg.comm_sms} chunks {cfg.chunks[0][0]}/{cfg.chunks[1][0]}"
+
+
+def _split_stage(
+    m: _Measurer,
+    candidates: list[SplitConfig],
+    measured: dict[SplitConfig, float],
+    vllm: SplitConfig,
+) -> Stage:
+    """One joint stage: the candidates against vLLM's split; where vLLM's split failed in the search,
+    against the search's best candidate (then nothing is claimed over vLLM's split)."""
+    buckets = [t for t, _ in m.buckets]
+
+    def option(cfg: SplitConfig, label: str = "") -> Option:
+        return Option(_name(cfg), {t: cfg for t in buckets}, label)
+
+    if vllm in measured:
+        base_cfg, label = vllm, f"vLLM's split ({VLLM_DBO_COMM_SMS} SMs)"
+    else:
+        base_cfg = min(candidates, key=measured.__getitem__)
+        label = f"the search's best ({_name(base_cfg)})"
+    others = tuple(option(c) for c in candidates if c != base_cfg)
+    return Stage("the split", option(base_cfg, label), others)
+
+
 def _select_gate_report(
     m: _Measurer,
     candidates: list[SplitConfig],
@@ -526,66 +527,63 @@ def _select_gate_report(
     vllm: SplitConfig,
     rounds: int,
 ) -> OverlapSearch:
-    """Phases 3-5: select in the search's group, gate and report each in a fresh worker group."""
+    """Phases 3-5: the protocol (``tuning.protocol.run``), each phase in a fresh worker group."""
     buckets, order = m.buckets, m.order
-    log.info(
-        f"overlap phase 3 (selection): {len(candidates)} configs side by side, {rounds} rotated rounds"
+    stage = _split_stage(m, candidates, measured, vllm)
+    timer = OverlapTimer(m)
+    log.info(f"overlap phases 3-5 (selection, gate, report): {rounds} balanced rounds each")
+    done = run([stage], timer, dict(buckets), rounds, FAMILY_LEVELS["deepep"])
+    gated, first = done.stages[0], buckets[0][0]
+    kept, base = done.kept[first].arms[first], stage.baseline.arms[first]
+    pick = gated.pick[first].arms[first]
+    decided = SplitGate(
+        kept, gated.overall, gated.tests, _gate_words(gated, pick, base, vllm in measured)
     )
-    complete = confirm(m, candidates, rounds)
-    if not complete:
-        raise TrialFailed("no configuration could be re-measured in the selection rounds")
-
-    def confirmed_weighted(cfg: SplitConfig) -> float:
-        return sum(
-            m.weight[t] * statistics.median(objective_us(run[t], order) for run in complete[cfg])
-            for t, _ in buckets
-        )
-
-    pick = min(complete, key=confirmed_weighted)
-    log.info(
-        f"overlap phase 4 (gate, fresh workers): c={pick.comm_sms} against vLLM's split, {rounds} rounds"
-    )
-    decided = (
-        gate_split(m, pick, vllm, rounds)
-        if vllm in measured
-        else SplitGate(
-            pick,
-            None,
-            {},
-            "vLLM's split failed to measure: the pick kept, no gain over it claimed",
-        )
-    )
-    kept, report, vllm_runs, weighted = _report(
-        m, decided.kept, vllm if vllm in measured else None, rounds
-    )
-    first = report[kept][0][buckets[0][0]]
+    report = timer.rows
+    vllm_runs = report.get(vllm) if kept != vllm and vllm in measured else None
+    first_row = report[kept][0][first]
     rows = {
-        t: bucket_row(report[kept], vllm_runs, t, order, split_bound(m, t)) for t, _ in buckets
+        t: bucket_row(report[kept], vllm_runs, t, order, split_bound(m, t), family=len(buckets))
+        for t, _ in buckets
     }
     splits_us: dict[int, float] = {}
     for (cc, _), value in measured.items():
         splits_us[cc] = round(min(value, splits_us.get(cc, float("inf"))), 1)
+    chose = done.selection_us
+    weighted = done.weighted.get(stage.baseline.name)
     return OverlapSearch(
         comm_sms=kept.comm_sms,
-        gemm_sms=first["gemm_sms"],
+        gemm_sms=first_row["gemm_sms"],
         chunks=kept.chunks,
         rows=rows,
-        gemm=first.get("gemm_kind", "fp8" if first.get("gemm_fp8") else "bf16"),
+        gemm=first_row.get("gemm_kind", "fp8" if first_row.get("gemm_fp8") else "bf16"),
         order=order,
-        gemm_fallback=first.get("gemm_fallback"),
+        gemm_fallback=first_row.get("gemm_fallback"),
         splits_us=splits_us,
         configs_measured=len(measured),
         confirmed_us={
-            f"c={cfg.comm_sms} chunks {cfg.chunks[0][0]}/{cfg.chunks[1][0]}": round(
-                confirmed_weighted(cfg), 1
-            )
-            for cfg in complete
+            _name(cfg): round(sum(m.weight[t] * chose[t][cfg] for t, _ in buckets), 1)
+            for cfg in chose.get(first, {})
         },
         why=(
-            f"picked: the lowest weighted overlapped time ({order} launch order) in {rounds} rotated selection rounds "
-            f"among the best configs of the {CONFIRM_SPLITS} best splits of {len(measured)} configs and vLLM's "
-            f"{VLLM_DBO_COMM_SMS}-SM split; kept: {decided.why}"
+            f"picked: the fastest ({order} launch order) in {rounds} balanced selection rounds "
+            f"among the best configs of the {CONFIRM_SPLITS} best splits of {len(measured)} configs "
+            f"and vLLM's {VLLM_DBO_COMM_SMS}-SM split; kept: {decided.why}"
+            + ("" if weighted is None else f"; {weighted.words()}")
         ),
         gate=decided,
-        report_vs_vllm=weighted,
+        report_vs_vllm=weighted if vllm in measured else None,
     )
+
+
+def _gate_words(gated, pick: SplitConfig, base: SplitConfig, vllm_measured: bool) -> str:
+    """What the gate decided, in words (no figure)."""
+    if not vllm_measured:
+        return (
+            f"vLLM's split failed to measure in the search: {_name(base)} (the search's best) or a "
+            "config faster beyond noise than it kept, no gain over vLLM's split claimed"
+        )
+    if pick == base:
+        return "vLLM's split was the fastest in the selection rounds"
+    what = f"c={pick.comm_sms} against vLLM's split in the gate (fresh workers): {gated.words()}"
+    return what if gated.claimed(next(iter(gated.kept))) else f"{what}: vLLM's split kept"

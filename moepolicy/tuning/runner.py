@@ -27,8 +27,10 @@ from moepolicy.tuning.confirm import (
     run_protocol,
     time_both_orders,
 )
+from moepolicy.measure.rounds import TEST
 from moepolicy.tuning import progress
 from moepolicy.tuning.options import TuneOptions
+from moepolicy.tuning.protocol import FAMILY_LEVELS, POLICY_LEVEL, decision_doc
 from moepolicy.tuning.space import Space
 from moepolicy.redact import redact_url
 from moepolicy.tuning.storage import StorageFailed, make_storage, storage_failure
@@ -313,7 +315,7 @@ def _keep(
     rounds = protocol_rounds(bench, options.confirm_rounds)
     log.info(
         "re-measuring at %d SMs against the engine's default (%d SMs): selection, gate and report in fresh "
-        "workers, %d rotated rounds each",
+        "workers, %d balanced rounds each",
         chosen.num_sms,
         engine_sms,
         rounds,
@@ -335,9 +337,16 @@ def _keep(
         "top_k": max((len(b.top) for b in buckets), default=0),
         "engine_default": engine,
         "fresh_bench": bench.restarts_fresh,
-        "test": "exact sign-flip test on the per-round log-ratios, 2.5% per side (two-sided 5%)",
-        "gate": {
-            "sms": None if done.gate.sms is None else done.gate.sms.to_doc(),
+        "test": (
+            f"{TEST} test on the per-round log-ratios; the SM count then the chunks, a fixed "
+            f"sequence at {FAMILY_LEVELS['deepep']:.1%} (one side: gains)"
+        ),
+        "policy_level": (
+            f"a policy with no true difference records any claim at most {POLICY_LEVEL:.0%} of the "
+            f"time: {', '.join(f'{k} {v:.2%}' for k, v in FAMILY_LEVELS.items())}"
+        ),
+        "gate": {  # the decision's own statistics: what decided, never printed as a gain
+            "sms": None if done.gate.sms is None else decision_doc(done.gate.sms),
             "moved": done.gate.moved,
         },
         "report_weighted_vs_engine": None if done.weighted is None else done.weighted.to_doc(),

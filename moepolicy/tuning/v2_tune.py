@@ -3,11 +3,12 @@
 
 v2 (``deep_ep.ElasticBuffer``) sizes its buffers and chunks itself; what an engine can set is the SM
 count and these options (DeepEP#669 asks which to use). The candidates are few, so every one is
-measured: in each token bucket, every candidate in turn over rotated rounds (the selection, which
-claims nothing); the pick is then timed against DeepEP's default, (0, prefer overlap), in a fresh
-worker group (the gate), and kept only where its paired per-round speed-up on the weighted buckets
-(the objective) passes one exact sign-flip test at 2.5 % and no bucket is slower beyond noise (Holm
-over the buckets). The figures recorded and printed come from a third, fresh worker group (the
+measured, as one joint stage of the protocol (``tuning.protocol``): in each token bucket, every
+candidate beside DeepEP's default over balanced rounds (the selection, which claims nothing); the
+pick is then timed against DeepEP's default, (0, prefer overlap), in a fresh worker group (the
+gate), and kept only where its paired per-round speed-up on the weighted buckets (the objective)
+passes one exact test at the ``deepep`` family's level (2.5 %) and no bucket is slower beyond noise
+(Holm over the buckets). The figures recorded and printed come from a third, fresh worker group (the
 report), whose rounds decided nothing; where DeepEP's default is kept, they are its own times.
 
 Unverified here: no machine this project can use runs DeepEP v2 (it needs NCCL with GIN). The
@@ -17,22 +18,15 @@ search is tested against benches whose times are known; the live measurement is
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Mapping, Optional, Protocol, Sequence
 
 from moepolicy.deepep.kept import deepep_defaults
 from moepolicy.deepep.settings import V2Settings
 from moepolicy.errors import TuningError
-from moepolicy.measure.rounds import (
-    MIN_ROUNDS,
-    Speedup,
-    holm,
-    paired_speedup,
-    rotated_rounds,
-    weighted_rounds,
-)
+from moepolicy.measure.rounds import MIN_ROUNDS, Speedup, balanced_rounds
 from moepolicy.tuning.bench import Workload
+from moepolicy.tuning.protocol import FAMILY_LEVELS, Figure, Option, Stage, decision_doc, run
 
 
 @dataclass(frozen=True)
@@ -76,76 +70,44 @@ def v2_candidates(sms: Sequence[int]) -> list[V2Point]:
 
 @dataclass(frozen=True)
 class V2Choice:
-    """What a v2 tune keeps and what backs it: the gate's weighted test (None where the selection
-    picked DeepEP's default), each bucket's loss test, the report rounds' medians and speed-ups
-    against DeepEP's default (None where the default is kept), the selection's weighted medians."""
+    """What a v2 tune keeps and what backs it: the gate's weighted test and each bucket's loss test
+    (the decision's statistics: None where nothing was contested), the report rounds' medians and
+    figures against DeepEP's default (None where the default is kept)."""
 
     kept: V2Point
-    vs_default: dict[int, Optional[Speedup]]  # report rounds, per bucket
-    selection_us: dict[str, float]
+    vs_default: dict[int, Optional[Figure]]  # report rounds, per bucket
+    selection: str  # what the selection proposed, in words
     why: str
     gate: Optional[Speedup] = None
     losses: dict[int, Speedup] = field(default_factory=dict)
     report_us: dict[int, dict[str, float]] = field(default_factory=dict)
-    report_weighted: Optional[Speedup] = None
+    report_weighted: Optional[Figure] = None
+    selection_us: dict[str, float] = field(default_factory=dict)  # weighted medians: what chose
 
 
-def _rounds(
-    bench: V2Bench,
-    workload: Workload,
-    buckets: Sequence[tuple[int, float]],
-    points: Sequence[V2Point],
-    rounds: int,
-    fresh: bool,
-) -> dict[int, dict[V2Point, list[float]]]:
-    """Per bucket, every point over rotated rounds; in a fresh worker group (``fresh``) after a dropped
-    warm-up pass."""
-    if fresh:
-        bench.restart()
-    out = {}
-    for tokens, _ in buckets:
+class V2Timer:
+    """The protocol's timer on a :class:`V2Bench`: each phase in a fresh worker group, each bucket's
+    rounds after a dropped warm-up pass."""
 
-        def time_once(p: V2Point, tokens: int = tokens) -> float:
-            return bench.measure_v2(workload, p, tokens)
+    def __init__(self, bench: V2Bench, workload: Workload):
+        self.bench, self.workload = bench, workload
 
-        if fresh:
-            for p in points:
-                time_once(p)
-        out[tokens] = rotated_rounds(list(points), time_once, rounds)
-    return out
+    def fresh(self, phase: str) -> None:
+        self.bench.restart()
+
+    def rounds(self, arms: Mapping[int, Sequence[V2Point]], rounds: int) -> dict:
+        out = {}
+        for tokens, points in arms.items():
+
+            def time_once(p: V2Point, tokens: int = tokens) -> float:
+                return self.bench.measure_v2(self.workload, p, tokens)
+
+            out[tokens] = balanced_rounds(list(points), time_once, rounds, warm_up=True)
+        return out
 
 
-def _gate(
-    bench: V2Bench,
-    workload: Workload,
-    buckets: Sequence[tuple[int, float]],
-    best: V2Point,
-    rounds: int,
-) -> tuple[V2Point, Optional[Speedup], dict[int, Speedup], str]:
-    """The pick against DeepEP's default in a fresh group: one weighted test, no bucket slower."""
-    times = _rounds(bench, workload, buckets, [DEFAULT, best], rounds, fresh=True)
-    weights = [w for _, w in buckets]
-    overall = paired_speedup(
-        weighted_rounds([times[t][DEFAULT] for t, _ in buckets], weights),
-        weighted_rounds([times[t][best] for t, _ in buckets], weights),
-        0,
-        (best.name, "DeepEP's default"),
-    )
-    losses = holm(
-        [
-            paired_speedup(times[t][DEFAULT], times[t][best], 0, (best.name, "DeepEP's default"))
-            for t, _ in buckets
-        ],
-        "slower",
-        "buckets",
-    )
-    losses_by = {t: s for (t, _), s in zip(buckets, losses)}
-    lost = [t for t, s in losses_by.items() if s.slower]
-    what = f"{best.name}, the fastest in the selection rounds, on the weighted buckets of the gate rounds: {overall.words()}"
-    if overall.faster and not lost:
-        return best, overall, losses_by, what
-    tail = f"slower beyond noise at T={lost[0]}" if lost else "no gain beyond noise"
-    return DEFAULT, overall, losses_by, f"{what}; {tail}: DeepEP's default kept"
+def _option(point: V2Point, buckets: Sequence[tuple[int, float]], label: str = "") -> Option:
+    return Option(point.name, {t: point for t, _ in buckets}, label)
 
 
 def choose_v2(
@@ -156,8 +118,9 @@ def choose_v2(
     rounds: int,
     seed: int = 0,
 ) -> V2Choice:
-    """Select among ``candidates`` (one worker group), gate the pick against DeepEP's default (a
-    fresh one), report the kept setting (another fresh one); only the report's figures are recorded."""
+    """The protocol (``tuning.protocol``) with one joint stage: select among ``candidates``, gate the
+    pick against DeepEP's default, report the kept setting, each in a fresh worker group; only the
+    report's figures are recorded or printed."""
     if not bench.noise_free and rounds < MIN_ROUNDS:
         raise TuningError(
             f"confirm_rounds must be at least {MIN_ROUNDS} for the paired test to claim anything, "
@@ -165,61 +128,55 @@ def choose_v2(
             field="confirm_rounds",
         )
     rounds = 1 if bench.noise_free else rounds
-    weighted = {point: 0.0 for point in candidates}
-    for tokens, times in _rounds(
-        bench, workload, buckets, candidates, rounds, fresh=False
-    ).items():
-        for point, xs in times.items():
-            weighted[point] += dict(buckets)[tokens] * statistics.median(xs)
-    best = min(candidates, key=weighted.__getitem__)
-    selection = {point.name: round(us, 2) for point, us in weighted.items()}
-    if best == DEFAULT:
-        kept, overall, losses, why = (
-            DEFAULT,
-            None,
-            {},
-            "DeepEP's default was the fastest in the selection rounds",
-        )
-    else:
-        kept, overall, losses, why = _gate(bench, workload, buckets, best, rounds)
-    shown = [kept] + ([DEFAULT] if kept != DEFAULT else [])
-    report = _rounds(bench, workload, buckets, shown, rounds, fresh=True)
-    vs = {
-        t: (
-            paired_speedup(report[t][DEFAULT], report[t][kept], 0, (kept.name, "DeepEP's default"))
-            if kept != DEFAULT
-            else None
-        )
-        for t, _ in buckets
-    }
-    weights = [w for _, w in buckets]
-    report_weighted = (
-        None
-        if kept == DEFAULT
-        else paired_speedup(
-            weighted_rounds([report[t][DEFAULT] for t, _ in buckets], weights),
-            weighted_rounds([report[t][kept] for t, _ in buckets], weights),
-            0,
-            (kept.name, "DeepEP's default"),
-        )
+    default = _option(DEFAULT, buckets, "DeepEP's default")
+    stage = Stage(
+        "DeepEP v2's settings",
+        default,
+        tuple(_option(p, buckets) for p in candidates if p != DEFAULT),
     )
-    report_us = {
-        t: {p.name: round(statistics.median(xs), 2) for p, xs in report[t].items()}
-        for t, _ in buckets
-    }
-    return V2Choice(kept, vs, selection, why, overall, losses, report_us, report_weighted)
+    done = run([stage], V2Timer(bench, workload), dict(buckets), rounds, FAMILY_LEVELS["deepep"])
+    gated, first = done.stages[0], buckets[0][0]
+    kept = done.kept[first].arms[first]
+    pick = gated.pick[first].arms[first]
+    selection = (
+        "DeepEP's default was the fastest in the selection rounds"
+        if pick == DEFAULT
+        else f"{pick.name}, the fastest in the selection rounds"
+    )
+    chose = done.selection_us
+    return V2Choice(
+        kept,
+        {t: done.figures[t].get(default.name) for t, _ in buckets},
+        selection,
+        _why(selection, gated, kept, done.weighted.get(default.name)),
+        gated.overall,
+        gated.tests,
+        {t: {p.name: round(us, 2) for p, us in done.times_us[t].items()} for t, _ in buckets},
+        done.weighted.get(default.name),
+        {p.name: round(sum(w * chose[t][p] for t, w in buckets), 2) for p in chose.get(first, {})},
+    )
+
+
+def _why(selection: str, gated, kept: V2Point, weighted: Optional[Figure]) -> str:
+    if not gated.tested:
+        return selection
+    head = f"{selection}; against DeepEP's default in the gate: {gated.words()}"
+    if kept == DEFAULT:
+        return f"{head}: DeepEP's default kept"
+    return f"{head}: kept" + ("" if weighted is None else f"; {weighted.words()}")
 
 
 def v2_provenance(choice: V2Choice, rounds: int) -> dict:
-    """What backs the kept ``deepep.v2`` settings (``deepep.provenance.v2`` in the policy): the
-    selection's medians (what chose), the gate's tests (what decided), the report (what is claimed)."""
+    """What backs the kept ``deepep.v2`` settings (``deepep.provenance.v2`` in the policy): what the
+    selection proposed, the gate's statistics (what decided), the report (what is claimed)."""
     return {
         "why": choice.why,
         "rounds": rounds,
+        "selection": choice.selection,
         "selection_us": choice.selection_us,
         "selection_note": "selection rounds' weighted medians: what chose the pick, not a claim",
-        "gate": None if choice.gate is None else choice.gate.to_doc(),
-        "gate_losses": {str(t): s.to_doc() for t, s in choice.losses.items()},
+        "gate": None if choice.gate is None else decision_doc(choice.gate),
+        "gate_losses": {str(t): decision_doc(s) for t, s in choice.losses.items()},
         "report": {
             str(t): {
                 "median_us": choice.report_us.get(t, {}),

@@ -64,7 +64,7 @@ def test_the_stage_makes_no_host_sync(small):
     torch.cuda.synchronize()
 
 
-def test_rotated_rounds_time_every_arm(small):
+def test_balanced_rounds_time_every_arm(small):
     import torch
 
     es, experts, inp = small

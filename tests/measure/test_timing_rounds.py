@@ -1,4 +1,4 @@
-"""``rounds.rotated_rounds``, under ``interleaved_rounds`` (the expert GEMM's launch-config pick and
+"""``rounds.balanced_rounds``, under ``interleaved_rounds`` (the expert GEMM's launch-config pick and
 ``benchmarks/bench_dispatch.py``): every name timed once per round, each round starting one name further
 along. A scripted timer plays the GPU."""
 
@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from moepolicy.measure.rounds import rotated_rounds
+from moepolicy.measure.rounds import balanced_rounds
 
 
 class ScriptedTimer:
@@ -33,22 +33,23 @@ def fastest(rounds):
 
 def test_every_name_is_timed_once_per_round_and_the_median_ignores_a_lucky_timing():
     timer = ScriptedTimer({"a": 100.0, "b": 90.0, "c": 95.0}, lucky="a")
-    rounds = rotated_rounds(["a", "b", "c"], timer, rounds=5)
+    rounds = balanced_rounds(["a", "b", "c"], timer, rounds=5)
     assert {name: len(xs) for name, xs in rounds.items()} == {"a": 5, "b": 5, "c": 5}
     assert rounds["a"][0] == 1.0  # the lucky timing is kept, and outvoted
     assert fastest(rounds) == ("b", {"a": 100.0, "b": 90.0, "c": 95.0})
 
 
-def test_the_rotation_keeps_the_first_in_line_from_always_paying_the_pause():
+def test_the_order_keeps_the_first_in_line_from_always_paying_the_pause():
     true = {"a": 90.0, "b": 100.0, "c": 95.0}
     timer = ScriptedTimer(true, first_penalty=20.0)
-    rounds = rotated_rounds(["a", "b", "c"], timer, rounds=5)
-    assert timer.calls[:6] == ["a", "b", "c", "b", "c", "a"]
+    rounds = balanced_rounds(["a", "b", "c"], timer, rounds=5)
+    firsts = [timer.calls[3 * r] for r in range(5)]
+    assert max(firsts.count(name) for name in "abc") == 2
     assert fastest(rounds) == ("a", true)  # each was first in at most 2 of 5 rounds
     # one timing each, as the pick did before: the penalty on the first in line picks the wrong one
     assert (
         fastest(
-            rotated_rounds(["a", "b", "c"], ScriptedTimer(true, first_penalty=20.0), rounds=1)
+            balanced_rounds(["a", "b", "c"], ScriptedTimer(true, first_penalty=20.0), rounds=1)
         )[0]
         == "c"
     )
@@ -56,9 +57,9 @@ def test_the_rotation_keeps_the_first_in_line_from_always_paying_the_pause():
 
 def test_bad_arguments_say_what_was_wrong():
     with pytest.raises(ValueError, match="rounds >= 1"):
-        rotated_rounds(["a"], lambda name: 1.0, rounds=0)
+        balanced_rounds(["a"], lambda name: 1.0, rounds=0)
     with pytest.raises(ValueError, match="0 names"):
-        rotated_rounds([], lambda name: 1.0, rounds=3)
+        balanced_rounds([], lambda name: 1.0, rounds=3)
 
 
 def test_the_slowest_rank_is_taken_per_repetition_not_per_median():
@@ -91,3 +92,37 @@ def test_one_process_keeps_its_own_timings():
 
     samples = {"gemm": [1.0, 2.0]}
     assert Timer(torch.device("cpu")).slowest_rank_per_rep(samples) is samples
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_over_a_cycle_every_name_follows_every_name_as_often(k):
+    """Carry-over: a timing that depends on what ran just before it (a cache, an SM count's launch
+    state) falls on every name alike. With the warm-up pass, over each cycle of 2k rounds every name
+    follows every other name, and itself, twice, and sits in every position twice (the rotation this
+    replaced always put the same name before each: ``b`` after ``a``, ``c`` after ``b``)."""
+    names = [chr(ord("a") + i) for i in range(k)]
+    calls = []
+    balanced_rounds(names, lambda name: calls.append(name) or 1.0, rounds=2 * k, warm_up=True)
+    follows = {}
+    for before, after in zip(calls[k - 1 :], calls[k:]):  # the warm-up's last name leads
+        follows[(before, after)] = follows.get((before, after), 0) + 1
+    assert follows == {(x, y): 2 for x in names for y in names}
+    for position in range(k):
+        column = [calls[k + r * k + position] for r in range(2 * k)]
+        assert sorted(column) == sorted(names * 2)
+
+
+def test_a_carry_over_from_one_config_favours_none():
+    """A call right after ``a`` is 3 % slower (``a`` leaves the caches cold): with the rotation,
+    ``b`` followed ``a`` in 2 rounds of 3 and ``c`` in 1, so ``b`` read slower than ``c``; balanced,
+    every name follows ``a`` as often and pays the same."""
+    calls = []
+
+    def timed(name):
+        slow = 1.03 if calls and calls[-1] == "a" else 1.0
+        calls.append(name)
+        return 100.0 * slow
+
+    got = balanced_rounds(["a", "b", "c"], timed, rounds=12, warm_up=True)
+    means = {name: statistics.fmean(xs) for name, xs in got.items()}
+    assert max(means.values()) - min(means.values()) < 1e-9, means

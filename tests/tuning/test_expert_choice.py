@@ -74,7 +74,14 @@ def test_a_kernel_slower_at_one_bucket_does_not_replace_the_engines_pick():
     bench = KnownExpertBench(true, sigma=0.02, runs=("deepgemm", "flashinfer_cutlass"))
     choice = choose_experts(inputs(), bench, comm())
     assert choice.faster_kernel == UNMEASURED
-    assert any(t.tokens == 4096 and t.verdict == "slower" for t in choice.tests)
+    # the weighted gain first (here the selection already found no gain over the engine's pick);
+    # only where it passes are the buckets tested for a loss
+    overall = [t for t in choice.tests if t.tokens == 0]
+    assert (
+        not overall
+        or overall[0].verdict != "faster"
+        or any(t.tokens == 4096 and t.verdict == "slower" for t in choice.tests)
+    )
 
 
 def test_an_engine_pick_that_was_not_measured_is_never_claimed_against():
@@ -91,7 +98,7 @@ def test_quantizing_first_wins_where_its_step_is_faster_beyond_the_models_error(
     choice = choose_experts(inputs(), bench, comm())
     timings = choice.orders_for("deepgemm")
     assert [t.verdict for t in timings] == ["quant_then_dispatch"] * 2
-    assert all(t.rounds == 8 and t.speedup > 1.0 for t in timings)
+    assert all(t.rounds == 16 and t.speedup > 1.0 for t in timings)  # report rounds, per phase
 
 
 def test_an_order_inside_the_communication_models_error_is_not_claimed():
@@ -110,24 +117,28 @@ def test_without_communication_only_quantizing_first_can_be_claimed():
     assert {t.verdict for t in slower_first.orders_for("deepgemm")} == {UNMEASURED}
 
 
-class SplitBench(KnownExpertBench):
-    """Quantizing first is 30 % faster in the even (decide) rounds and equal in the odd ones."""
+class PhaseBench(KnownExpertBench):
+    """Quantizing first is 30 % faster the first time a bucket is timed (the gate) and equal after
+    (the report)."""
+
+    seen: set = set()
 
     def times(self, shape, tokens, arms, rounds):
         got = super().times(shape, tokens, arms, rounds)
-        for r in range(0, rounds, 2):
-            got.per_round[QTD][r] *= 0.7
+        if tokens not in self.seen:
+            self.seen.add(tokens)
+            got.per_round[QTD] = [x * 0.7 for x in got.per_round[QTD]]
         return got
 
 
 def test_figures_come_from_the_report_rounds_not_the_rounds_that_decided():
-    choice = choose_experts(
-        inputs(), SplitBench(known(1000, 1000, 1600).true_us, sigma=0.01), no_comm
-    )
+    bench = PhaseBench(known(1000, 1000, 1600).true_us, sigma=0.01)
+    bench.seen = set()
+    choice = choose_experts(inputs(), bench, no_comm)
     for t in choice.orders_for("deepgemm"):
-        assert t.verdict == "quant_then_dispatch"  # the decide rounds
+        assert t.verdict == "quant_then_dispatch"  # the gate rounds
         assert 0.97 < t.speedup < 1.03  # the report rounds: no gain
-    assert choice.rounds == 8
+    assert choice.rounds == 16
 
 
 def test_the_false_claim_rate_with_equal_kernels_is_at_most_the_tests_level():
@@ -141,7 +152,7 @@ def test_the_false_claim_rate_with_equal_kernels_is_at_most_the_tests_level():
 
 
 def test_too_few_rounds_is_refused_in_one_line():
-    with pytest.raises(ValueError, match="at least 12 rounds"):
+    with pytest.raises(ValueError, match="at least 9 rounds per phase"):
         choose_experts(inputs(rounds=8), known(1000, 1100, 1600), comm())
 
 

@@ -114,7 +114,7 @@ def test_a_22_tune_validates_strictly_with_its_new_keys(tmp_path):
         trials=2,
         sms=(20, 32),
         storage=f"sqlite:///{tmp_path}/s.db",
-        confirm_rounds=7,
+        confirm_rounds=9,
     )
     path = tmp_path / "p.yaml"
     write_document(
