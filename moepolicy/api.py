@@ -20,7 +20,7 @@ from typing import Optional, Sequence, Union
 from moepolicy.errors import TuningError, UsageError
 from moepolicy.planner import Plan, build_document, make_plan
 from moepolicy.target import TargetSpec, resolve_target
-from moepolicy.tuning.options import DEFAULT_STORAGE, TuneOptions
+from moepolicy.tuning.options import TuneOptions, refuse
 
 DEFAULT_NODE_GPUS = 8  # the EP a model-bench tune assumes when neither the plan nor the GPUs say
 
@@ -58,31 +58,51 @@ def tune(
     *,
     bench: str = "auto",
     tokens: Sequence[int] = (),
-    trials: Optional[int] = None,
-    storage: str = DEFAULT_STORAGE,
-    study_name: Optional[str] = None,
-    seed: int = 0,
     options: Optional[TuneOptions] = None,
+    **settings,
 ):
     """Tune DeepEP's SM count and chunk sizes for ``plan`` with optuna (on DeepEP v2: its own SM
     count and overlap option, live only), returning the ``tuning.runner.TuneResult`` (write it with
-    :func:`write_policy`). ``tokens`` are the token
-    buckets per rank (default: moepolicy/data/tuning/objective.yaml's); ``bench`` is ``auto`` (live
-    when deep_ep imports and GPUs are visible, else the calibrated model), ``live`` or ``model``; ``options`` (a full
-    :class:`TuneOptions`) replaces ``tokens``, ``trials``, ``storage``, ``study_name`` and ``seed``."""
+    :func:`write_policy`). ``tokens`` are the token buckets per rank (default:
+    moepolicy/data/tuning/objective.yaml's); ``bench`` is ``auto`` (live when deep_ep imports and
+    GPUs are visible, else the calibrated model), ``live`` or ``model``. ``settings`` are
+    :class:`TuneOptions`' own (``trials``, ``storage``, ``study_name``, ``seed``, ``max_sms``,
+    ``sms``, ``max_buffer_mb``, ``confirm_rounds``, ``trial_timeout_s``: ``moepolicy tune``'s flags),
+    checked before anything runs (one line naming the option and its flag); ``options`` (a full
+    :class:`TuneOptions`) replaces them all."""
     from moepolicy.tuning.space import load_objective, load_space
 
+    objective, space = load_objective(), load_space()
+    options = options or tune_options(buckets(tokens, objective), settings)
     choice = choose_bench(bench, plan.target.ep_size)
     check_bench_fits(choice, plan.target.ep_size)
-    objective, space = load_objective(), load_space()
-    options = options or TuneOptions(
-        buckets=buckets(tokens, objective),
-        trials=trials,
-        storage=storage,
-        study=study_name,
-        seed=seed,
-    )
     return tune_with(plan, choice, options, objective, space)
+
+
+TUNE_SETTINGS = (
+    "trials",
+    "storage",
+    "study_name",
+    "seed",
+    "max_sms",
+    "sms",
+    "max_buffer_mb",
+    "confirm_rounds",
+    "trial_timeout_s",
+)
+
+
+def tune_options(chosen: tuple[tuple[int, float], ...], settings: dict) -> TuneOptions:
+    """:func:`tune`'s keywords as the options they name (``study_name`` is the option ``study``)."""
+    unknown = sorted(set(settings) - set(TUNE_SETTINGS))
+    if unknown:
+        raise UsageError(
+            f"tune() has no option {unknown[0]!r}: pass one of {', '.join(TUNE_SETTINGS)}, or options="
+        )
+    named = {("study" if k == "study_name" else k): v for k, v in settings.items()}
+    if isinstance(named.get("sms"), list):
+        named["sms"] = tuple(named["sms"])
+    return TuneOptions(buckets=chosen, **named)
 
 
 def check_bench_fits(choice, ep_size: Optional[int]) -> None:
@@ -99,8 +119,11 @@ def buckets(tokens: Sequence[int], objective: dict) -> tuple[tuple[int, float], 
     if tokens:
         chosen = sorted({int(t) for t in tokens})
         if chosen[0] <= 0:
-            raise UsageError(
-                f"tokens: positive token counts per rank are needed, got {list(tokens)}"
+            raise refuse(
+                "tokens",
+                "needs positive token counts per rank",
+                list(tokens),
+                "pass e.g. 128,1024",
             )
         return tuple((t, 1.0) for t in chosen)
     return tuple(

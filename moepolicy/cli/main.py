@@ -247,7 +247,12 @@ def flag_words(exc: MoePolicyError) -> str:
     message = one_line(str(exc))
     field = getattr(exc, "field", None)
     if field and message.startswith(field):
-        return _FLAGS.get(field, "--" + field.replace("_", "-")) + message[len(field) :]
+        from moepolicy.tuning.options import flag
+
+        said = _FLAGS.get(field) or flag(field)
+        rest = message[len(field) :]
+        named = f" ({said})"  # the library names the flag beside the option: once is enough here
+        return said + (rest[len(named) :] if rest.startswith(named) else rest)
     return message
 
 

@@ -225,7 +225,7 @@ def test_overlap_flags_are_checked(tmp_path):
         fake_deepep=2,
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "--confirm-rounds must be at least 7" in result.stderr
+    assert "--confirm-rounds must be a whole number of at least 9" in result.stderr
     result = run_cli(
         "tune",
         "--model",

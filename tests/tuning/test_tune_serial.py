@@ -266,9 +266,11 @@ def test_a_real_sm_gain_is_kept_with_its_interval_from_the_report_rounds(tmp_pat
 
 
 def test_the_protocol_refuses_too_few_rounds_on_a_noisy_bench(tmp_path):
-    from moepolicy.errors import TuningError
+    from moepolicy.errors import UsageError
 
-    with pytest.raises(TuningError, match="at least 7"):
+    with pytest.raises(
+        UsageError, match=r"confirm_rounds \(--confirm-rounds\) must be .* at least 9"
+    ):
         _tune(FlatBench(), tmp_path, confirm_rounds=6)
 
 
