@@ -283,7 +283,7 @@ def test_overlap_order_is_chosen_and_recorded(tmp_path, order, field):
         "--trials",
         "2",
         "--confirm-rounds",
-        "7",
+        "9",
         "-o",
         str(out),
         "--storage",
