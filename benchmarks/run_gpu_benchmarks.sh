@@ -48,7 +48,7 @@ step() {  # step NAME COMMAND...: run it under STEP_TIMEOUT seconds, logged to $
 tune_live() {  # tune_live NAME EXTRA...: a short live tune of the main job at this EP size
   local name=$1; shift
   step "$name" "$PY" "${MP[@]}" tune --model "$MODEL" --ep-size "$EP" "${GPU_FLAG[@]}" --bench live \
-    --tokens 1024,4096 --trials 4 --confirm-rounds 7 --storage "$STUDY" --study "campaign-$name" \
+    --tokens 1024,4096 --trials 4 --confirm-rounds 9 --storage "$STUDY" --study "campaign-$name" \
     -o "$OUT/$name.yaml" "$@"
 }
 
@@ -68,7 +68,7 @@ for s in $STEPS; do case $s in
         step null-verdict "$PY" benchmarks/null_verdict.py "$OUT/null.json" ;;
   torchrun) step torchrun "$PY" -m torch.distributed.run --nproc-per-node "$EP" --master-port "${PORT:-29517}" \
               "${MP[@]}" tune --launcher torchrun --bench live --model "$MODEL" "${GPU_FLAG[@]}" --sms 24 --tokens 1024 \
-              --trials 3 --confirm-rounds 7 --storage "$STUDY" --study campaign-torchrun \
+              --trials 3 --confirm-rounds 9 --storage "$STUDY" --study campaign-torchrun \
               -o "$OUT/torchrun.yaml" ;;
   overlap) tune_live overlap --overlap --sms 20,24,32 ;;
   tests) step tests "$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider ;;

@@ -76,9 +76,9 @@ def test_balanced_rounds_time_every_arm(small):
 
 
 def test_a_live_comparison_decides_the_orders_from_measured_rounds(small):
-    """The live expert bench on this GPU through the choice: every arm timed in rotated rounds,
-    half of them deciding and half reporting; the engine's pick (FlashInfer, not timed here) is
-    never claimed against."""
+    """The live expert bench on this GPU through the choice: both orders timed in balanced rounds,
+    a gate's rounds deciding and a report's giving the figures; the engine's pick (FlashInfer, not
+    timed here) is never claimed against."""
     from moepolicy.measure.routing import ExpertShape
     from moepolicy.names import UNMEASURED
     from moepolicy.tuning.expert_bench import LiveExpertBench
@@ -93,11 +93,11 @@ def test_a_live_comparison_decides_the_orders_from_measured_rounds(small):
         rounds=12,
     )
     choice = choose_experts(inputs, LiveExpertBench("gpu", reps=5), lambda tokens, wire: None)
-    assert choice.source == "measured" and choice.rounds == 6
+    assert choice.source == "measured" and choice.rounds == 12
     assert choice.faster_kernel == UNMEASURED and "was not measured here" in choice.why
     timings = choice.orders_for("deepgemm")
     assert [t.tokens for t in timings] == [512, 4096]
-    assert all(t.rounds == 6 and t.ci95 is not None for t in timings)
+    assert all(t.rounds == 12 and t.ci95 is not None for t in timings)
     # quantizing the 4096 sent tokens costs less than quantizing the ~3x as many rows received
     big = [a for tokens, arms in choice.arms if tokens == 4096 for a in arms]
     qtd = next(a.compute_us for a in big if a.order == "quant_then_dispatch")

@@ -163,7 +163,7 @@ def test_an_overlap_tune_keeps_a_split_and_its_closing_line_says_so(tmp_path):
     out = tmp_path / "p.yaml"
     args = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", 2, "--gpu", "h200"]
     args += ["--bench", "live", "--overlap", "--sms", "20,32", "--tokens", "1024", "--trials", 2]
-    args += ["--confirm-rounds", 7, "--storage", f"sqlite:///{tmp_path}/s.db", "-o", out]
+    args += ["--confirm-rounds", 9, "--storage", f"sqlite:///{tmp_path}/s.db", "-o", out]
     done = moepolicy_cli(args, env, 2)
     assert done.returncode == 0, done.stderr[-3000:]
     overlap = yaml.safe_load(out.read_text())["deepep"]["overlap"]

@@ -31,7 +31,7 @@ def test_a_torchrun_live_tune_measures_on_every_rank(tmp_path):
     out = tmp_path / "p.yaml"
     tune = ["tune", "--launcher", "torchrun", "--bench", "live", "--model", "Qwen3-30B-A3B-FP8"]
     tune += ["--gpu", "h200", "--sms", "24", "--tokens", "1024", "--trials", "3"]
-    tune += ["--confirm-rounds", "7", "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(out)]
+    tune += ["--confirm-rounds", "9", "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(out)]
     done = subprocess.run(
         [torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "moepolicy"]
         + tune,
