@@ -27,6 +27,7 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 ETAG_TIMEOUT_S = 10.0
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _REVISION = re.compile(r"^[\w./-]+$")
+MAX_REVISION = 255  # a branch, tag or commit name (git's own limit on a ref's name)
 _TRANSPORT_MODULES = ("httpx", "httpcore", "requests", "urllib3", "socket", "ssl")
 
 
@@ -53,13 +54,37 @@ class HubFiles:
 
 def parse_id(spec: str) -> Optional[HubId]:
     """``org/name`` or ``org/name@rev`` as a :class:`HubId`; None for anything else (huggingface_hub
-    refuses ``--`` and ``..`` in an id)."""
+    refuses ``--`` and ``..`` in an id). An id whose revision is not a branch, tag or commit name
+    (``..``, a part starting with ``.``: huggingface_hub would read it as a path in its cache) is
+    refused in one line."""
     name, at, revision = spec.strip().partition("@")
     if not _REPO_ID.match(name) or "--" in name or ".." in name:
         return None
     if at and not _REVISION.match(revision):
         return None
+    if at and revision_problem(revision):
+        raise CheckpointError(
+            f"model '{spec.strip()}': the revision {revision!r} {revision_problem(revision)}; give a "
+            "branch, a tag or a commit hash (org/name@main)",
+            field="model",
+        )
     return HubId(name, revision or None)
+
+
+def revision_problem(revision: str) -> str:
+    """Why ``revision`` is no branch, tag or commit name (git's rules for a ref's parts), or ''.
+    huggingface_hub looks a revision up as a file under its cache's ``refs/``: ``..`` or an empty
+    part would make it a path to any file, read whole."""
+    if len(revision) > MAX_REVISION:
+        return f"is longer than {MAX_REVISION} characters"
+    for part in revision.split("/"):
+        if not part:
+            return "has an empty part (a leading, trailing or doubled '/')"
+        if part.startswith("."):
+            return "has a part starting with '.' (such as '..')"
+        if part.endswith(".lock"):
+            return "has a part ending in '.lock'"
+    return ""
 
 
 def snapshot_repo_id(folder: Path) -> Optional[str]:

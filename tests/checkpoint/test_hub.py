@@ -154,6 +154,39 @@ def test_a_cached_snapshot_keeps_its_quant_config(tmp_path):
     assert read_model(str(snapshot)).sha256() == read_model("Qwen3-30B-A3B-NVFP4").sha256()
 
 
+@pytest.mark.parametrize(
+    "revision",
+    ["../secret", "../../../../../../etc/hostname", "..", "a/../b", ".hidden", "main/", "a//b"],
+)
+def test_a_revision_that_is_a_path_is_refused_before_the_cache_is_read(
+    hub, monkeypatch, tmp_path, revision
+):
+    """huggingface_hub reads a revision as the file ``refs/<revision>`` of its cache: ``..`` would
+    make any file a ref (read whole). A file beside ``refs/`` naming a snapshot resolved the model
+    through it before."""
+    repo = fake_cache(
+        tmp_path / "hf-cache",
+        "org/cached",
+        {"config.json": (QWEN_FP8 / "config.json").read_bytes()},
+    ).parent.parent
+    (repo / "secret").write_text(COMMIT)  # not a ref: reached only through refs/../secret
+    monkeypatch.setenv("MOEPOLICY_OFFLINE", "1")
+    message = _message(f"org/cached@{revision}")
+    assert message.startswith(f"model 'org/cached@{revision}': the revision") and (
+        "give a branch, a tag or a commit hash" in message
+    ), message
+    assert hub.requests == []
+    monkeypatch.delenv("MOEPOLICY_OFFLINE")  # online: the hub is never asked either
+    assert "the revision" in _message(f"org/cached@{revision}") and hub.requests == []
+
+
+def test_a_branch_or_tag_with_slashes_is_still_a_revision(hub, monkeypatch, tmp_path):
+    from moepolicy.checkpoint.hub import parse_id
+
+    assert parse_id("org/name@refs/pr/1").revision == "refs/pr/1"
+    assert parse_id(f"org/name@{COMMIT}").revision == COMMIT
+
+
 # ------------------------------------------------------------------------------- the hub
 def test_an_id_is_downloaded_into_the_hf_cache_then_read_from_it(hub, monkeypatch, tmp_path):
     facts = read_model("ok/nvfp4")
