@@ -1,3 +1,4 @@
+import hashlib
 import os
 import re
 import subprocess
@@ -126,6 +127,26 @@ def write_config(tmp_path):
         return folder
 
     return _write
+
+
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"  # tests/checkpoint/fake_hub.COMMIT
+
+
+def fake_cache(
+    root: Path, repo_id: str, files: dict[str, bytes], commit: str = HUB_COMMIT
+) -> Path:
+    """huggingface_hub's cache layout: blobs by hash, a snapshot of links to them, refs/main."""
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for name, content in files.items():
+        blob = repo / "blobs" / hashlib.sha1(content).hexdigest()
+        blob.write_bytes(content)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / name)
+    return snapshot
 
 
 # The fast profile (`pytest -m "not slow"`) runs the plan, rules, runtime, schema, export and CLI

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
             from moepolicy.text import printable
 
-            result = launch(doc, doc.model.name, args.tokens)
+            result = launch(doc, args.tokens)
             lines = [
                 f"# SGLang {SGLANG_CHECKED}; moepolicy's policy as far as SGLang's flags carry it"
             ]

@@ -66,16 +66,21 @@ def export(doc: PolicyDoc, tokens: Optional[int] = None) -> dict[str, Any]:
 SGLANG_CHECKED = "0.5.23"
 
 
-def launch(doc: PolicyDoc, model: str, tokens: Optional[int] = None) -> dict[str, Any]:
+def launch(doc: PolicyDoc, tokens: Optional[int] = None) -> dict[str, Any]:
     """``python -m sglang.launch_server`` arguments that carry what SGLang can take of the policy:
+    the model the plan read (its folder, or its id and ``--revision``: ``export.served``),
     ``--moe-a2a-backend``, ``--deepep-mode normal``, one bucket's ``--deepep-config``, and
     ``--deepep-dispatcher-output-dtype`` where every MoE layer agrees; notes name the rest."""
     import json
 
+    from moepolicy.export.served import served_model
+
     target, ep = doc.target, doc.target.ep_size
+    served = served_model(doc)
     args = [
         "--model-path",
-        model,
+        served.model,
+        *served.revision_args(),
         "--tp",
         str(ep),
         "--dp",

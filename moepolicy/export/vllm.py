@@ -23,6 +23,7 @@ from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
 from moepolicy.errors import PolicyError
 from moepolicy.export import vllm_actions as actions
 from moepolicy.names import CHECKED_VLLM_RELEASES
+from moepolicy.export.served import served_model
 from moepolicy.document.model import PolicyDoc
 from moepolicy.text import index_ranges, printable
 
@@ -96,8 +97,9 @@ def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
     applied: list[str] = []
     cannot: list[str] = []
     notes: list[str] = []
-    model, model_note = served_model(doc)
-    notes.append(model_note)
+    served = served_model(doc)
+    notes.append(served.note)
+    args += served.revision_args()
     _experts_knob(doc, env, args, notes)
     if target.backend == "deepep_ht" and target.deep_ep.api == "legacy":
         env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = str(
@@ -129,7 +131,7 @@ def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
         )
     return {
         "package": PLUGIN_PACKAGE,
-        "model": model,
+        "model": served.model,
         "env": env,
         "args": args,
         "notes": notes,
@@ -178,55 +180,6 @@ def _buffer_mb(doc: PolicyDoc) -> int:
             f"INT_MAX bytes when an RDMA buffer exists (deep_ep.cpp:156)"
         )
     return buffer_mb
-
-
-def served_model(doc: PolicyDoc) -> tuple[str, str]:
-    """What ``vllm serve`` is given, and a note on what the plugin matches. A Hugging Face id or a
-    catalog name is served as its id; a policy planned from a local checkpoint names its folder's
-    basename, which vLLM cannot serve: the folder the plan read (from the plan's recorded command,
-    when it still holds a config with the policy's facts) is served instead, else a placeholder."""
-    from moepolicy.checkpoint import catalog
-
-    name = doc.model.name
-    matches = f"the plugin matches the served model by its config's facts ({doc.model.facts_sha256[:12]}), not by name"
-    entry = catalog.lookup(name)
-    if entry is not None:
-        return entry.repo_id, matches
-    folder = _planned_folder(doc)
-    if folder is not None:
-        return folder, f"the checkpoint folder the policy was planned from; {matches}"
-    if "/" in name and not name.startswith(("/", ".", "~")) and name.count("/") == 1:
-        return name, f"served by Hugging Face id; {matches}"
-    return (
-        f"<the folder of checkpoint {name}>",
-        f"planned from a local checkpoint ({name}): serve its folder, any copy with the same config; {matches}",
-    )
-
-
-def _planned_folder(doc: PolicyDoc) -> Optional[str]:
-    """The ``--model`` folder of the plan command recorded in the policy, when it still exists and
-    holds a checkpoint with the policy's facts."""
-    command = (doc.generated or {}).get("command")
-    if not command:
-        return None
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return None
-    given = [w.split("=", 1)[1] for w in words if w.startswith("--model=")]
-    given += [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--model"]
-    for spec in given:
-        path = Path(spec).expanduser()
-        if not path.is_dir():
-            continue
-        try:
-            from moepolicy.checkpoint import read_model
-
-            if read_model(str(path), hub=False).sha256() == doc.model.facts_sha256:
-                return str(path.resolve())
-        except Exception:  # noqa: BLE001 (an unreadable folder is simply not the one)
-            continue
-    return None
 
 
 def _moe_kernels(doc: PolicyDoc) -> set[str]:

@@ -4,7 +4,6 @@ nothing reaches the network when it must not."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -16,7 +15,7 @@ from moepolicy.checkpoint import read_model
 from moepolicy.checkpoint.catalog import lookup
 from moepolicy.errors import CheckpointError
 from fake_hub import COMMIT, FakeHub
-from conftest import run_cli
+from conftest import fake_cache, run_cli
 
 QWEN_FP8 = lookup("Qwen3-30B-A3B-FP8").folder
 QWEN_NVFP4 = lookup("Qwen3-30B-A3B-NVFP4").folder
@@ -45,21 +44,6 @@ def hub(monkeypatch, tmp_path):
 def no_backoff(monkeypatch):
     """huggingface_hub waits 1+2+4+8+8 s between its retries when nothing is cached; not here."""
     monkeypatch.setattr(time, "sleep", lambda seconds: None)
-
-
-def fake_cache(root: Path, repo_id: str, files: dict[str, bytes], commit: str = COMMIT) -> Path:
-    """huggingface_hub's cache layout: blobs by hash, a snapshot of links to them, refs/main."""
-    repo = root / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir()
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    for name, content in files.items():
-        blob = repo / "blobs" / hashlib.sha1(content).hexdigest()
-        blob.write_bytes(content)
-        os.symlink(os.path.relpath(blob, snapshot), snapshot / name)
-    return snapshot
 
 
 def _message(spec: str) -> str:

@@ -167,6 +167,72 @@ def test_a_policy_planned_from_a_local_folder_serves_that_folder(tmp_path):
     assert "<the folder of checkpoint my-qwen>" in text and "serve its folder" in text
 
 
+def _launch_words(text: str, start: str) -> list[str]:
+    import shlex
+
+    return shlex.split(next(line for line in text.splitlines() if line.startswith(start)))
+
+
+def _qwen_cache(tmp_path):
+    """A Hugging Face cache holding org/qwen at HUB_COMMIT (the catalog's Qwen3-30B-A3B-FP8 config)."""
+    from conftest import fake_cache
+    from moepolicy._resources import data_dir
+
+    config = (data_dir("catalog") / "Qwen__Qwen3-30B-A3B-FP8" / "config.json").read_bytes()
+    return fake_cache(tmp_path / "hf-cache", "org/qwen", {"config.json": config})
+
+
+def test_a_policy_planned_at_a_revision_is_served_at_that_revision(tmp_path):
+    """vLLM and SGLang serve the default branch unless told: the revision the plan read is carried
+    as --revision, or the plugin checks another snapshot and falls back."""
+    import json
+
+    from conftest import HUB_COMMIT
+
+    _qwen_cache(tmp_path)
+    env = {"HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+    out = tmp_path / "p.yaml"
+    planned = run_cli(
+        "plan", "--model", f"org/qwen@{HUB_COMMIT}", "--ep-size", "8", "-o", str(out), env=env
+    )
+    assert planned.returncode == 0, planned.stderr
+    shell = run_cli("export", str(out), "--to", "vllm", env=env)
+    assert shell.returncode == 0, shell.stderr
+    words = _launch_words(shell.stdout, "vllm serve")
+    assert words[2] == "org/qwen" and words[words.index("--revision") + 1] == HUB_COMMIT
+    assert f"at revision {HUB_COMMIT}, as planned" in shell.stdout
+    as_json = json.loads(run_cli("export", str(out), "--to", "vllm", "--format", "json").stdout)
+    assert as_json["args"][as_json["args"].index("--revision") + 1] == HUB_COMMIT
+    sglang = run_cli("export", str(out), "--to", "sglang", "--format", "launch", env=env)
+    words = _launch_words(sglang.stdout, "python -m sglang")
+    assert words[words.index("--model-path") + 1] == "org/qwen"
+    assert words[words.index("--revision") + 1] == HUB_COMMIT
+    # planned without a revision: none is added
+    plain = tmp_path / "plain.yaml"
+    assert (
+        run_cli(
+            "plan", "--model", "org/qwen", "--ep-size", "8", "-o", str(plain), env=env
+        ).returncode
+        == 0
+    )
+    assert "--revision" not in run_cli("export", str(plain), "--to", "vllm").stdout
+
+
+def test_a_policy_planned_from_a_cache_repository_folder_serves_its_snapshot(tmp_path):
+    """``models--org--name`` holds no config.json (vLLM cannot load it); the snapshot its refs/main
+    names does."""
+    snapshot = _qwen_cache(tmp_path)
+    repo = snapshot.parent.parent
+    out = tmp_path / "p.yaml"
+    assert run_cli("plan", "--model", str(repo), "--ep-size", "8", "-o", str(out)).returncode == 0
+    shell = run_cli("export", str(out), "--to", "vllm")
+    assert shell.returncode == 0, shell.stderr
+    assert _launch_words(shell.stdout, "vllm serve")[2] == str(snapshot.resolve())
+    sglang = run_cli("export", str(out), "--to", "sglang", "--format", "launch")
+    words = _launch_words(sglang.stdout, "python -m sglang")
+    assert words[words.index("--model-path") + 1] == str(snapshot.resolve())
+
+
 def test_the_export_says_what_the_configs_are_never_tuned_when_nothing_was(tmp_path):
     out = tmp_path / "p.yaml"
     assert (
