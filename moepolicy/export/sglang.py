@@ -92,6 +92,13 @@ def launch(doc: PolicyDoc, tokens: Optional[int] = None) -> dict[str, Any]:
     notes: list[str] = []
     env: dict[str, str] = {}
     node_args = _nodes(ep, target.gpus_per_node)
+    layout = []
+    if node_args and ep % target.gpus_per_node:
+        nodes = node_count(ep, target.gpus_per_node)
+        layout.append(
+            f"EP {ep} is not a multiple of the policy's {target.gpus_per_node} GPUs per node and SGLang runs "
+            f"as many ranks on every node: {nodes} nodes of {ep // nodes} GPUs"
+        )
     if target.deep_ep.api == "v2":
         args += ["--moe-a2a-backend", "deepep_v2", "--deepep-v2-mode", "direct"]
         v2 = doc.deepep.v2
@@ -145,7 +152,23 @@ def launch(doc: PolicyDoc, tokens: Optional[int] = None) -> dict[str, Any]:
         notes.append(why)
     source = doc.deepep.provenance.source
     about = [f"the DeepEP settings: {source_words(source)}"]
-    return {"args": args, "env": env, "notes": notes, "about": about, "node_args": node_args}
+    return {
+        "args": args,
+        "env": env,
+        "notes": notes,
+        "about": about + layout,
+        "node_args": node_args,
+    }
+
+
+def node_count(ep: int, gpus_per_node: int) -> int:
+    """How many nodes SGLang runs EP ``ep`` on: it gives every node ``tp / nnodes`` ranks, so the
+    fewest nodes of at most ``gpus_per_node`` ranks each that divide EP evenly (EP 16 on 6-GPU nodes:
+    4 nodes of 4, not 3 nodes, which SGLang would split 5-5-5 and leave a rank out)."""
+    nodes = -(-ep // gpus_per_node)
+    while ep % nodes:
+        nodes += 1
+    return nodes
 
 
 def _nodes(ep: int, gpus_per_node: int) -> list[str]:
@@ -155,7 +178,7 @@ def _nodes(ep: int, gpus_per_node: int) -> list[str]:
         return []
     return [
         "--nnodes",
-        str(-(-ep // gpus_per_node)),
+        str(node_count(ep, gpus_per_node)),
         "--node-rank",
         "$NODE_RANK",
         "--dist-init-addr",

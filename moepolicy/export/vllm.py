@@ -146,27 +146,30 @@ DP_RPC_PORT = "13345"  # vLLM's data-parallel RPC port on the head node (any fre
 
 def _nodes(ep: int, gpus_per_node: int) -> dict[str, Any]:
     """vLLM's data-parallel flags where EP spans nodes: the head node serves the API and ranks
-    0..gpus_per_node-1; each other node runs headless from its first rank. Shell variables (HEAD_ADDR,
-    NODE_RANK) are left for the shell on each node. None on one node."""
+    0..gpus_per_node-1; each other node runs headless from its first rank, with as many local ranks
+    as it holds (the last node fewer where EP is not a multiple of the GPUs per node: ``last``).
+    Shell variables (HEAD_ADDR, NODE_RANK) are left for the shell on each node. None on one node."""
     if ep <= gpus_per_node:
         return {}
-    common = [
-        "--data-parallel-size-local",
-        str(gpus_per_node),
-        "--data-parallel-address",
-        "$HEAD_ADDR",
-        "--data-parallel-rpc-port",
-        DP_RPC_PORT,
-    ]
+    nodes = -(-ep // gpus_per_node)
+
+    def flags(local: int) -> list[str]:
+        return [
+            "--data-parallel-size-local",
+            str(local),
+            "--data-parallel-address",
+            "$HEAD_ADDR",
+            "--data-parallel-rpc-port",
+            DP_RPC_PORT,
+        ]
+
+    headless = ["--data-parallel-start-rank", f"$((NODE_RANK * {gpus_per_node}))", "--headless"]
+    last = ep - (nodes - 1) * gpus_per_node
     return {
-        "nodes": -(-ep // gpus_per_node),
-        "head": common,
-        "other": [
-            *common,
-            "--data-parallel-start-rank",
-            f"$((NODE_RANK * {gpus_per_node}))",
-            "--headless",
-        ],
+        "nodes": nodes,
+        "head": flags(gpus_per_node),
+        "other": [*flags(gpus_per_node), *headless],
+        **({"last": [*flags(last), *headless]} if last != gpus_per_node else {}),
     }
 
 
@@ -382,8 +385,15 @@ def render_shell(result: dict[str, Any], model: str) -> str:
     if nodes:  # their flags hold shell variables, not quoted
         lines.append("# on the head node (HEAD_ADDR: its address, as the other nodes reach it):")
         lines.append(" ".join([serve, *nodes["head"]]))
-        lines.append(f"# on each other node, NODE_RANK=1..{nodes['nodes'] - 1}:")
-        lines.append(" ".join([serve, *nodes["other"]]))
+        count, last = nodes["nodes"], nodes.get("last")
+        middle = count - 1 - (last is not None)  # nodes 1.. with a full node's ranks
+        if middle:
+            lines.append(f"# on each other node, NODE_RANK=1..{middle}:")
+            lines.append(" ".join([serve, *nodes["other"]]))
+        if last is not None:
+            local = last[last.index("--data-parallel-size-local") + 1]
+            lines.append(f"# on the last node, NODE_RANK={count - 1} ({local} of its GPUs):")
+            lines.append(" ".join([serve, *last]))
     else:
         lines.append(serve)
     if result.get("applied"):

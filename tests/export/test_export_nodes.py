@@ -6,22 +6,26 @@ import shlex
 from conftest import run_cli
 
 
-def launch_line(tmp_path, ep_size: int) -> list[str]:
-    policy = tmp_path / f"ds{ep_size}.yaml"
-    assert (
-        run_cli(
-            "plan",
-            "--model",
-            "DeepSeek-V3",
-            "--ep-size",
-            str(ep_size),
-            "--gpu",
-            "h200",
-            "-o",
-            str(policy),
-        ).returncode
-        == 0
+def _plan(tmp_path, ep_size: int, *extra: str):
+    policy = tmp_path / f"ds{ep_size}{''.join(extra)}.yaml"
+    planned = run_cli(
+        "plan",
+        "--model",
+        "DeepSeek-V3",
+        "--ep-size",
+        str(ep_size),
+        "--gpu",
+        "h200",
+        *extra,
+        "-o",
+        str(policy),
     )
+    assert planned.returncode == 0, planned.stderr
+    return policy
+
+
+def launch_line(tmp_path, ep_size: int, *extra: str) -> list[str]:
+    policy = _plan(tmp_path, ep_size, *extra)
     done = run_cli("export", str(policy), "--to", "sglang", "--format", "launch")
     assert done.returncode == 0, done.stderr
     command = [line for line in done.stdout.splitlines() if line.startswith("python -m sglang")]
@@ -41,22 +45,8 @@ def test_one_node_has_no_node_flags(tmp_path):
     assert "--nnodes" not in args and "--node-rank" not in args
 
 
-def vllm_launches(tmp_path, ep_size: int) -> list[list[str]]:
-    policy = tmp_path / f"v{ep_size}.yaml"
-    assert (
-        run_cli(
-            "plan",
-            "--model",
-            "DeepSeek-V3",
-            "--ep-size",
-            str(ep_size),
-            "--gpu",
-            "h200",
-            "-o",
-            str(policy),
-        ).returncode
-        == 0
-    )
+def vllm_launches(tmp_path, ep_size: int, *extra: str) -> list[list[str]]:
+    policy = _plan(tmp_path, ep_size, *extra)
     done = run_cli("export", str(policy), "--to", "vllm")
     assert done.returncode == 0, done.stderr
     return [
@@ -86,3 +76,31 @@ def test_vllm_ep_16_on_8_gpu_nodes_has_a_head_and_headless_nodes(tmp_path):
 def test_vllm_one_node_has_one_launch_without_node_flags(tmp_path):
     (args,) = vllm_launches(tmp_path, 8)
     assert "--data-parallel-size-local" not in args and "--headless" not in args
+
+
+UNEVEN = ("--backend", "deepep_ll", "--gpus-per-node", "6")  # low latency: any EP size
+
+
+def test_vllm_ep_not_a_multiple_of_the_node_gives_the_last_node_the_rest(tmp_path):
+    """EP 16 on 6-GPU nodes: ranks 0-5, 6-11 and 12-15; every node told 6 ranks would start ranks
+    12-17 of a 16-rank group."""
+    launches = vllm_launches(tmp_path, 16, *UNEVEN)
+    assert len(launches) == 3
+    local = [int(args[args.index("--data-parallel-size-local") + 1]) for args in launches]
+    assert local == [6, 6, 4] and sum(local) == 16
+    assert all(args[args.index("--data-parallel-size") + 1] == "16" for args in launches)
+    # two nodes, the second holding fewer: no middle launch
+    head, last = vllm_launches(tmp_path, 8, *UNEVEN)
+    assert [args[args.index("--data-parallel-size-local") + 1] for args in (head, last)] == [
+        "6",
+        "2",
+    ]
+
+
+def test_sglang_ep_not_a_multiple_of_the_node_runs_even_nodes(tmp_path):
+    """SGLang gives every node tp/nnodes ranks: EP 16 on 6-GPU nodes runs on 4 nodes of 4 (3 nodes
+    would be 5 ranks each, one rank left out), and the launch says so."""
+    args, text = launch_line(tmp_path, 16, *UNEVEN)
+    nodes = int(args[args.index("--nnodes") + 1])
+    assert 16 % nodes == 0 and 16 // nodes <= 6 and nodes == 4
+    assert "4 nodes of 4 GPUs" in text and "NODE_RANK=0..3" in text
