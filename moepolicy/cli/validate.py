@@ -38,7 +38,8 @@ def add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         help="the model serving will load (catalog name, Hugging Face id, folder): "
-        "checked as load_policy checks it, from the HF cache only",
+        "checked as load_policy checks it, from the HF cache only; a catalog name against its "
+        "snapshot there, as the plugin checks it (else moepolicy's copy of its config, said)",
     )
     p.add_argument(
         "--ep-size",
@@ -48,11 +49,11 @@ def add_serving_flags(p: argparse.ArgumentParser) -> None:
 
 
 def serving_outcome(path: str, args: argparse.Namespace):
-    """load_policy's decision in this process (the installed rule packs and sheets); exit 6 when
-    serving would fall back."""
+    """load_policy's decision in this process (the installed rule packs and sheets), for ``--model``
+    as serving checks it (``cli._served``); exit 6 when serving would fall back."""
     from moepolicy.runtime.outcome import predict
 
-    outcome = predict(path, ep_size=args.ep_size, model=args.model)
+    outcome = predict(path, ep_size=args.ep_size, model=_checked_model(args))
     if outcome.falls_back:
         raise PolicyError(f"{path}: {outcome.summary()}")
     return outcome
@@ -95,11 +96,23 @@ def serving_note(args: argparse.Namespace) -> None:
     SGLang takes the exported settings as they are, and a note says what load_policy would decide."""
     from moepolicy.runtime.outcome import SAFE, predict
 
-    outcome = predict(args.policy, ep_size=args.ep_size, model=args.model)
+    outcome = predict(args.policy, ep_size=args.ep_size, model=_checked_model(args))
     if args.to == "vllm" and outcome.state == SAFE:
         raise PolicyError(f"{args.policy}: {outcome.summary('vllm')}")
     if outcome.falls_back:
         note(f"warning: {outcome.summary('vllm' if args.to == 'vllm' else 'runtime')}")
+
+
+def _checked_model(args: argparse.Namespace):
+    """``--model`` as serving would check it, said once per command when that is not plain."""
+    from moepolicy.cli._served import checked_model
+
+    checked = getattr(args, "_checked_model", None)
+    if checked is None:
+        checked = args._checked_model = checked_model(args.model)
+        if checked.said:
+            note(("warning: " if checked.warn else "") + checked.said)
+    return checked.model
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,6 +184,7 @@ def _validate(path: str, args: argparse.Namespace) -> dict:
             "reason": outcome.reason,
             "checks": dict(outcome.report),
             "summary": outcome.summary(),
+            "model_checked": args._checked_model.said or None,
         },
     }
 

@@ -50,3 +50,68 @@ def test_models_gives_the_path_of_each_partial_entrys_source_notes():
         path.is_file() and "complete quantization_config" in path.read_text()
         for path in shown.values()
     )
+
+
+def _real_glm_config() -> bytes:
+    """The GLM entry's config as the checkpoint has it: the weights' strategy the copy lacks."""
+    import json
+
+    config = json.loads((catalog.lookup("GLM-4.6-FP8-dynamic").folder / "config.json").read_text())
+    quant = config["quantization_config"]
+    quant["config_groups"]["group_0"]["weights"].update(
+        {"strategy": "channel", "type": "float", "symmetric": True, "observer": "minmax"}
+    )
+    quant.update({"quant_method": "compressed-tensors", "format": "float-quantized"})
+    return json.dumps(config).encode()
+
+
+def test_validate_checks_a_catalog_name_against_the_snapshot_serving_loads(tmp_path):
+    """The plugin checks the snapshot vLLM serves; validate --model <catalog name> checked the
+    catalog's copy, so for a partial entry it said 'serving applies' where the plugin falls back."""
+    from conftest import fake_cache
+    from moepolicy import load_policy
+    from moepolicy.runtime.policy import ServedModel
+
+    repo_id = "inference-optimization/GLM-4.6-FP8-dynamic"
+    snapshot = fake_cache(tmp_path / "hf-cache", repo_id, {"config.json": _real_glm_config()})
+    policy = tmp_path / "p.yaml"
+    planned = run_cli(
+        "plan",
+        "--model",
+        "GLM-4.6-FP8-dynamic",
+        "--ep-size",
+        "8",
+        "--gpu",
+        "h200",
+        "-o",
+        str(policy),
+    )
+    assert planned.returncode == 0, planned.stderr
+    # what the plugin decides: the facts of the snapshot vLLM loaded
+    assert load_policy(
+        policy, ep_size=8, model=ServedModel(repo_id, folder=str(snapshot))
+    ).is_fallback
+    cached = {"HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+    for spec in ("GLM-4.6-FP8-dynamic", repo_id):
+        for command in ("validate", "export"):
+            extra = ["--to", "vllm"] if command == "export" else []
+            said = run_cli(
+                command, str(policy), *extra, "--model", spec, "--ep-size", "8", env=cached
+            )
+            assert said.returncode == 6, (command, said.stderr)
+            assert (
+                f"checked against the snapshot vLLM serves from the Hugging Face cache ({snapshot})"
+                in (said.stderr)
+            )
+            assert "model_facts" in said.stderr.strip().splitlines()[-1]
+    # no snapshot to check: the catalog's copy is checked, and a warning says what that is worth
+    empty = {"HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    copy = run_cli(
+        "validate", str(policy), "--model", "GLM-4.6-FP8-dynamic", "--ep-size", "8", env=empty
+    )
+    assert copy.returncode == 0, copy.stderr
+    assert (
+        "warning: --model GLM-4.6-FP8-dynamic: checked against moepolicy's catalog copy"
+        in copy.stderr
+    )
+    assert "(partial)" in copy.stderr and f"hf download {repo_id} config.json" in copy.stderr

@@ -1,0 +1,76 @@
+"""``--model`` of ``validate`` and ``export``, checked as serving checks it.
+
+The vLLM plugin checks the policy against the snapshot vLLM loaded (its folder). A catalog name
+(``Qwen3-30B-A3B-FP8``, ``org/name``) would otherwise be read from moepolicy's own copy of its config,
+which can differ from the real one (a *partial* copy lacks part of it): where the Hugging Face cache
+holds the snapshot vLLM would serve, that snapshot is checked, as the plugin does; else the copy is,
+and a line says so (a warning for a partial copy). A folder, a ``config.json`` or a hub id outside the
+catalog is read as the plugin reads it already.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from moepolicy.runtime.policy import ServedModel
+
+
+@dataclass(frozen=True)
+class CheckedModel:
+    """``model``: what ``load_policy`` is given (None: no ``--model``); ``said``: what was checked,
+    in one line (empty where it is what serving reads anyway); ``warn``: said as a warning."""
+
+    model: Union[str, ServedModel, None]
+    said: str = ""
+    warn: bool = False
+
+
+def checked_model(spec: Optional[str]) -> CheckedModel:
+    """What ``--model spec`` is checked as (see the module's note)."""
+    import os
+
+    from moepolicy.checkpoint import catalog
+    from moepolicy.checkpoint.hub import HubId, parse_id
+    from moepolicy.errors import CheckpointError
+
+    if not spec or os.path.exists(os.path.expanduser(spec)):
+        return CheckedModel(spec)
+    try:
+        hub_id = parse_id(spec)
+    except CheckpointError:
+        return CheckedModel(spec)  # load_policy says why, as serving would
+    entry = catalog.lookup(spec) if hub_id is None or hub_id.revision is None else None
+    if entry is None:
+        return CheckedModel(spec)
+    snapshot = _cached_snapshot(HubId(entry.repo_id))
+    if snapshot is not None:
+        return CheckedModel(
+            ServedModel(entry.repo_id, folder=snapshot),
+            f"--model {spec}: checked against the snapshot vLLM serves from the Hugging Face cache "
+            f"({snapshot}), as the plugin checks it",
+        )
+    if entry.partial:
+        return CheckedModel(
+            spec,
+            f"--model {spec}: checked against moepolicy's catalog copy of its config, which lacks part "
+            "of the real one (partial); the plugin checks the snapshot vLLM serves and may decide "
+            f"otherwise: download it first (hf download {entry.repo_id} config.json) or pass its folder",
+            warn=True,
+        )
+    return CheckedModel(
+        spec,
+        f"--model {spec}: checked against moepolicy's catalog copy of its config (no snapshot in the "
+        "Hugging Face cache); the plugin checks the snapshot vLLM serves",
+    )
+
+
+def _cached_snapshot(hub_id) -> Optional[str]:
+    """The folder of ``hub_id``'s snapshot in the Hugging Face cache (never the network), or None."""
+    from moepolicy.checkpoint import hub
+    from moepolicy.errors import CheckpointError
+
+    try:
+        return str(hub.fetch(hub_id, network=False).config.parent)
+    except CheckpointError:  # not cached, or huggingface_hub not installed
+        return None
