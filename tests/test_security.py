@@ -529,6 +529,49 @@ def test_rekey_never_writes_a_document_it_would_reject(tmp_path):
     assert result.returncode != 0 and "not written" in result.stderr and out.read_text() == before
 
 
+def test_rekey_refuses_facts_edited_away_from_the_recorded_decisions(tmp_path):
+    """A hand edit of layer_facts, rekeyed, told four stories: the file's decisions (what serving
+    applies), explain's and the export's replay of the edited facts, and the served model's. --rekey
+    now writes only a document whose decisions follow from its facts."""
+    out = tmp_path / "p.yaml"
+    assert (
+        run_cli(
+            "plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "-o", str(out)
+        ).returncode
+        == 0
+    )
+    doc = yaml.safe_load(out.read_text())
+    (key,) = {layer["facts"] for layer in doc["layers"] if layer["kind"] == "moe"}
+    doc["layer_facts"][key].update(  # experts that read fp8 1x128 blocks, by hand
+        {
+            "kernel.act_dtype": "fp8_e4m3",
+            "kernel.act_granularities": ["group"],
+            "kernel.act_group": 128,
+        }
+    )
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    before = out.read_text()
+    refused = run_cli("validate", "--rekey", str(out))
+    assert refused.returncode == 6 and out.read_text() == before, refused.stderr
+    line = refused.stderr.strip().splitlines()[-1]
+    assert (
+        "(rekeyed, not written): layers[0] records no_quant by rule moe/bf16-activations" in line
+    )
+    assert "but its stored facts decide" in line and "(and 47 more layers)" in line
+    # the decisions edited to what the refusal says the facts decide: one story again, written
+    import re
+
+    order, rule = re.search(r"stored facts decide (\S+) by rule (\S+?)[ ,;(]", line).groups()
+    for layer in doc["layers"]:
+        if layer["kind"] == "moe":
+            layer.update(order=order, rule=rule)
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    rekeyed = run_cli("validate", "--rekey", str(out))
+    assert rekeyed.returncode == 0, rekeyed.stderr
+    explained = run_cli("explain", str(out), "--layer", "0")
+    assert explained.returncode == 0 and "the file records" not in explained.stderr
+
+
 @pytest.mark.slow
 def test_low_latency_has_nothing_to_tune_and_audit_shows_no_chunks(tmp_path):
     tune = run_cli(

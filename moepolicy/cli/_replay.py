@@ -58,6 +58,45 @@ def policy_packs(doc, policy_path: str, given: Sequence[str]) -> list[FoundPack]
     return out
 
 
+def decisions_not_replayed(doc, policy_path: str, given: Sequence[str] = ()) -> list[str]:
+    """The layers whose recorded decision (order and rule) is not what their stored facts decide
+    under the policy's own rule packs, as ``explain`` replays them, one line each; empty where a pack
+    is missing or changed since the plan (nothing to replay faithfully). Layers with measured orders
+    are left out (their order came from timings, which ``explain`` shows apart)."""
+    from moepolicy.feasibility import wire_problem
+    from moepolicy.planner import replay_facts
+    from moepolicy.rules.engine import decide
+    from moepolicy.target import target_from_doc
+
+    from moepolicy.errors import MoePolicyError
+
+    try:
+        found = policy_packs(doc, policy_path, given)
+    except MoePolicyError:  # a pack beside the policy that does not load: nothing to replay with
+        return []
+    if any(f.pack is None or f.note for f in found):
+        return []
+    packs = [f.pack for f in found]
+    target = target_from_doc(doc.target)
+    out = []
+    for layer in doc.layers:
+        if layer.orders or layer.unmeasured is not None:
+            continue
+        decision = decide(
+            replay_facts(layer.index, layer.facts),
+            packs,
+            target.deepep,
+            lambda then, f: wire_problem(then, f, target),
+            allow_inferred="inferred-capabilities" in target.options,
+        )
+        if (decision.order, decision.rule) != (layer.order, layer.rule):
+            out.append(
+                f"layers[{layer.index}] records {layer.order} by rule {layer.rule}, but its stored facts "
+                f"decide {decision.order} by rule {decision.rule}"
+            )
+    return out
+
+
 REPLAY_NEEDS = {
     "layer.hidden_size": 1,
     "layer.top_k": 0,

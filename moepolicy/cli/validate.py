@@ -66,7 +66,7 @@ def _rekey(path: str, strict: bool) -> None:
     from moepolicy.document.keys import compute_keys
     from moepolicy.document.reader import MAX_POLICY_BYTES, _parse_raw, parse_policy
     from moepolicy.files import read_bounded
-    from moepolicy.cli._replay import stored_facts_problem
+    from moepolicy.cli._replay import decisions_not_replayed, stored_facts_problem
 
     raw = _parse_raw(
         read_bounded(path, MAX_POLICY_BYTES, PolicyError).decode("utf-8", "replace"), path
@@ -87,6 +87,16 @@ def _rekey(path: str, strict: bool) -> None:
     problem = stored_facts_problem(loaded.doc)
     if problem:
         raise PolicyError(f"{path} (rekeyed, not written): {problem}")
+    stale = decisions_not_replayed(loaded.doc, path)
+    if (
+        stale
+    ):  # serving would apply the recorded decisions, explain and the export replay the facts
+        more = f" (and {len(stale) - 1} more layers)" if len(stale) > 1 else ""
+        raise PolicyError(
+            f"{path} (rekeyed, not written): {stale[0]}{more}; --rekey keeps a hand edit only where the "
+            "recorded decisions follow from the stored facts: edit the decision to match (explain "
+            "--layer N shows it), or re-plan (a rule pack, --rules, overrides a decision)"
+        )
     atomic_write(path, text)
     note(f"rekeyed {path}")
 
@@ -151,7 +161,7 @@ def _ok_line(result: dict) -> str:
 def _validate(path: str, args: argparse.Namespace) -> dict:
     """One policy checked (schema, keys, stored facts, complete, what serving would do); raises the
     first problem as a PolicyError."""
-    from moepolicy.cli._replay import stored_facts_problem
+    from moepolicy.cli._replay import decisions_not_replayed, stored_facts_problem
     from moepolicy.document.reader import read_policy
 
     if args.rekey:
@@ -163,6 +173,13 @@ def _validate(path: str, args: argparse.Namespace) -> dict:
     problem = stored_facts_problem(doc)
     if problem:
         raise PolicyError(f"{path}: {problem}")
+    stale = decisions_not_replayed(doc, path)
+    if stale:
+        more = f" (and {len(stale) - 1} more layers)" if len(stale) > 1 else ""
+        note(
+            f"warning: {path}: {stale[0]}{more}: serving applies the recorded decisions, explain and "
+            "the export replay the facts; re-plan"
+        )
     if doc.deepep.partial is not None:
         raise PolicyError(
             f"{path}: a partial result ({doc.deepep.partial.reason}); load_policy uses DeepEP's "
