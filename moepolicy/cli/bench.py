@@ -39,6 +39,10 @@ MAX_WATCHDOG_S = 86_400.0
 WATCHDOG_S = 120.0  # the default --watchdog: far above one timing, far below NCCL's 10 minutes
 
 
+# an interrupted bench keeps nothing: its ranks' times are written once, at the end
+NOTHING_WRITTEN = ": nothing was written (a bench keeps no partial times; run it again)"
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench", help="time the MoE step with the policy vs vLLM's choices vs DeepEP's defaults"
@@ -204,7 +208,11 @@ def run(args: argparse.Namespace) -> int:
         f"{spec.reps} repetitions; progress per bucket below"
     )
     with tempfile.TemporaryDirectory(prefix="moepolicy-bench-") as tmp:
-        times = run_step(arms, spec, world, tmp, args.watchdog)
+        try:
+            times = run_step(arms, spec, world, tmp, args.watchdog)
+        except KeyboardInterrupt as exc:  # the ranks are ended; their times are lost with them
+            exc.moepolicy_outcome = NOTHING_WRITTEN
+            raise
     rows = comparison(times)
     render(rows, functional, args.rounds, out=sys.stderr if args.output == STDOUT else sys.stdout)
     if args.output:

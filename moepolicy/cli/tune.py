@@ -55,6 +55,10 @@ DEFAULT_OUTPUT = "policy.yaml"
 # The one line an interrupt before any result ends with: nothing of this run is on disk but the
 # study's finished trials, which the same command resumes.
 NOTHING_WRITTEN = ": nothing was written (run the same command again to resume the study)"
+# DeepEP v2's tune keeps its measurements in memory only (no optuna study to resume)
+NOTHING_WRITTEN_V2 = (
+    ": nothing was written (a DeepEP v2 tune keeps no study: the same command starts over)"
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -471,7 +475,8 @@ def _tune(args: argparse.Namespace, inputs: tuple, bench, experts_bench):
         with progress_to_stderr(verbose=args.verbose):
             return api.tune_with(*inputs, bench=bench, experts_bench=experts_bench)
     except KeyboardInterrupt as exc:
-        exc.moepolicy_outcome = NOTHING_WRITTEN
+        v2 = inputs[0].target.deepep.api == "v2"
+        exc.moepolicy_outcome = NOTHING_WRITTEN_V2 if v2 else NOTHING_WRITTEN
         raise
 
 

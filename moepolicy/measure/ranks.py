@@ -5,15 +5,16 @@
   inherits it) and again in each rank before it imports NCCL, NVSHMEM or DeepEP; the torchrun path,
   whose processes torchrun starts, sets it in its own process (:func:`safe_environment`).
 - **Spawn**, never fork (CUDA), with Ctrl-C blocked while the ranks start; a ``quiet`` rank then
-  ignores it (its supervisor ends the group). A rank that raises reports one line and exits 1.
+  ignores it (its supervisor ends the group). A rank that raises reports one line and exits 1; a
+  rank whose supervisor died without ending it (SIGKILL, the OOM killer) exits at once
+  (``measure.worker_process``), never holding its GPU and DeepEP buffers.
 - **A device per rank** (``measure.placement``: a GPU each, or ranks sharing the GPUs visible) and
   the join (:func:`join_group`); peer access between the ranks' GPUs is checked once, before the
   first group (:func:`gpu_placement`), and refused in one line naming the GPU pair.
 - **One supervisor loop** (:meth:`RankGroup.next_event`): the ranks' events, a rank's death or
   error, and a deadline, each ending the group in one line (:class:`RanksFailed`).
 
-Issue 40 (a dead parent leaves workers blocked) is to be handled here too: this module is the one
-place where rank processes are spawned and joined.
+This module is the one place where rank processes are spawned and joined.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from moepolicy.errors import InfeasibleError
 from moepolicy.measure.placement import RankPlacement
+from moepolicy.measure.worker_process import exit_with_parent, sigint_blocked
 
 SAFE_ENV = {
     "NCCL_NVLS_ENABLE": "0",
@@ -84,6 +86,7 @@ def _rank_main(entry: Callable, rank: int, args: tuple, events, quiet: bool) -> 
 
     global _REPORTER
     safe_environment()
+    exit_with_parent()  # never outlive the supervisor (SIGKILL, the OOM killer), holding a GPU
     _REPORTER = (events, rank)
     if quiet:  # Ctrl-C (sent to the whole process group) is the supervisor's to handle
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -101,27 +104,6 @@ def _rank_main(entry: Callable, rank: int, args: tuple, events, quiet: bool) -> 
         events.close()
         events.join_thread()  # the line is in the pipe before the exit code is
         os._exit(1)
-
-
-class _sigint_blocked:
-    """Block SIGINT in this thread while ranks start: a process inherits the mask, so a Ctrl-C while
-    one starts (its interpreter and imports) does not reach it; the supervisor still gets it."""
-
-    def __enter__(self):
-        import signal
-
-        self._old = (
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            if hasattr(signal, "pthread_sigmask")
-            else None
-        )
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import signal
-
-        if self._old is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
 
 
 def context():
@@ -234,7 +216,7 @@ def spawn_ranks(
         ctx.Process(target=_rank_main, args=(entry, r, tuple(a), events, quiet), daemon=True)
         for r, a in enumerate(args)
     ]
-    with _sigint_blocked():
+    with sigint_blocked():
         for p in procs:
             p.start()
     return RankGroup(procs, events)

@@ -322,11 +322,12 @@ def _buffer(arms: tuple[Arm, ...], spec: StepSpec, world: int):
 def run(arms: tuple[Arm, ...], spec: StepSpec, world: int, outdir: str, watchdog_s: float) -> dict:
     """Spawn ``world`` ranks, run the benchmark, return {routing: {tokens: {arm: [us per round]}}}.
     A rank that dies or raises, or sends nothing for ``watchdog_s`` (a hung collective), ends every
-    rank and the run in one line."""
+    rank and the run in one line; the ranks ignore Ctrl-C, which ends them here and is raised again."""
     from moepolicy.measure.ranks import START_TIMEOUT_S, RanksFailed, spawn_ranks
 
     os.makedirs(outdir, exist_ok=True)
-    group = spawn_ranks(worker, [(world, arms, spec, outdir)] * world)
+    # quiet: Ctrl-C is the bench's; it ends the ranks (group.kill) and says nothing was written
+    group = spawn_ranks(worker, [(world, arms, spec, outdir)] * world, quiet=True)
     try:
         group.watch(watchdog_s, "timing the MoE step", start_s=max(START_TIMEOUT_S, watchdog_s))
     except RanksFailed as exc:

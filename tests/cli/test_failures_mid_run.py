@@ -293,3 +293,171 @@ def test_ctrl_c_during_a_live_tune_prints_no_traceback_from_any_rank(tmp_path):
         assert proc.returncode == 130, err
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
         assert _last_line(err).startswith("moepolicy: interrupted"), err
+
+
+def _gone(pid: int) -> bool:
+    """The process has ended (a zombie nobody reaps counts as ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def _wait_gone(pids: list[int], timeout: float = 60.0) -> list[int]:
+    """The pids still running after ``timeout`` (the event waited for: each process's end)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if not _gone(pid)]
+        if not alive:
+            return []
+        time.sleep(0.2)
+    return [pid for pid in pids if not _gone(pid)]
+
+
+def _wait_for_ranks(pid: int, count: int, timeout: float = 240.0) -> list[int]:
+    """The ranks ``pid`` spawned, once there are ``count`` of them (the event: the process started
+    its worker group)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ranks = _spawned_ranks(pid)
+        if len(ranks) >= count:
+            return ranks
+        if _gone(pid):
+            break
+        time.sleep(0.1)
+    pytest.fail(f"process {pid} did not start {count} ranks")
+
+
+def test_live_workers_exit_when_the_tune_is_killed_without_cleanup(tmp_path):
+    """SIGKILL (or the OOM killer) ends the tune with no chance to stop its bench workers: they used
+    to wait for the next command forever, holding their GPUs and DeepEP buffers."""
+    tune = Watched(
+        [
+            *cli_command(
+                "tune",
+                "--model",
+                MODEL,
+                "--ep-size",
+                "2",
+                "--gpu",
+                "h200",
+                "--bench",
+                "live",
+                "--trials",
+                "30",
+                "--tokens",
+                "128,1024",
+                "--storage",
+                f"sqlite:///{tmp_path}/s.db",
+                "-o",
+                str(tmp_path / "p.yaml"),
+                fake_deepep=2,
+            ),
+            "-v",
+        ],
+        env=ENV,
+    )
+    try:
+        tune.wait_for(r"trial 1/")  # the workers are up and measuring
+        workers = _spawned_ranks(tune.pid)
+        assert len(workers) == 2, "the tune did not start its workers"
+        os.kill(tune.pid, signal.SIGKILL)
+        tune.finish(timeout=60)
+        assert _wait_gone(workers) == [], "bench workers outlived their tune"
+    finally:
+        for pid in _spawned_ranks(tune.pid) if not _gone(tune.pid) else []:
+            os.kill(pid, signal.SIGKILL)
+
+
+BENCH_MOMENTS = [
+    "ranks spawned",  # the ranks' interpreters start (importing torch, before any rank code runs)
+    r"^bench: 2 ranks ready, measuring",  # the ranks measure
+]
+
+
+@pytest.mark.parametrize("moment", BENCH_MOMENTS)
+def test_ctrl_c_during_bench_ends_in_one_line_and_ends_its_ranks(tmp_path, moment):
+    """A terminal's Ctrl-C reaches the bench and every rank: no KeyboardInterrupt traceback from a
+    rank, one line saying nothing was written, exit 130, and no rank left running."""
+    pytest.importorskip("torch", reason="bench needs torch")
+    policy = tmp_path / "p.yaml"
+    assert run_cli("plan", "--model", MODEL, "--ep-size", "2", "-o", str(policy)).returncode == 0
+    bench = Watched(
+        cli_command(
+            "bench",
+            str(policy),
+            "--transport",
+            "emulated",
+            "--tokens",
+            "16",
+            "--rounds",
+            "200",
+            "--reps",
+            "5",
+            "--routing",
+            "uniform",
+            "-o",
+            str(tmp_path / "b.json"),
+        ),
+        env=ENV,
+        start_new_session=True,
+    )
+    if moment == "ranks spawned":
+        bench.wait_for(r"^timing \d+ arms")
+        ranks = _wait_for_ranks(bench.pid, 2)
+    else:
+        bench.wait_for(moment)
+        ranks = _spawned_ranks(bench.pid)
+    os.killpg(bench.pid, signal.SIGINT)
+    err = bench.finish(timeout=120)
+    assert bench.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert _last_line(err) == (
+        "moepolicy: interrupted: nothing was written (a bench keeps no partial times; run it again)"
+    )
+    assert not (tmp_path / "b.json").exists()
+    assert _wait_gone(ranks, timeout=30) == [], "a rank outlived the bench"
+
+
+def test_an_interrupted_deepep_v2_tune_says_nothing_was_written_and_no_study_resumes(tmp_path):
+    out = tmp_path / "v2.yaml"
+    tune = Watched(
+        [
+            *cli_command(
+                "tune",
+                "--model",
+                "DeepSeek-V3",
+                "--ep-size",
+                "2",
+                "--deep-ep-version",
+                "v2-dd758ca",
+                "--bench",
+                "live",
+                "--tokens",
+                "1024,4096",
+                "--sms",
+                "16,48",
+                "-o",
+                str(out),
+                fake_deepep=2,
+            ),
+            "-v",
+        ],
+        env=ENV,
+        start_new_session=True,
+    )
+    tune.wait_for(r"^DeepEP v2: measuring")
+    _wait_for_ranks(tune.pid, 2)  # the v2 tune has started its workers: it is measuring
+    os.killpg(tune.pid, signal.SIGINT)
+    err = tune.finish(timeout=120)
+    assert tune.returncode == 130, err
+    assert _last_line(err) == (
+        "moepolicy: interrupted: nothing was written (a DeepEP v2 tune keeps no study: the same "
+        "command starts over)"
+    )
+    assert not out.exists()
