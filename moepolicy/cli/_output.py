@@ -293,21 +293,48 @@ def output_path(
     return path
 
 
-def log_inputs(args) -> list[tuple[str, object]]:
-    """What a command reads, which its ``--log-file`` must not name: the checkpoint, rule packs, the
-    policy and the study database."""
+def command_inputs(args) -> list[tuple[str, object]]:
+    """What a command reads, which its ``-o`` and ``--log-file`` must not name: the checkpoint
+    (``--model``), rule packs (``--rules``), the policy or policies with the user rule packs beside
+    them that they name, and the study database."""
     from moepolicy.tuning.storage import storage_file
 
     found = [
         *model_inputs(getattr(args, "model", None)),
         *rules_inputs(getattr(args, "rules", ()) or ()),
     ]
-    policy = getattr(args, "policy", None)
-    if isinstance(policy, str):
-        found.append(("the policy", policy))
+    policies = getattr(args, "policy", None)
+    for policy in [policies] if isinstance(policies, str) else policies or ():
+        if isinstance(policy, str):
+            found += policy_inputs(policy)
     storage = getattr(args, "storage", None)
     if isinstance(storage, str):
         found.append(("the study database", storage_file(storage)))
+    return found
+
+
+def policy_inputs(policy: str) -> list[tuple[str, object]]:
+    """The policy file and the user rule packs it names that lie beside it (what serving and the
+    replaying commands read with it); the policy alone where it cannot be read (the command then
+    refuses it)."""
+    from pathlib import Path
+
+    from moepolicy.document.reader import find_user_pack, read_policy
+    from moepolicy.errors import MoePolicyError
+    from moepolicy.rules.packs import builtin_names
+
+    found: list[tuple[str, object]] = [("the policy", policy)]
+    try:
+        doc = read_policy(policy).doc
+    except (MoePolicyError, OSError):
+        return found
+    folder = Path(policy).absolute().parent
+    for ref in doc.rules.packs:
+        if ref.name in builtin_names():
+            continue
+        pack = find_user_pack(ref.name, ref.path, [folder])
+        if pack is not None:
+            found.append((f"the rule pack '{ref.name}' the policy uses", str(pack.path)))
     return found
 
 

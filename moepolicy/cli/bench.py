@@ -17,7 +17,15 @@ import json
 import math
 import sys
 
-from moepolicy.cli._output import STDOUT, add_output_flag, note, output_path, table, write_output
+from moepolicy.cli._output import (
+    STDOUT,
+    add_output_flag,
+    command_inputs,
+    note,
+    output_path,
+    table,
+    write_output,
+)
 from moepolicy.errors import MeasurementError, UsageError
 from moepolicy.measure.placement import SHARED_LABEL
 from moepolicy.measure.rounds import DEFAULT_ROUNDS
@@ -151,9 +159,7 @@ def run(args: argparse.Namespace) -> int:
     from moepolicy.cli._replay import read_for_replay
 
     _check_counts(args)
-    output = output_path(
-        args.output, [("the policy being benchmarked", args.policy)]
-    )  # before any work
+    output = output_path(args.output, command_inputs(args))  # before any work
     doc = read_for_replay(args.policy).doc
     routings = _checked_request(args, doc)
     kind, world, why = _transport(args.transport, doc.target.ep_size)

@@ -6,7 +6,13 @@ import argparse
 import json
 from typing import Optional
 
-from moepolicy.cli._output import add_output_flag, note, output_path, write_output
+from moepolicy.cli._output import (
+    add_output_flag,
+    command_inputs,
+    note,
+    output_path,
+    write_output,
+)
 from moepolicy.cli.validate import add_serving_flags, serving_note
 from moepolicy.weights_memory import fit_note
 
@@ -67,9 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from moepolicy.cli._replay import read_for_replay
 
-    output = output_path(
-        args.output, [("the policy being exported", args.policy)]
-    )  # before any work
+    output = output_path(args.output, command_inputs(args))  # before any work
     doc = read_for_replay(args.policy).doc
     serving_note(args)
     fits = fit_note(

@@ -286,11 +286,13 @@ def _run(args: argparse.Namespace, bench_source) -> int:
 
     try:
         if getattr(args, "log_file", None):  # never an input, and a file (a FIFO would hang)
-            from moepolicy.cli._output import log_inputs, output_path
+            from moepolicy.cli._output import command_inputs, output_path
             from moepolicy.errors import OutputError
 
             try:
-                output_path(args.log_file, log_inputs(args), flag="--log-file", what="the log")
+                output_path(
+                    args.log_file, command_inputs(args), flag="--log-file", what="the log"
+                )
             except OutputError as exc:
                 said = str(exc)
                 raise OutputError(

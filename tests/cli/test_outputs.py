@@ -135,6 +135,59 @@ def test_an_output_reaching_an_input_through_a_link_is_refused(inputs, tmp_path)
     assert yaml.safe_load(inputs["pack"].read_text()) == PACK
 
 
+def test_export_and_bench_never_write_over_the_pack_beside_the_policy_nor_model_config(
+    inputs, tmp_path
+):
+    """A policy planned with a user pack is deployed with the pack beside it (serving checks it
+    there); export --model reads the checkpoint's config.json. -o naming either replaced it (serving
+    then reported the pack 'unchecked')."""
+    policy = tmp_path / "with-pack.yaml"
+    planned = run_cli(
+        "plan",
+        "--model",
+        str(inputs["model"]),
+        "--ep-size",
+        "2",
+        "--rules",
+        str(inputs["pack"]),
+        "-o",
+        str(policy),
+    )
+    assert planned.returncode == 0, planned.stderr
+    pack, config = inputs["pack"], inputs["config"]
+    cases = [
+        (["export", str(policy), "--to", "vllm", "-o", str(pack)], pack),
+        (["export", str(policy), "--to", "sglang", "-o", str(pack)], pack),
+        (["bench", str(policy), "--dry-run", "-o", str(pack)], pack),
+        (
+            [
+                "export",
+                str(policy),
+                "--to",
+                "vllm",
+                "--model",
+                str(inputs["model"]),
+                "-o",
+                str(config),
+            ],
+            config,
+        ),
+        (
+            ["export", str(policy), "--to", "sglang", "--model", str(config), "-o", str(config)],
+            config,
+        ),
+    ]
+    for command, victim in cases:
+        before = victim.read_bytes()
+        line = _one_line_refusal(run_cli(*command), 8, "which this command reads")
+        assert str(victim) in line, line
+        assert victim.read_bytes() == before, command
+    # and --log-file, which shares the check
+    before = pack.read_bytes()
+    logged = run_cli("export", str(policy), "--to", "vllm", "--log-file", str(pack))
+    assert logged.returncode == 8 and pack.read_bytes() == before
+
+
 def test_report_never_draws_over_the_policy_it_reports(inputs, tmp_path):
     plots = tmp_path / "plots"
     plots.mkdir()
