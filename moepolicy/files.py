@@ -5,7 +5,9 @@ one byte past its limit whatever size the file system reports. Outputs: a path i
 it is, or will be, a regular file in a writable folder; a symbolic link is written *through* (its
 target is replaced atomically, the link stays a link), so ``policy.yaml -> v3.yaml`` updates v3.yaml.
 Writes are atomic (a temporary file of this process beside the target, fsync, rename): two writers
-of one path never touch each other's temporary file, and a killed writer's is removed by the next.
+of one path never touch each other's temporary file, and a killed writer's is removed by the next
+writer of the same machine and PID namespace (the only one that can tell it is dead: a process id
+means nothing on another host or in another container sharing the folder).
 """
 
 from __future__ import annotations
@@ -109,16 +111,18 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
     """Replace the regular file ``path`` (a link's target) with ``text`` atomically, or raise
     :class:`~moepolicy.errors.OutputError` with one line and leave the previous file as it was.
 
-    The temporary file's name is unique and carries this process's id
-    (``.policy.yaml.k3j9x.4242.tmp``): another writer of the same path never removes it while this
-    process lives; temporaries of writers that died (kill -9) are removed after a write."""
+    The temporary file's name is unique and says who writes it: a random part, this machine and
+    PID namespace (:func:`writer_id`) and this process's id (``.policy.yaml.k3j9x.3f2a9c01b7e4.4242.tmp``):
+    another writer of the same path never removes it while this process lives, wherever it runs;
+    temporaries of writers of this machine and namespace that died (kill -9) are removed after a
+    write."""
     import tempfile
 
     target = write_target(path)
     directory = target.parent if str(target.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(
-            prefix=f".{target.name}.", suffix=f".{os.getpid()}.tmp", dir=directory
+            prefix=f".{target.name}.", suffix=f".{writer_id()}.{os.getpid()}.tmp", dir=directory
         )
     except OSError as exc:
         raise OutputError(f"{path}: cannot be written ({exc.strerror or exc})") from None
@@ -145,23 +149,44 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
 STALE_AGE_S = 3600  # a temporary file without a writer's id (older moepolicy) is stale after this
 
 
+def writer_id() -> str:
+    """This machine and PID namespace, as 12 hex digits (a hash of the host name and the namespace's
+    inode): a process id can be checked only by a writer with the same one."""
+    import hashlib
+    import socket
+
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:  # no /proc (another system): the host name alone
+        namespace = ""
+    return hashlib.sha256(f"{socket.gethostname()}\0{namespace}".encode()).hexdigest()[:12]
+
+
 def remove_stale_temps(directory: Path, name: str) -> None:
-    """Temporary files of writers of ``name`` that died mid-write (kill -9 leaves them behind): those
-    whose writer's process is gone; never one of a live writer."""
+    """Temporary files of writers of ``name`` that died mid-write (kill -9 leaves them behind): only
+    those of this machine and PID namespace whose process is gone, never one of a live writer nor
+    one written elsewhere (another host, another container), whose process cannot be checked here.
+    A temporary without a writer's id (older moepolicy) is removed once it is an hour old."""
     import time
 
+    mine, prefix = writer_id(), f".{name}."
     for stale in directory.glob(f".{name}.*.tmp"):
-        pid = stale.name[: -len(".tmp")].rpartition(".")[2]
+        parts = stale.name[len(prefix) : -len(".tmp")].split(".")
         try:
-            dead = (
-                not _alive(int(pid))
-                if pid.isascii() and pid.isdigit()
-                else time.time() - stale.stat().st_mtime > STALE_AGE_S
-            )
+            if len(parts) == 3:  # random part, writer id, process id
+                dead = parts[1] == mine and _is_pid(parts[2]) and not _alive(int(parts[2]))
+            elif len(parts) == 2:  # random part, process id: whose namespace is unknown
+                dead = time.time() - stale.stat().st_mtime > STALE_AGE_S
+            else:  # another file's temporary (``name.bak``'s), or not one of ours
+                dead = False
             if dead:
                 stale.unlink()
         except OSError:
             pass
+
+
+def _is_pid(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def _alive(pid: int) -> bool:

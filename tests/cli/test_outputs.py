@@ -388,18 +388,57 @@ def test_two_writers_of_one_path_never_delete_each_other_s_temporary_file(tmp_pa
 
 
 def test_a_killed_writer_s_temporary_file_is_removed_and_a_live_one_is_not(tmp_path):
-    from moepolicy.files import atomic_write
+    from moepolicy.files import STALE_AGE_S, atomic_write, writer_id
 
     target = tmp_path / "p.yaml"
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    stale = tmp_path / f".p.yaml.abc123.{dead.stdout.strip()}.tmp"
-    live = tmp_path / f".p.yaml.def456.{os.getppid()}.tmp"
-    for path in (stale, live):
+    ).stdout.strip()
+    here = writer_id()
+    stale = tmp_path / f".p.yaml.abc123.{here}.{dead}.tmp"
+    live = tmp_path / f".p.yaml.def456.{here}.{os.getppid()}.tmp"
+    elsewhere = (
+        tmp_path / f".p.yaml.ghi789.{'0' * 12}.{dead}.tmp"
+    )  # another host's: not checkable here
+    legacy_old, legacy_new = tmp_path / ".p.yaml.jkl012.77.tmp", tmp_path / ".p.yaml.mno345.78.tmp"
+    for path in (stale, live, elsewhere, legacy_old, legacy_new):
         path.write_text("partial")
+    an_hour_ago = os.stat(legacy_old).st_mtime - STALE_AGE_S - 60
+    os.utime(legacy_old, (an_hour_ago, an_hour_ago))
     atomic_write(target, "new\n")
-    assert not stale.exists() and live.exists() and target.read_text() == "new\n"
+    assert target.read_text() == "new\n"
+    assert not stale.exists() and live.exists() and elsewhere.exists()
+    assert not legacy_old.exists() and legacy_new.exists()
+
+
+def _unshare() -> list[str]:
+    """A command prefix that runs a process in a PID namespace of its own (as a container does)."""
+    import shutil
+
+    prefix = ["unshare", "--user", "--map-root-user", "--pid", "--fork"]
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("this machine does not let a user make a PID namespace")
+    return prefix
+
+
+def test_writers_in_different_pid_namespaces_never_delete_each_other_s_temporary_file(tmp_path):
+    """Two containers (or hosts) writing one path on a shared folder: each saw the other's process
+    id as dead and removed its temporary file mid-write."""
+    target = tmp_path / "policy.yaml"
+    procs = [
+        subprocess.Popen(
+            [*prefix, sys.executable, "-c", WRITER, str(target), tag, "100"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for prefix, tag in (([], "host"), (_unshare(), "container"))
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [out.strip() for out, _ in outs] == ["0", "0"], [err[-500:] for _, err in outs]
+    assert target.read_text().endswith("\nend\n")
 
 
 # --------------------------------------------------------------------------- flags checked in one line
