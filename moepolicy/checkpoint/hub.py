@@ -25,6 +25,13 @@ from moepolicy.redact import redact_text
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 ETAG_TIMEOUT_S = 10.0
+MAX_CONFIG_BYTES = (
+    16 * 1024 * 1024
+)  # config.json: kilobytes; a quant config with long ignore lists, megabytes
+# a config file's download: said when it takes this long, given up after this long (a hub or proxy
+# that trickles the bytes never trips the client's per-read timeout)
+DOWNLOAD_SAY_S = 10.0
+DOWNLOAD_DEADLINE_S = 120.0
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _REVISION = re.compile(r"^[\w./-]+$")
 MAX_REVISION = 255  # a branch, tag or commit name (git's own limit on a ref's name)
@@ -131,29 +138,91 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
         return HubFiles(config=config, quant=quant, commit=config.parent.name, notes=notes)
     common.update(endpoint=hub_endpoint(), etag_timeout=ETAG_TIMEOUT_S)
     with _quiet(hf):
-        silent = _silent_hub(hf, hub_id, common["endpoint"])
+        silent, size = _probe(hf, hub_id, "config.json", common["endpoint"])
         if (
             silent is not None
         ):  # read the cache now: asked again, huggingface_hub backs off ~23 s per file
             return _from_cache_when_silent(hf, hub_id, common, silent)
+        _check_size(hub_id, "config.json", size)
         try:
-            config = Path(hf.hf_hub_download(hub_id.repo_id, "config.json", **common))
+            config = Path(_download(hf, hub_id, "config.json", common))
+        except CheckpointError:
+            raise
         except Exception as exc:  # noqa: BLE001 (every failure becomes one line, by what caused it)
             raise CheckpointError(_failure(hub_id, exc)) from None
         quant, notes = _quant_config(hf, hub_id, common)
     return HubFiles(config=config, quant=quant, commit=config.parent.name, notes=notes)
 
 
-def _silent_hub(hf, hub_id: HubId, endpoint: Optional[str]) -> Optional[BaseException]:
-    """The error when the hub does not answer at all (no HTTP status: DNS, refused, timed out), asked
-    once for ``config.json``'s metadata without retries; None when it answered (even with an error,
-    which the download then names)."""
-    url = hf.hf_hub_url(hub_id.repo_id, "config.json", revision=hub_id.revision, endpoint=endpoint)
+def _probe(
+    hf, hub_id: HubId, filename: str, endpoint: Optional[str]
+) -> tuple[Optional[BaseException], Optional[int]]:
+    """``filename``'s metadata asked once, without retries: (the error when the hub does not answer
+    at all (no HTTP status: DNS, refused, timed out), the file's size as the hub gives it). Both None
+    when it answered with an error, which the download then names."""
+    url = hf.hf_hub_url(hub_id.repo_id, filename, revision=hub_id.revision, endpoint=endpoint)
     try:
-        hf.get_hf_file_metadata(url, timeout=ETAG_TIMEOUT_S)
+        metadata = hf.get_hf_file_metadata(url, timeout=ETAG_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001
-        return None if any(_status(cause) is not None for cause in _chain(exc)) else exc
-    return None
+        return (None if any(_status(cause) is not None for cause in _chain(exc)) else exc), None
+    size = getattr(metadata, "size", None)
+    return None, size if isinstance(size, int) else None
+
+
+def _check_size(hub_id: HubId, filename: str, size: Optional[int]) -> None:
+    """Refuse, before a byte is downloaded, a config file larger than any config (the cache would
+    keep it whole: a 287 MB "config.json" stayed there)."""
+    if size is not None and size > MAX_CONFIG_BYTES:
+        raise CheckpointError(
+            f"model '{hub_id}': its {filename} on the Hugging Face hub ({shown_endpoint()}) is {size} "
+            f"bytes, more than any config ({MAX_CONFIG_BYTES} bytes): not downloaded; check the id, or "
+            "pass the model folder"
+        )
+
+
+def _download(hf, hub_id: HubId, filename: str, common: dict) -> str:
+    """``hf_hub_download`` of one config file, bounded in time: it runs on a thread while this one
+    waits (Ctrl-C ends the wait), says after ``DOWNLOAD_SAY_S`` that it is still going, and gives up
+    after ``DOWNLOAD_DEADLINE_S`` (the thread is left to the process's end)."""
+    import threading
+    import time
+
+    done: list = []
+
+    def run() -> None:
+        try:
+            done.append((True, hf.hf_hub_download(hub_id.repo_id, filename, **common)))
+        except BaseException as exc:  # noqa: BLE001 (handed to the waiting thread)
+            done.append((False, exc))
+
+    worker = threading.Thread(target=run, name="moepolicy-hub-download", daemon=True)
+    began, said = time.monotonic(), False
+    worker.start()
+    while True:
+        worker.join(timeout=0.2)
+        if done:
+            ok, value = done[0]
+            if ok:
+                return value
+            raise value
+        waited = time.monotonic() - began
+        if waited >= DOWNLOAD_DEADLINE_S:
+            raise CheckpointError(
+                f"model '{hub_id}': the Hugging Face hub ({shown_endpoint()}) sent too little of "
+                f"{filename} in {waited:.0f} s (a stalled or trickling transfer); nothing was read: "
+                "retry, check the network or a proxy, or pass the model folder"
+            )
+        if not said and waited >= DOWNLOAD_SAY_S:
+            said = True
+            logging.getLogger("moepolicy.checkpoint").warning(
+                "model '%s': %s is still downloading from the Hugging Face hub (%s) after %.0f s; "
+                "given up after %.0f s (Ctrl-C stops it)",
+                hub_id,
+                filename,
+                shown_endpoint(),
+                waited,
+                DOWNLOAD_DEADLINE_S,
+            )
 
 
 def hub_endpoint_raw() -> str:
@@ -224,8 +293,12 @@ def _huggingface_hub(hub_id: HubId):
 def _quant_config(hf, hub_id: HubId, common: dict) -> tuple[Optional[Path], tuple[str, ...]]:
     """``hf_quant_config.json`` where the repository has one: a 404 means it has none; when the hub
     does not answer, the cache decides (config.json came from it)."""
+    _silent, size = _probe(hf, hub_id, "hf_quant_config.json", common["endpoint"])
+    _check_size(hub_id, "hf_quant_config.json", size)
     try:
-        return Path(hf.hf_hub_download(hub_id.repo_id, "hf_quant_config.json", **common)), ()
+        return Path(_download(hf, hub_id, "hf_quant_config.json", common)), ()
+    except CheckpointError:
+        raise
     except Exception as exc:  # noqa: BLE001
         if _is_missing_file(exc):
             return None, ()

@@ -32,9 +32,7 @@ class RawCheckpoint:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-MAX_CONFIG_BYTES = (
-    16 * 1024 * 1024
-)  # config.json files are kilobytes; a quant config with long ignore lists, megabytes
+MAX_CONFIG_BYTES = hub.MAX_CONFIG_BYTES  # one bound, before a download and for every read
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -9,7 +9,9 @@ Repositories (``org/name``) and what the server answers for their files:
   not have or a private one);
 - ``gated/<name>``: 401 ``GatedRepo`` without an ``Authorization`` header, 403 ``GatedRepo`` with one;
 - ``down/<name>``: 503;
-- ``drop/<name>``: the connection is closed without an answer.
+- ``drop/<name>``: the connection is closed without an answer;
+- ``slow/<name>`` (a repository in ``files``): answered as any, but a GET's body is sent one byte
+  every ``trickle_s`` seconds (a hub or proxy that trickles the download).
 Every request is recorded in ``requests``.
 """
 
@@ -33,6 +35,7 @@ class FakeHub:
         default_factory=list
     )  # (method, path, had a token)
     server: http.server.ThreadingHTTPServer | None = None
+    trickle_s: float = 0.5
 
     @property
     def endpoint(self) -> str:
@@ -103,14 +106,32 @@ class FakeHub:
             {"ETag": etag, "X-Repo-Commit": COMMIT, "Content-Type": "application/json"},
             content,
             body,
+            trickle_s=self.trickle_s if org == "slow" else 0.0,
         )
 
     @staticmethod
-    def _send(handler, status: int, headers: dict[str, str], content: bytes, body: bool) -> None:
+    def _send(
+        handler,
+        status: int,
+        headers: dict[str, str],
+        content: bytes,
+        body: bool,
+        trickle_s: float = 0.0,
+    ) -> None:
         handler.send_response(status)
         for key, value in headers.items():
             handler.send_header(key, value)
         handler.send_header("Content-Length", str(len(content)))
         handler.end_headers()
-        if body:
+        if body and trickle_s:
+            import time
+
+            for i in range(len(content)):
+                try:
+                    handler.wfile.write(content[i : i + 1])
+                    handler.wfile.flush()
+                except OSError:  # the client gave up
+                    return
+                time.sleep(trickle_s)
+        elif body:
             handler.wfile.write(content)

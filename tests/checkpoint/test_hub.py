@@ -290,6 +290,50 @@ def test_a_cached_model_whose_hub_is_silent_is_read_at_once_and_said(hub, monkey
     assert "Retrying" not in err and "thrown while requesting" not in err, err
 
 
+def test_a_config_larger_than_any_config_is_refused_before_it_is_downloaded(hub, tmp_path):
+    """The 16 MiB bound applied only after the download: the file stayed whole in the cache."""
+    from moepolicy.checkpoint.source import MAX_CONFIG_BYTES
+
+    config = _json(QWEN_FP8 / "config.json")
+    hub.add("big/model", "config.json", {**config, "padding": "x" * (MAX_CONFIG_BYTES + 1)})
+    message = _message("big/model")
+    assert "its config.json on the Hugging Face hub" in message and "not downloaded" in message
+    assert not any(
+        method == "GET" and "config.json" in path for method, path, _token in hub.requests
+    ), hub.requests
+    cached = [p for p in (tmp_path / "hf-cache").rglob("*") if p.is_file()]
+    assert all(p.stat().st_size < MAX_CONFIG_BYTES for p in cached), cached
+
+
+def test_a_trickling_download_is_said_and_given_up_and_never_hangs(hub, monkeypatch, caplog):
+    """A hub or proxy that sends a byte at a time never trips the client's per-read timeout: the
+    plan stalled silently. Now a line says the download goes on, and it is given up at a deadline."""
+    import logging
+    import threading
+
+    from moepolicy.checkpoint import hub as hub_module
+
+    monkeypatch.setattr(hub_module, "DOWNLOAD_SAY_S", 0.5, raising=False)
+    monkeypatch.setattr(hub_module, "DOWNLOAD_DEADLINE_S", 3.0, raising=False)
+    hub.add("slow/model", "config.json", _json(QWEN_FP8 / "config.json"))  # 0.5 s a byte: minutes
+    outcome: list = []
+
+    def read() -> None:
+        try:
+            read_model("slow/model")
+            outcome.append("read")
+        except CheckpointError as exc:
+            outcome.append(str(exc))
+
+    with caplog.at_level(logging.WARNING, logger="moepolicy.checkpoint"):
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(timeout=60)
+    assert outcome, "the download of a trickled config.json did not end"
+    assert "sent too little of config.json in 3 s" in outcome[0], outcome
+    assert "config.json is still downloading from the Hugging Face hub" in caplog.text
+
+
 def test_a_server_error_says_the_status(hub, no_backoff):
     message = _message("down/model")
     assert "answered HTTP 503" in message and "could not be reached" not in message
