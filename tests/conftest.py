@@ -1,6 +1,8 @@
+import glob
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -147,6 +149,93 @@ def fake_cache(
         blob.write_bytes(content)
         os.symlink(os.path.relpath(blob, snapshot), snapshot / name)
     return snapshot
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def postgres(postgres_server):
+    """A PostgreSQL database's URL (``studies``, user ``tuner``) on a server of this test's own."""
+    return postgres_server[0]
+
+
+@pytest.fixture
+def postgres_server(tmp_path):
+    """(the URL of its ``studies`` database, its data folder): a PostgreSQL server on a loopback
+    port, from the distribution's binaries; stopped (immediately) after the test."""
+    initdb = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not initdb:
+        pytest.skip("PostgreSQL server binaries are not installed (.ci/run installs them)")
+    pytest.importorskip(
+        "psycopg", reason="psycopg is not installed (pip install 'moepolicy[postgres]')"
+    )
+    import tempfile
+    from pathlib import Path
+
+    bindir = os.path.dirname(initdb[-1])
+    base = Path(
+        tempfile.mkdtemp(prefix="moepolicy-pg-", dir="/tmp")
+    )  # reachable by the postgres user
+    data, sock = base / "pgdata", base / "pgsock"
+    sock.mkdir()
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_postgres:
+        shutil.chown(base, "postgres")
+        shutil.chown(sock, "postgres")
+        os.chmod(base, 0o755)
+    port = _free_port()
+    subprocess.run(
+        [*as_postgres, f"{bindir}/initdb", "-D", str(data), "-U", "tuner", "--auth=trust"],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            *as_postgres,
+            f"{bindir}/pg_ctl",
+            "-D",
+            str(data),
+            "-l",
+            str(base / "pg.log"),
+            "-w",
+            "-o",
+            f"-p {port} -k {sock} -c listen_addresses=127.0.0.1",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        subprocess.run(
+            [
+                f"{bindir}/psql",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "tuner",
+                "-d",
+                "postgres",
+                "-c",
+                "CREATE DATABASE studies",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        yield f"postgresql://tuner:secret-password@127.0.0.1:{port}/studies", data
+    finally:
+        subprocess.run(
+            [*as_postgres, f"{bindir}/pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
+        )
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # The fast profile (`pytest -m "not slow"`) runs the plan, rules, runtime, schema, export and CLI

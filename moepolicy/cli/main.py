@@ -290,9 +290,7 @@ def _run(args: argparse.Namespace, bench_source) -> int:
             from moepolicy.errors import OutputError
 
             try:
-                output_path(
-                    args.log_file, command_inputs(args), flag="--log-file", what="the log"
-                )
+                output_path(args.log_file, command_inputs(args), flag="--log-file", what="the log")
             except OutputError as exc:
                 said = str(exc)
                 raise OutputError(

@@ -48,7 +48,7 @@ from moepolicy.tuning.options import (
 from moepolicy.redact import redact_command
 from moepolicy.tuning.bench import REGIMES
 from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
-from moepolicy.tuning.storage import check_storage
+from moepolicy.tuning.storage import StorageFailed, check_storage
 
 DEFAULT_OUTPUT = "policy.yaml"
 
@@ -474,7 +474,7 @@ def _tune(args: argparse.Namespace, inputs: tuple, bench, experts_bench):
     try:
         with progress_to_stderr(verbose=args.verbose):
             return api.tune_with(*inputs, bench=bench, experts_bench=experts_bench)
-    except KeyboardInterrupt as exc:
+    except (KeyboardInterrupt, StorageFailed) as exc:  # the database failing is said by itself
         v2 = inputs[0].target.deepep.api == "v2"
         exc.moepolicy_outcome = NOTHING_WRITTEN_V2 if v2 else NOTHING_WRITTEN
         raise

@@ -88,6 +88,7 @@ def storage_failure(exc: BaseException, url: str) -> Optional[StorageFailed]:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
     storage_kinds = (
+        "StorageUnresponsive",
         "StorageInternalError",
         "OperationalError",
         "DatabaseError",
@@ -154,7 +155,8 @@ def make_storage(url: str):
 
 
 def _rdb_with_retry(url: str, attempts: int = 6):
-    """Workers that start together race to create optuna's tables; the loser retries."""
+    """Workers that start together race to create optuna's tables; the loser retries. The storage's
+    connections are watched (:class:`StallWatch`)."""
     import random
     import time
 
@@ -162,7 +164,14 @@ def _rdb_with_retry(url: str, attempts: int = 6):
 
     for attempt in range(attempts):
         try:
-            return optuna.storages.RDBStorage(url, heartbeat_interval=10, grace_period=60)
+            storage = optuna.storages.RDBStorage(
+                url,
+                heartbeat_interval=10,
+                grace_period=60,
+                engine_kwargs=_engine_kwargs(url),
+            )
+            StallWatch(url).attach(storage.engine)
+            return storage
         except ImportError:
             raise
         except Exception:  # noqa: BLE001
@@ -170,3 +179,123 @@ def _rdb_with_retry(url: str, attempts: int = 6):
                 raise
             time.sleep(0.2 + random.random() * 0.5 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+CONNECT_TIMEOUT_S = 15  # a server that accepts the connection but never answers it
+
+
+def _engine_kwargs(url: str) -> dict:
+    """A database server is given a time to answer a new connection (libpq's and PyMySQL's
+    ``connect_timeout``), unless the URL sets one."""
+    scheme = url.strip().split(":", 1)[0].split("+", 1)[0]
+    if scheme not in ("postgresql", "mysql"):
+        return {}
+    from sqlalchemy.engine import make_url
+
+    if "connect_timeout" in make_url(url).query:
+        return {}
+    return {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
+
+
+class StorageUnresponsive(Exception):
+    """The study database did not answer (a stopped server, a lost network): once it is said, every
+    new use of the storage fails at once rather than wait again, until the database answers
+    (:func:`storage_failure` reads it as the storage failing)."""
+
+
+class StallWatch:
+    """Says when the study database does not answer: a connection held by one storage call for
+    ``SAY_AFTER_S`` (optuna's calls take milliseconds) is a server that stopped answering. The tune
+    is told in one line (it waits; Ctrl-C ends it), and, until the database answers again, a call
+    that needs another connection fails at once (:class:`StorageUnresponsive`) instead of waiting
+    too, so an interrupted tune ends with what it measured."""
+
+    SAY_AFTER_S = 20.0
+
+    def __init__(self, url: str):
+        import threading
+
+        self.url = url
+        self._held: dict[int, float] = {}  # a checked-out connection -> since when
+        self._lock = threading.Lock()
+        self._stalled_since: Optional[float] = None
+        self._watcher: Optional[threading.Thread] = None
+
+    def attach(self, engine) -> None:
+        from sqlalchemy import event
+
+        event.listen(engine, "do_connect", self._connecting)  # before a new connection waits
+        event.listen(engine.pool, "checkout", self._checkout)
+        event.listen(engine.pool, "checkin", self._checkin)
+        event.listen(engine, "after_cursor_execute", self._answered)
+
+    def _refuse_while_stalled(self) -> None:
+        import time
+
+        if self._stalled_since is not None:
+            raise StorageUnresponsive(
+                f"no answer for {time.monotonic() - self._stalled_since:.0f} s: a stopped server "
+                "or a lost network"
+            )
+
+    def _connecting(self, *args) -> None:
+        with self._lock:
+            self._refuse_while_stalled()
+
+    def _checkout(self, dbapi_connection, record, proxy) -> None:
+        import threading
+        import time
+
+        with self._lock:
+            self._refuse_while_stalled()
+            self._held[id(record)] = time.monotonic()
+            if self._watcher is None:
+                self._watcher = threading.Thread(
+                    target=self._watch, name="moepolicy-storage-watch", daemon=True
+                )
+                self._watcher.start()
+
+    def _checkin(self, dbapi_connection, record) -> None:
+        with self._lock:
+            self._held.pop(id(record), None)
+
+    def _answered(self, *args) -> None:
+        """A statement got its answer: the database answers (again)."""
+        import time
+
+        with self._lock:
+            if self._stalled_since is None:
+                return
+            waited = time.monotonic() - self._stalled_since
+            self._stalled_since = None
+        _log().warning(
+            "storage %s: the study database answered again after %.0f s",
+            redact_url(self.url),
+            waited,
+        )
+
+    def _watch(self) -> None:
+        import time
+
+        while True:
+            time.sleep(1.0)
+            with self._lock:
+                oldest = min(self._held.values(), default=None)
+                if oldest is None or self._stalled_since is not None:
+                    continue
+                if time.monotonic() - oldest < self.SAY_AFTER_S:
+                    continue
+                self._stalled_since = oldest
+                waited = time.monotonic() - oldest
+            _log().warning(
+                "storage %s: the study database has not answered for %.0f s (a stopped server or a "
+                "lost network); the tune waits for it, Ctrl-C ends it (the trials stored are kept)",
+                redact_url(self.url),
+                waited,
+            )
+
+
+def _log():
+    import logging
+
+    return logging.getLogger("moepolicy.tuning")

@@ -461,3 +461,62 @@ def test_an_interrupted_deepep_v2_tune_says_nothing_was_written_and_no_study_res
         "command starts over)"
     )
     assert not out.exists()
+
+
+def _server_processes(data: Path) -> list[int]:
+    """A PostgreSQL server's postmaster (first line of its postmaster.pid) and its children."""
+    postmaster = int((data / "postmaster.pid").read_text().split()[0])
+    return [postmaster, *_children(postmaster)]
+
+
+def test_a_study_database_that_stops_answering_is_said_and_ctrl_c_ends_the_tune(postgres_server):
+    """A PostgreSQL server stopped mid-tune (SIGSTOP: the connection stays open, nothing answers)
+    stalled the tune silently, and Ctrl-C was held back inside the storage call forever."""
+    url, data = postgres_server
+    tune = Watched(
+        [
+            *cli_command(
+                "tune",
+                "--model",
+                MODEL,
+                "--ep-size",
+                "2",
+                "--gpu",
+                "h200",
+                "--bench",
+                "model",
+                "--trials",
+                "40",
+                "--tokens",
+                "128,1024",
+                "--storage",
+                url,
+                "-o",
+                str(data.parent / "p.yaml"),
+                model_bench_delay=0.3,
+            ),
+            "-v",
+        ],
+        env=ENV,
+    )
+    stopped: list[int] = []
+    try:
+        tune.wait_for(r" us \(best ")  # a trial is stored: the study is in the database
+        stopped = _server_processes(data)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        said = tune.wait_for(r"the study database has not answered for \d+ s", timeout=120)
+        assert "secret-password" not in said and "Ctrl-C ends it" in said
+        tune.proc.send_signal(signal.SIGINT)
+        err = tune.finish(timeout=120)  # psycopg cancels the query, waits, then closes (10 s)
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        tune.proc.kill()
+    assert tune.returncode == 130, err
+    assert _last_line(err) == (
+        "moepolicy: interrupted: nothing was written (run the same command again to resume the study)"
+    )
