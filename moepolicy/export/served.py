@@ -64,8 +64,8 @@ def served_model(doc: PolicyDoc) -> LaunchModel:
 
 def planned_models(doc: PolicyDoc) -> list[str]:
     """The ``--model`` values of the command recorded in the policy (none when it records none)."""
-    command = (doc.generated or {}).get("command")
-    if not command:
+    command = (doc.generated or {}).get("command")  # free-form: a hand edit may put anything there
+    if not isinstance(command, str) or not command:
         return []
     try:
         words = shlex.split(command)
