@@ -87,15 +87,13 @@ def _rekey(path: str, strict: bool) -> None:
     problem = stored_facts_problem(loaded.doc)
     if problem:
         raise PolicyError(f"{path} (rekeyed, not written): {problem}")
+    # serving would apply the recorded decisions, explain and the export replay the facts
     stale = decisions_not_replayed(loaded.doc, path)
-    if (
-        stale
-    ):  # serving would apply the recorded decisions, explain and the export replay the facts
-        more = f" (and {len(stale) - 1} more layers)" if len(stale) > 1 else ""
+    if stale:
         raise PolicyError(
-            f"{path} (rekeyed, not written): {stale[0]}{more}; --rekey keeps a hand edit only where the "
-            "recorded decisions follow from the stored facts: edit the decision to match (explain "
-            "--layer N shows it), or re-plan (a rule pack, --rules, overrides a decision)"
+            f"{path} (rekeyed, not written): {_first(stale)}; --rekey keeps a hand edit only where "
+            "the recorded decisions follow from the stored facts: edit the decision to match "
+            "(explain --layer N shows it), or re-plan (a rule pack, --rules, overrides a decision)"
         )
     atomic_write(path, text)
     note(f"rekeyed {path}")
@@ -111,6 +109,11 @@ def serving_note(args: argparse.Namespace) -> None:
         raise PolicyError(f"{args.policy}: {outcome.summary('vllm')}")
     if outcome.falls_back:
         note(f"warning: {outcome.summary('vllm' if args.to == 'vllm' else 'runtime')}")
+
+
+def _first(lines: list[str]) -> str:
+    """The first of ``lines``, and how many more there are."""
+    return lines[0] + (f" (and {len(lines) - 1} more layers)" if len(lines) > 1 else "")
 
 
 def _checked_model(args: argparse.Namespace):
@@ -175,9 +178,8 @@ def _validate(path: str, args: argparse.Namespace) -> dict:
         raise PolicyError(f"{path}: {problem}")
     stale = decisions_not_replayed(doc, path)
     if stale:
-        more = f" (and {len(stale) - 1} more layers)" if len(stale) > 1 else ""
         note(
-            f"warning: {path}: {stale[0]}{more}: serving applies the recorded decisions, explain and "
+            f"warning: {path}: {_first(stale)}: serving applies the recorded decisions, explain and "
             "the export replay the facts; re-plan"
         )
     if doc.deepep.partial is not None:
