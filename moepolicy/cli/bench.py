@@ -152,6 +152,24 @@ def _transport(asked: str, ep_size: int) -> tuple[str, int, str]:
     )
 
 
+def _say_fused(doc) -> None:
+    fused = sum(1 for layer in doc.layers if layer.order == "fused")
+    if fused:
+        note(
+            f"{fused} fused layers (the expert kernel does its own communication) are not timed here"
+        )
+
+
+def _require_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            f"bench needs torch (any build; the CPU build is enough for the emulated transport; "
+            f"PyTorch's CPU index gives it: {TORCH_CPU})"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -171,23 +189,13 @@ def run(args: argparse.Namespace) -> int:
         if args.tokens
         else ((32, 128) if emulated else (128, 1024, 4096))
     )
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise UsageError(
-            f"bench needs torch (any build; the CPU build is enough for the emulated transport; "
-            f"PyTorch's CPU index gives it: {TORCH_CPU})"
-        ) from None
+    _require_torch()
     from moepolicy.moe_step.measure import run as run_step, spec_doc
 
     if doc.model.num_experts % world:
         raise UsageError(f"{doc.model.num_experts} experts do not divide over --ranks {world}")
     spec = _step_spec(args, doc, kind, tokens, routings)
-    fused = sum(1 for layer in doc.layers if layer.order == "fused")
-    if fused:
-        note(
-            f"{fused} fused layers (the expert kernel does its own communication) are not timed here"
-        )
+    _say_fused(doc)
     arms = build_arms(doc)
     if not arms[0].kinds:
         raise UsageError(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
