@@ -20,6 +20,8 @@ from conftest import Watched, cli_command, run_cli
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "MOEPOLICY_OFFLINE": "1"}
 MODEL = "Qwen3-30B-A3B-FP8"
+# a policy whose bench arms differ from vLLM's (static per-tensor fp8 first): equal arms are not timed
+DIFFERING = "amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV"
 
 
 def _last_line(stderr: str) -> str:
@@ -55,9 +57,9 @@ def _spawned_ranks(pid: int) -> list[int]:
 def test_a_bench_rank_that_dies_ends_the_bench_in_one_line(tmp_path):
     torch = pytest.importorskip("torch", reason="bench needs torch")  # noqa: F841
     policy = tmp_path / "p.yaml"
-    # a policy whose arms differ from vLLM's (static per-tensor fp8 first): one equal to vLLM's is not timed
-    mixtral = "amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV"
-    assert run_cli("plan", "--model", mixtral, "--ep-size", "2", "-o", str(policy)).returncode == 0
+    assert (
+        run_cli("plan", "--model", DIFFERING, "--ep-size", "2", "-o", str(policy)).returncode == 0
+    )
     bench = Watched(
         cli_command(
             "bench",
@@ -89,7 +91,7 @@ def test_a_hung_bench_rank_ends_the_bench_in_one_line_at_the_watchdog(tmp_path):
     device hang) ends the bench within --watchdog, not after gloo's or NCCL's own 10-30 minutes."""
     torch = pytest.importorskip("torch", reason="bench needs torch")  # noqa: F841
     policy = tmp_path / "p.yaml"
-    assert run_cli("plan", "--model", MODEL, "--ep-size", "2", "-o", str(policy)).returncode == 0
+    assert run_cli("plan", "--model", DIFFERING, "--ep-size", "2", "-o", str(policy)).returncode == 0
     bench = Watched(
         cli_command(
             "bench",
@@ -386,7 +388,9 @@ def test_ctrl_c_during_bench_ends_in_one_line_and_ends_its_ranks(tmp_path, momen
     rank, one line saying nothing was written, exit 130, and no rank left running."""
     pytest.importorskip("torch", reason="bench needs torch")
     policy = tmp_path / "p.yaml"
-    assert run_cli("plan", "--model", MODEL, "--ep-size", "2", "-o", str(policy)).returncode == 0
+    assert (
+        run_cli("plan", "--model", DIFFERING, "--ep-size", "2", "-o", str(policy)).returncode == 0
+    )
     bench = Watched(
         cli_command(
             "bench",
