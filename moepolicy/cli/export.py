@@ -114,8 +114,11 @@ def run(args: argparse.Namespace) -> int:
             )
             lines += [f"# not carried: {' '.join(printable(n).split())}" for n in result["notes"]]
             text = "\n".join(lines) + "\n"
-        else:
+        else:  # SGLang reads this JSON as it is: where the settings came from goes to stderr
+            from moepolicy.deepep.settings import source_words
+
             text = json.dumps(export(doc, args.tokens), indent=2) + "\n"
+            note(f"the DeepEP settings: {source_words(doc.deepep.provenance.source)}")
     else:
         from moepolicy.export.vllm import export, render_shell
 

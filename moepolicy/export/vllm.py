@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
+from moepolicy.deepep.settings import source_words
 from moepolicy.errors import PolicyError
 from moepolicy.export import vllm_actions as actions
 from moepolicy.names import CHECKED_VLLM_RELEASES
@@ -335,9 +336,14 @@ def policy_actions(
 
 def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, cannot: list) -> None:
     deepep = doc.deepep
+    source = deepep.provenance.source
     applied.append(
         f"DeepEP num_sms {deepep.num_sms}"
-        + (f" (vLLM alone fixes {VLLM_HT_NUM_SMS})" if deepep.num_sms != VLLM_HT_NUM_SMS else "")
+        + (
+            f" (vLLM alone fixes {VLLM_HT_NUM_SMS}; this count: {source_words(source)})"
+            if deepep.num_sms != VLLM_HT_NUM_SMS
+            else ""
+        )
     )
     kept = [(b.measured or b.modelled or {}).get("kept") for b in deepep.buckets]
     applied.append(actions.configs_line(deepep.provenance.source, len(deepep.buckets), kept))

@@ -91,7 +91,9 @@ def test_a_hung_bench_rank_ends_the_bench_in_one_line_at_the_watchdog(tmp_path):
     device hang) ends the bench within --watchdog, not after gloo's or NCCL's own 10-30 minutes."""
     torch = pytest.importorskip("torch", reason="bench needs torch")  # noqa: F841
     policy = tmp_path / "p.yaml"
-    assert run_cli("plan", "--model", DIFFERING, "--ep-size", "2", "-o", str(policy)).returncode == 0
+    assert (
+        run_cli("plan", "--model", DIFFERING, "--ep-size", "2", "-o", str(policy)).returncode == 0
+    )
     bench = Watched(
         cli_command(
             "bench",

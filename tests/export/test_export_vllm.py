@@ -292,6 +292,34 @@ def test_deepeps_defaults_are_named_so_in_every_export_and_in_audit(tmp_path):
             assert "extrapolated beyond" not in text, (where, text)
 
 
+def test_a_modelled_sm_count_is_said_modelled_in_both_exports(tmp_path):
+    """The vLLM export's num_sms line and the SGLang JSON (said on stderr: SGLang reads the JSON as
+    it is) say where a count other than vLLM's came from: a modelled one is not a measurement."""
+    import yaml
+
+    from moepolicy.document.keys import compute_keys
+
+    out = tmp_path / "p.yaml"
+    assert (
+        run_cli(
+            "plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "-o", str(out)
+        ).returncode
+        == 0
+    )
+    doc = yaml.safe_load(out.read_text())
+    doc["deepep"].update(num_sms=24, num_nvl_bytes=2**30)
+    doc["deepep"]["provenance"] = {"source": "modelled", "note": "a modelled SM count"}
+    doc["key"] = compute_keys(doc)
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    vllm = run_cli("export", str(out), "--to", "vllm")
+    assert vllm.returncode == 0, vllm.stderr
+    line = next(ln for ln in vllm.stdout.splitlines() if "DeepEP num_sms 24" in ln)
+    assert "modelled, not measured" in line, line
+    sglang = run_cli("export", str(out), "--to", "sglang")
+    assert sglang.returncode == 0 and '"num_sms": 24' in sglang.stdout
+    assert "modelled, not measured" in sglang.stderr and "modelled" not in sglang.stdout
+
+
 def test_the_sglang_launch_carries_one_bucket_the_backend_and_one_dtype(tmp_path):
     import json
     import shlex
