@@ -28,8 +28,11 @@ from moepolicy.cli._output import (
 )
 from moepolicy.errors import MeasurementError, UsageError
 from moepolicy.measure.placement import SHARED_LABEL
-from moepolicy.measure.rounds import DEFAULT_ROUNDS
+
 from moepolicy.names import Regime
+
+# 10 deciding rounds (12 comparisons under Holm need 9) and 10 report rounds
+BENCH_ROUNDS = 20
 
 RUN_AHEAD = 8  # measure.timing.RUN_AHEAD_CALLS (timing imports torch; a test keeps them equal)
 
@@ -66,9 +69,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rounds",
         type=int,
-        default=DEFAULT_ROUNDS,
-        help=f"interleaved rounds (default {DEFAULT_ROUNDS}); a run's comparisons are tested with Holm's "
-        "correction over all of them, which needs at least 9 rounds for 12 comparisons",
+        default=BENCH_ROUNDS,
+        help=f"interleaved rounds (default {BENCH_ROUNDS}): the even ones decide (Holm's correction "
+        "over every comparison of the run: 12 comparisons need 9 of them), the odd ones give the "
+        "figures shown",
     )
     p.add_argument(
         "--reps",
@@ -112,6 +116,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--dry-run",
         action="store_true",
         help="read the policy and say what would be timed (arms, layers, ranks); start nothing",
+    )
+    p.add_argument(
+        "--null",
+        action="store_true",
+        help="an A/A check: time the arms even where they make the same choices (a policy planned "
+        "with --rules vllm), so every 'faster' or 'slower' the run claims is a false one",
     )
     p.set_defaults(run=run)
 
@@ -202,13 +212,13 @@ def run(args: argparse.Namespace) -> int:
             f"{args.policy}: no MoE layer goes through DeepEP's dispatch; nothing to time"
         )
     _announce(spec, arms, (kind, world, why), functional, args.regime)
-    if same_step(arms, spec.tokens):
+    if same_step(arms, spec.tokens) and not args.null:
         note(
             f"nothing to compare: the {len(arms)} arms make the same choices here (the same orders "
             f"and wires, {arms[0].num_sms} SMs and the same DeepEP configs at every bucket), so the "
             "bench would time one MoE step several times; not timed. A policy whose decisions or "
             "DeepEP settings differ from vLLM's (a live tune, another --expert-kernel, a static fp8 "
-            "checkpoint) has something to compare"
+            "checkpoint) has something to compare; --null times them anyway (an A/A check)"
         )
         return 0
     if args.dry_run:
@@ -333,13 +343,16 @@ BASELINES = ("vllm", "deepep-default")
 
 
 def comparison(times: dict) -> list[dict]:
-    """Per routing and bucket: each arm's median over rounds, and the policy's paired speed-ups over
-    each baseline, tested together: Holm's correction over every comparison of the run."""
+    """Per routing and bucket: each arm's median over rounds, and the policy against each baseline.
+    The verdicts come from the even rounds (the exact test under Holm's correction over every
+    comparison of the run); every figure shown, a speed-up and its interval, from the odd rounds,
+    which decided nothing (a figure from the rounds that decided would overstate a small gain)."""
     import statistics
 
     from moepolicy.measure.rounds import holm, least_rounds, paired_speedup
+    from moepolicy.tuning.protocol import decision_doc, figure
 
-    rows, tests = [], []
+    rows, tests, reported = [], [], []
     for routing, by_tokens in times.items():
         for tokens, arms in by_tokens.items():
             rows.append(
@@ -351,22 +364,32 @@ def comparison(times: dict) -> list[dict]:
                     },
                 }
             )
-            tests += [
-                paired_speedup(arms[base], arms["policy"], names=("the policy", base))
-                for base in BASELINES
-            ]
-    rounds = tests[0].rounds if tests else 0
-    testable = rounds >= least_rounds(len(tests))
-    tested = holm(tests, "both", "comparisons of this run") if testable else tests
+            for base in BASELINES:
+                names = ("the policy", base)
+                tests.append(paired_speedup(arms[base][0::2], arms["policy"][0::2], names=names))
+                reported.append((arms[base][1::2], arms["policy"][1::2], names))
+    decide = tests[0].rounds if tests else 0
+    needed = least_rounds(len(tests))
+    tested = holm(tests, "both", "comparisons of this run") if decide >= needed else tests
     for i, row in enumerate(rows):
         for j, base in enumerate(BASELINES):
-            doc = tested[2 * i + j].to_doc()
-            if not testable:
-                doc["verdict"] = (
-                    f"untested: {rounds} rounds cannot test {len(tests)} comparisons at 5% "
-                    f"(needs {least_rounds(len(tests))})"
-                )
-            row[f"vs_{base}"] = doc
+            k = 2 * i + j
+            base_r, policy_r, names = reported[k]
+            shown = figure(base_r, policy_r, names, family=len(tests)).to_doc() if base_r else {}
+            verdict = (
+                tested[k].verdict
+                if decide >= needed
+                else f"untested: {decide} deciding rounds cannot test {len(tests)} comparisons at "
+                f"5% (needs {needed}: --rounds {2 * needed})"
+            )
+            row[f"vs_{base}"] = {
+                "speedup": shown.get("speedup"),
+                "ci95": shown.get("ci95"),
+                **shown,
+                "verdict": verdict,
+                "correction": tested[k].correction,
+                "gate": decision_doc(tested[k]),
+            }
     return rows
 
 
@@ -378,6 +401,8 @@ def _ratio(r: dict) -> str:
     tail = {"faster": "", "slower": ", a loss beyond noise"}.get(
         verdict, ", " + verdict.split(":")[0]
     )
+    if r.get("speedup") is None:  # one round: nothing left to report from
+        return f"no report rounds{tail}"
     return f"{speedup_words(r['speedup'])}{tail} [{interval_words(low, high)}]"
 
 
@@ -418,8 +443,11 @@ def render(rows: list[dict], functional: str, rounds: int = 0, out=None) -> None
         out=out,
     )
     family = rows[0]["vs_vllm"].get("correction", "") if rows else ""
+    decide = rows[0]["vs_vllm"]["gate"]["rounds"] if rows else 0
     print(
-        "medians over rounds; speed-ups: paired per-round geometric means with the exact sign-flip test's 95% "
-        f"interval (per comparison); 'faster'/'slower' only beyond noise under {family or 'the test'}",
+        f"medians over all {rounds} rounds; 'faster'/'slower' only beyond noise, decided on the "
+        f"{decide} even rounds (exact signed-rank sign-flip test, 2.5% per side, "
+        f"{family or 'one comparison'}); each speed-up and its 95% interval (simultaneous over the "
+        f"run's comparisons) from the {rounds - decide} odd rounds, which decided nothing",
         file=out,
     )

@@ -372,8 +372,10 @@ def false_claim(policy: str, kind: str, seed: int, rounds: int, sigma: float = 0
             or orders_claimed(kind, seed + 10**6, rounds, sigma)
             or experts_claimed(kind, seed + 2 * 10**6, sigma=sigma)
         )
-    if policy == "bench":
-        return bench_claims(kind, seed, rounds, sigma)[0] > 0
+    if policy == "bench":  # bench runs its own rounds (half decide, half report)
+        from moepolicy.cli.bench import BENCH_ROUNDS
+
+        return bench_claims(kind, seed, BENCH_ROUNDS, sigma)[0] > 0
     raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
 
 

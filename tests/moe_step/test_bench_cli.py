@@ -103,22 +103,24 @@ def test_one_round_claims_nothing_and_says_it_cannot_test():
     )  # one round: a zero-width interval said "x1.37 beyond noise"
     for row in rows:
         for base in ("vs_vllm", "vs_deepep-default"):
-            assert row[base]["verdict"].startswith("untested: 1 rounds cannot test 12 comparisons")
-            assert row[base]["ci95"] is None
+            assert row[base]["verdict"].startswith(
+                "untested: 1 deciding rounds cannot test 12 comparisons"
+            )
+            assert row[base]["ci95"] is None and row[base]["speedup"] is None
 
 
 def test_the_runs_comparisons_are_tested_together_and_a_loss_is_printed_as_one(capsys):
     from moepolicy.cli.bench import comparison, render
 
     rows = comparison(
-        _times(15, policy_gain=1.0 / 1.2, sigma=0.02)
+        _times(20, policy_gain=1.0 / 1.2, sigma=0.02)
     )  # the policy 1.2x slower everywhere
     assert all(row["vs_vllm"]["verdict"] == "slower" for row in rows)
     assert rows[0]["vs_vllm"]["correction"] == "Holm over 12 comparisons of this run"
-    render(rows, functional="", rounds=15)
+    render(rows, functional="", rounds=20)
     out = capsys.readouterr().out
     assert "x1.200 slower, a loss beyond noise" in out or "slower, a loss beyond noise" in out
-    equal = comparison(_times(15, seed=3))
+    equal = comparison(_times(20, seed=3))
     assert (
         sum(
             row[b]["verdict"] in ("faster", "slower")
@@ -247,6 +249,24 @@ def test_arms_that_make_the_same_choices_are_said_up_front_and_not_timed(tmp_pat
     assert "timing " not in done.stderr and not (tmp_path / "b.json").exists()
     first = done.stderr.splitlines()[0]
     assert first.startswith("bench: emulated, 2 ranks; ") and _depth(first) <= 1, first
+    # --null times them anyway: the A/A check of the GPU campaign (benchmarks/null_verdict.py)
+    null = run_cli(
+        "bench",
+        str(policy),
+        "--null",
+        "--tokens",
+        "16",
+        "--rounds",
+        "2",
+        "--reps",
+        "1",
+        "--routing",
+        "uniform",
+        "-o",
+        str(tmp_path / "null.json"),
+    )
+    assert null.returncode == 0, null.stderr
+    assert "nothing to compare" not in null.stderr and (tmp_path / "null.json").exists()
 
 
 def test_arms_that_differ_are_timed(mixtral_policy):
@@ -255,3 +275,21 @@ def test_arms_that_differ_are_timed(mixtral_policy):
     from moepolicy.moe_step.arms import build_arms
 
     assert not same_step(build_arms(read_policy(mixtral_policy).doc), (16, 128))
+
+
+def test_the_figures_shown_come_from_rounds_that_did_not_decide():
+    """Even rounds decide, odd rounds give the speed-up shown: a run whose even rounds favour the
+    policy by chance and whose odd rounds do not prints the odd rounds' figure, not the winner's."""
+    from moepolicy.cli.bench import comparison
+
+    times = _times(20, sigma=0.02, seed=5)
+    for by_tokens in times.values():
+        for arms in by_tokens.values():
+            arms["policy"] = [x / 1.3 if i % 2 == 0 else x for i, x in enumerate(arms["policy"])]
+    rows = comparison(times)
+    for row in rows:
+        shown = row["vs_vllm"]
+        assert shown["gate"]["rounds"] == 10 and shown["rounds"] == 10
+        assert shown["rounds_from"] == "report" and shown["gate"]["rounds_from"] == "gate"
+        assert shown["verdict"] == "faster"  # the deciding rounds, 1.3x faster
+        assert 0.95 < shown["speedup"] < 1.05  # the report rounds: no gain
