@@ -60,11 +60,11 @@ for s in $STEPS; do case $s in
             step validate "$PY" "${MP[@]}" validate "$OUT/plan.yaml" --live ;;
   tune) tune_live tune --sms 20,24,32 --expert-kernel deepgemm ;;
   bench) step bench "$PY" "${MP[@]}" bench "$OUT/tune.yaml" --transport deepep --tokens 128,1024,4096 \
-           --rounds 20 --reps 10 --watchdog 300 -o "$OUT/bench.json" ;;
+           --rounds 24 --reps 10 --watchdog 300 -o "$OUT/bench.json" ;;
   null) step null-plan "$PY" "${MP[@]}" plan --model "$MODEL" --ep-size "$EP" "${GPU_FLAG[@]}" --rules vllm \
           -o "$OUT/null.yaml"
         step null "$PY" "${MP[@]}" bench "$OUT/null.yaml" --null --transport deepep --tokens 1024 \
-          --routing uniform,zipf --rounds 16 --reps 10 --watchdog 300 -o "$OUT/null.json"
+          --routing uniform,zipf --rounds 24 --reps 10 --watchdog 300 -o "$OUT/null.json"
         step null-verdict "$PY" benchmarks/null_verdict.py "$OUT/null.json" ;;
   torchrun) step torchrun "$PY" -m torch.distributed.run --nproc-per-node "$EP" --master-port "${PORT:-29517}" \
               "${MP[@]}" tune --launcher torchrun --bench live --model "$MODEL" "${GPU_FLAG[@]}" --sms 24 --tokens 1024 \

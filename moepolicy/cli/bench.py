@@ -31,8 +31,9 @@ from moepolicy.measure.placement import SHARED_LABEL
 
 from moepolicy.names import Regime
 
-# 10 deciding rounds (12 comparisons under Holm need 9) and 10 report rounds
-BENCH_ROUNDS = 20
+# four cycles of the three arms' balanced order: two decide (12 rounds; 12 comparisons under Holm
+# need 9), two report
+BENCH_ROUNDS = 24
 
 RUN_AHEAD = 8  # measure.timing.RUN_AHEAD_CALLS (timing imports torch; a test keeps them equal)
 
@@ -70,9 +71,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--rounds",
         type=int,
         default=BENCH_ROUNDS,
-        help=f"interleaved rounds (default {BENCH_ROUNDS}): the even ones decide (Holm's correction "
-        "over every comparison of the run: 12 comparisons need 9 of them), the odd ones give the "
-        "figures shown",
+        help=f"interleaved rounds (default {BENCH_ROUNDS}): half decide, whole cycles of the balanced "
+        "order (Holm's correction over every comparison of the run: 12 comparisons need 9 "
+        "deciding rounds), the other half give the figures shown",
     )
     p.add_argument(
         "--reps",
@@ -344,13 +345,17 @@ BASELINES = ("vllm", "deepep-default")
 
 def comparison(times: dict) -> list[dict]:
     """Per routing and bucket: each arm's median over rounds, and the policy against each baseline.
-    The verdicts come from the even rounds (the exact test under Holm's correction over every
-    comparison of the run); every figure shown, a speed-up and its interval, from the odd rounds,
-    which decided nothing (a figure from the rounds that decided would overstate a small gain)."""
+    The verdicts come from half the rounds, whole cycles of the balanced design (the exact test under
+    Holm's correction over every comparison of the run); every figure shown, a speed-up and its
+    interval, from the other half, which decided nothing (a figure from the rounds that decided
+    would overstate a small gain)."""
     import statistics
 
-    from moepolicy.measure.rounds import holm, least_rounds, paired_speedup
+    from moepolicy.measure.rounds import holm, least_rounds, paired_speedup, split_by_cycle
     from moepolicy.tuning.protocol import decision_doc, figure
+
+    def pick(xs: list, rounds: list[int]) -> list:
+        return [xs[r] for r in rounds]
 
     rows, tests, reported = [], [], []
     for routing, by_tokens in times.items():
@@ -364,13 +369,15 @@ def comparison(times: dict) -> list[dict]:
                     },
                 }
             )
+            decide, report = split_by_cycle(len(arms["policy"]), len(arms))
             for base in BASELINES:
                 names = ("the policy", base)
-                tests.append(paired_speedup(arms[base][0::2], arms["policy"][0::2], names=names))
-                reported.append((arms[base][1::2], arms["policy"][1::2], names))
-    decide = tests[0].rounds if tests else 0
+                base_d, policy_d = pick(arms[base], decide), pick(arms["policy"], decide)
+                tests.append(paired_speedup(base_d, policy_d, names=names))
+                reported.append((pick(arms[base], report), pick(arms["policy"], report), names))
+    deciding = tests[0].rounds if tests else 0
     needed = least_rounds(len(tests))
-    tested = holm(tests, "both", "comparisons of this run") if decide >= needed else tests
+    tested = holm(tests, "both", "comparisons of this run") if deciding >= needed else tests
     for i, row in enumerate(rows):
         for j, base in enumerate(BASELINES):
             k = 2 * i + j
@@ -378,9 +385,9 @@ def comparison(times: dict) -> list[dict]:
             shown = figure(base_r, policy_r, names, family=len(tests)).to_doc() if base_r else {}
             verdict = (
                 tested[k].verdict
-                if decide >= needed
-                else f"untested: {decide} deciding rounds cannot test {len(tests)} comparisons at "
-                f"5% (needs {needed}: --rounds {2 * needed})"
+                if deciding >= needed
+                else f"untested: {deciding} deciding rounds cannot test {len(tests)} comparisons at "
+                f"5% (needs {needed}: --rounds {BENCH_ROUNDS})"
             )
             row[f"vs_{base}"] = {
                 "speedup": shown.get("speedup"),
@@ -445,9 +452,9 @@ def render(rows: list[dict], functional: str, rounds: int = 0, out=None) -> None
     family = rows[0]["vs_vllm"].get("correction", "") if rows else ""
     decide = rows[0]["vs_vllm"]["gate"]["rounds"] if rows else 0
     print(
-        f"medians over all {rounds} rounds; 'faster'/'slower' only beyond noise, decided on the "
-        f"{decide} even rounds (exact signed-rank sign-flip test, 2.5% per side, "
-        f"{family or 'one comparison'}); each speed-up and its 95% interval (simultaneous over the "
-        f"run's comparisons) from the {rounds - decide} odd rounds, which decided nothing",
+        f"medians over all {rounds} rounds; 'faster'/'slower' only beyond noise, decided on {decide} "
+        f"of them (whole cycles of the balanced order; exact signed-rank sign-flip test, 2.5% per "
+        f"side, {family or 'one comparison'}); each speed-up and its 95% interval (simultaneous over "
+        f"the run's comparisons) from the other {rounds - decide}, which decided nothing",
         file=out,
     )

@@ -78,6 +78,16 @@ def round_orders(k: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple((r + i) % k for i in range(k)) for r in range(k))
 
 
+def split_by_cycle(rounds: int, k: int) -> tuple[list[int], list[int]]:
+    """The rounds of a :func:`balanced_rounds` run of ``k`` names split into two sets of whole
+    cycles of :func:`round_orders`, alternating (cycles 0, 2, ... and 1, 3, ...): each set keeps the
+    design's balance of positions and predecessors, where even and odd rounds would not (for three
+    names, one name would follow the same one in every even round)."""
+    length = len(round_orders(k))
+    first = [r for r in range(rounds) if (r // length) % 2 == 0]
+    return first, [r for r in range(rounds) if (r // length) % 2 == 1]
+
+
 def balanced_rounds(
     names: Sequence[Hashable],
     time_once: Callable[[Hashable], float],

@@ -126,3 +126,24 @@ def test_a_carry_over_from_one_config_favours_none():
     got = balanced_rounds(["a", "b", "c"], timed, rounds=12, warm_up=True)
     means = {name: statistics.fmean(xs) for name, xs in got.items()}
     assert max(means.values()) - min(means.values()) < 1e-9, means
+
+
+def test_a_split_by_cycle_keeps_each_halfs_predecessors_balanced():
+    """Each half of a bench run (deciding rounds, report rounds) is whole cycles of the balanced
+    design: every name follows every other equally often within it, and first equally often; even
+    and odd rounds would not keep that (one name would always follow the same one)."""
+    from collections import Counter
+
+    from moepolicy.measure.rounds import round_orders, split_by_cycle
+
+    orders = round_orders(3)
+    first, second = split_by_cycle(4 * len(orders), 3)
+    assert sorted(first + second) == list(range(4 * len(orders))) and len(first) == len(second)
+    for half in (first, second):
+        follows = Counter(pair for r in half for pair in zip(orders[r % 6], orders[r % 6][1:]))
+        starts = Counter(orders[r % 6][0] for r in half)
+        assert len(set(follows.values())) == 1 and len(follows) == 6
+        assert len(set(starts.values())) == 1
+    even = [r for r in range(24) if r % 2 == 0]
+    follows = Counter(pair for r in even for pair in zip(orders[r % 6], orders[r % 6][1:]))
+    assert len(set(follows.values())) > 1  # what the even rounds alone would have kept: unbalanced

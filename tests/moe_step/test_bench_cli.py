@@ -113,14 +113,14 @@ def test_the_runs_comparisons_are_tested_together_and_a_loss_is_printed_as_one(c
     from moepolicy.cli.bench import comparison, render
 
     rows = comparison(
-        _times(20, policy_gain=1.0 / 1.2, sigma=0.02)
+        _times(24, policy_gain=1.0 / 1.2, sigma=0.02)
     )  # the policy 1.2x slower everywhere
     assert all(row["vs_vllm"]["verdict"] == "slower" for row in rows)
     assert rows[0]["vs_vllm"]["correction"] == "Holm over 12 comparisons of this run"
-    render(rows, functional="", rounds=20)
+    render(rows, functional="", rounds=24)
     out = capsys.readouterr().out
     assert "x1.200 slower, a loss beyond noise" in out or "slower, a loss beyond noise" in out
-    equal = comparison(_times(20, seed=3))
+    equal = comparison(_times(24, seed=3))
     assert (
         sum(
             row[b]["verdict"] in ("faster", "slower")
@@ -278,18 +278,21 @@ def test_arms_that_differ_are_timed(mixtral_policy):
 
 
 def test_the_figures_shown_come_from_rounds_that_did_not_decide():
-    """Even rounds decide, odd rounds give the speed-up shown: a run whose even rounds favour the
-    policy by chance and whose odd rounds do not prints the odd rounds' figure, not the winner's."""
-    from moepolicy.cli.bench import comparison
+    """Half the rounds decide, the other half give the speed-up shown: a run whose deciding rounds
+    favour the policy by chance and whose other rounds do not prints the others' figure, not the
+    winner's."""
+    from moepolicy.cli.bench import BENCH_ROUNDS, comparison
+    from moepolicy.measure.rounds import split_by_cycle
 
-    times = _times(20, sigma=0.02, seed=5)
+    decide, _ = split_by_cycle(BENCH_ROUNDS, 3)
+    times = _times(BENCH_ROUNDS, sigma=0.02, seed=5)
     for by_tokens in times.values():
         for arms in by_tokens.values():
-            arms["policy"] = [x / 1.3 if i % 2 == 0 else x for i, x in enumerate(arms["policy"])]
+            arms["policy"] = [x / 1.3 if i in decide else x for i, x in enumerate(arms["policy"])]
     rows = comparison(times)
     for row in rows:
         shown = row["vs_vllm"]
-        assert shown["gate"]["rounds"] == 10 and shown["rounds"] == 10
+        assert shown["gate"]["rounds"] == 12 and shown["rounds"] == 12
         assert shown["rounds_from"] == "report" and shown["gate"]["rounds_from"] == "gate"
         assert shown["verdict"] == "faster"  # the deciding rounds, 1.3x faster
         assert 0.95 < shown["speedup"] < 1.05  # the report rounds: no gain
