@@ -209,7 +209,9 @@ class SafeStream:
     ``why``, a model name, a reason) cannot move the cursor, recolour or rewrite the terminal.
 
     An ``OSError`` from writing or flushing it is marked with the stream's name
-    (``exc.moepolicy_stream``), so the CLI says "cannot write to standard output" only for that."""
+    (``exc.moepolicy_stream``), so the CLI says "cannot write to standard output" only for that. A
+    reader that left (``moepolicy tune ... 2>&1 | head``: a broken pipe) ends what the stream shows,
+    not the command: the stream goes to /dev/null and the work goes on (a tune's ``-o`` is written)."""
 
     def __init__(self, raw, name: str = "standard output"):
         self._raw = raw
@@ -220,6 +222,9 @@ class SafeStream:
 
         try:
             return self._raw.write(printable(text))
+        except BrokenPipeError:
+            self._reader_left()
+            return len(text)
         except OSError as exc:
             exc.moepolicy_stream = self._name
             raise
@@ -227,9 +232,21 @@ class SafeStream:
     def flush(self) -> None:
         try:
             self._raw.flush()
+        except BrokenPipeError:
+            self._reader_left()
         except OSError as exc:
             exc.moepolicy_stream = self._name
             raise
+
+    def _reader_left(self) -> None:
+        """Point this stream's descriptor at /dev/null: later writes (and the interpreter's last
+        flush) succeed and show nothing."""
+        import os
+
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._raw.fileno())
+        except (OSError, AttributeError, ValueError):
+            pass
 
     def __getattr__(self, name: str):
         return getattr(self._raw, name)

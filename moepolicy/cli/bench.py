@@ -220,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
             "bench would time one MoE step several times; not timed. A policy whose decisions or "
             "DeepEP settings differ from vLLM's (a live tune, another --expert-kernel, a static fp8 "
             "checkpoint) has something to compare; --null times them anyway (an A/A check)"
+            + (f"; {args.output} was not written" if args.output and args.output != STDOUT else "")
         )
         return 0
     if args.dry_run:
@@ -252,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
                     "spec": spec_doc(spec),
                     "arms": {a.name: a.label for a in arms},
                     "times_us": times,
+                    "times_are": "microseconds per forward pass through every MoE layer: each kind of "
+                    "layer's step timed, times its layer count, per round",
                     "comparison": [] if functional else rows,
                 },
                 indent=1,

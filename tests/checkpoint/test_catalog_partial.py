@@ -115,3 +115,14 @@ def test_validate_checks_a_catalog_name_against_the_snapshot_serving_loads(tmp_p
         in copy.stderr
     )
     assert "(partial)" in copy.stderr and f"hf download {repo_id} config.json" in copy.stderr
+
+
+def test_plan_warns_that_a_partial_catalog_copy_can_fall_back():
+    """GLM-4.6-FP8-dynamic's copy lacks the weights' strategy: every MoE layer falls back, which the
+    plan's closing line (matching vLLM's choice) does not say; the warning does, with the fix."""
+    partial = run_cli("plan", "--model", "GLM-4.6-FP8-dynamic", "--ep-size", "8", "-o", "-")
+    assert partial.returncode == 0, partial.stderr
+    assert "catalog copy is partial" in partial.stderr
+    assert "inference-optimization/GLM-4.6-FP8-dynamic@main" in partial.stderr
+    whole = run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "-o", "-")
+    assert whole.returncode == 0 and "partial" not in whole.stderr

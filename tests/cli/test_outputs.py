@@ -530,3 +530,29 @@ def test_without_a_terminal_a_long_phase_prints_a_progress_line_and_a_short_one_
     assert lines == ["  select T=512: 6/10 steps in 30 s, about 20 s left"]  # then none for 30 s
     progress.advance()  # after the block the handler is gone
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", ["plan", "tune"])
+def test_a_reader_that_left_ends_what_is_shown_not_the_work(tmp_path, command):
+    """``moepolicy tune ... -o t.yaml 2>&1 | head -2``: once head has its lines the pipe breaks; the
+    file is still written and the command says done (it exited 0 having written nothing)."""
+    from conftest import cli_command
+
+    out = tmp_path / "p.yaml"
+    args = [command, "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "-o", str(out)]
+    if command == "tune":
+        args += ["--storage", f"sqlite:///{tmp_path}/s.db"]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line: every write breaks the pipe
+    try:
+        done = subprocess.run(
+            cli_command(*args),
+            stdout=write,
+            stderr=write,
+            env={**os.environ, "MOEPOLICY_OFFLINE": "1"},
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 0
+    assert out.exists() and run_cli("validate", str(out)).returncode == 0

@@ -247,6 +247,7 @@ def test_arms_that_make_the_same_choices_are_said_up_front_and_not_timed(tmp_pat
     assert done.returncode == 0, done.stderr
     assert "nothing to compare: the 3 arms make the same choices here" in done.stderr
     assert "timing " not in done.stderr and not (tmp_path / "b.json").exists()
+    assert "b.json was not written" in done.stderr
     first = done.stderr.splitlines()[0]
     assert first.startswith("bench: emulated, 2 ranks; ") and _depth(first) <= 1, first
     # --null times them anyway: the A/A check of the GPU campaign (benchmarks/null_verdict.py)
@@ -267,6 +268,8 @@ def test_arms_that_make_the_same_choices_are_said_up_front_and_not_timed(tmp_pat
     )
     assert null.returncode == 0, null.stderr
     assert "nothing to compare" not in null.stderr and (tmp_path / "null.json").exists()
+    said = json.loads((tmp_path / "null.json").read_text())
+    assert "per forward pass through every MoE layer" in said["times_are"]
 
 
 def test_arms_that_differ_are_timed(mixtral_policy):
