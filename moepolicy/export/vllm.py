@@ -352,7 +352,12 @@ def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, canno
     )
     overlap = deepep.overlap
     if overlap:
-        comm = int(overlap.get("comm_sms", deepep.num_sms))
+        comm = overlap.get("comm_sms", deepep.num_sms)
+        if isinstance(comm, bool) or not isinstance(comm, int) or not 0 < comm <= deepep.num_sms:
+            raise PolicyError(
+                f"deepep.overlap.comm_sms must be a whole number of SMs from 1 to num_sms "
+                f"({deepep.num_sms}), got {comm!r}: edited or damaged; run the overlap tune again"
+            )
         env["VLLM_DBO_COMM_SMS"] = str(comm)
         args.append("--enable-dbo")
         applied.append(

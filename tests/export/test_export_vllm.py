@@ -463,3 +463,31 @@ def test_the_sglang_launch_carries_nvfp4_quantized_first(tmp_path):
     assert (
         "layers 0-47: left to vLLM: the plugin sends bf16 or fp8 only" in vllm
     )  # the plugin does not send NVFP4
+
+
+@pytest.mark.parametrize("comm", [None, float("nan"), 0, True, 10**6])
+def test_an_overlap_split_that_is_no_sm_count_is_refused_in_one_line(tmp_path, comm):
+    """deepep.overlap is free-form: a hand edit the reader accepts (found by the command fuzz test:
+    None and NaN raised TypeError and ValueError) is refused by the export in one line."""
+    import yaml
+
+    from moepolicy.document.keys import compute_keys
+
+    out = tmp_path / "p.yaml"
+    assert (
+        run_cli(
+            "plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "2", "-o", str(out)
+        ).returncode
+        == 0
+    )
+    doc = yaml.safe_load(out.read_text())
+    doc["deepep"]["overlap"] = {"comm_sms": comm}
+    doc["key"] = compute_keys(doc)
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    said = run_cli("export", str(out), "--to", "vllm")
+    assert "Traceback" not in said.stderr
+    if (
+        run_cli("validate", str(out)).returncode == 0
+    ):  # what the reader accepts, the export handles
+        assert said.returncode == 6 and said.stderr.count("\n") == 1, said.stderr
+        assert "deepep.overlap.comm_sms must be a whole number of SMs" in said.stderr

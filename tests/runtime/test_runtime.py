@@ -510,7 +510,7 @@ def test_vllm_export_buffer_and_plugin_settings(ds_policy):
     )
     result = export(read_policy(ds_policy).doc, str(ds_policy))
     assert "VLLM_DBO_COMM_SMS" not in result["env"]  # no overlap split in a serial policy
-    assert any("num_sms 32 (vLLM alone fixes 20)" in item for item in result["applied"])
+    assert any("num_sms 32 (vLLM alone fixes 20; " in item for item in result["applied"])
     assert any("dispatch/combine configs" in item for item in result["applied"])
 
 
