@@ -323,6 +323,17 @@ def replayed_decisions(
     return out
 
 
+def vllm_decisions(doc, kernel: str = "chosen") -> dict[int, Decision]:
+    """What vLLM alone decides for each MoE layer of a policy document (a validated ``PolicyDoc``):
+    the ``vllm`` pack replayed on the stored facts, on the kernel the policy's launch builds
+    (``chosen``: the export's comparison) or vLLM's own pick (``engine``: bench's vLLM arm). The one
+    home of "what vLLM does" for a written policy (``plan`` compares on the facts it just read)."""
+    from moepolicy.rules.packs import vllm_stack
+    from moepolicy.target import target_from_doc
+
+    return replayed_decisions(doc.layers, target_from_doc(doc.target), vllm_stack(), kernel)
+
+
 def _decision_fields(d: Decision) -> dict[str, Any]:
     return {
         "order": d.order,

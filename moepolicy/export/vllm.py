@@ -59,15 +59,10 @@ KNOBS = {
 
 
 def vllm_orders(doc: PolicyDoc) -> dict[int, str]:
-    """What vLLM 0.33 alone does for each MoE layer: the ``vllm`` pack on the stored facts."""
-    from moepolicy.planner import replayed_decisions
-    from moepolicy.rules.packs import vllm_stack
-    from moepolicy.target import target_from_doc
+    """What vLLM alone does for each MoE layer: the ``vllm`` pack on the stored facts."""
+    from moepolicy.planner import vllm_decisions
 
-    decided = replayed_decisions(
-        doc.layers, target_from_doc(doc.target), vllm_stack(), kernel="chosen"
-    )
-    return {index: d.order for index, d in decided.items()}
+    return {index: d.order for index, d in vllm_decisions(doc, kernel="chosen").items()}
 
 
 def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:

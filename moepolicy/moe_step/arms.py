@@ -67,14 +67,10 @@ def _kinds(
 
 
 def _vllm_decisions(doc) -> dict[int, tuple[str, dict]]:
-    """The ``vllm`` pack's decision for each MoE layer, replayed from the layer's stored facts."""
-    from moepolicy.planner import replayed_decisions
-    from moepolicy.rules.packs import vllm_stack
-    from moepolicy.target import target_from_doc
+    """The ``vllm`` pack's decision for each MoE layer as vLLM runs without moepolicy (its own kernel)."""
+    from moepolicy.planner import vllm_decisions
 
-    decided = replayed_decisions(
-        doc.layers, target_from_doc(doc.target), vllm_stack(), kernel="engine"
-    )
+    decided = vllm_decisions(doc, kernel="engine")
     return {index: (d.order, d.wire.as_dict()) for index, d in decided.items()}
 
 
