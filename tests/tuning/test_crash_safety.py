@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import cli_command
+from conftest import Watched, cli_command
 
 optuna = pytest.importorskip("optuna", reason="tuning needs optuna")
 
@@ -162,12 +162,14 @@ def test_sigint_and_sigterm_at_random_moments_end_cleanly(tmp_path):
             str(out),
         ]
         previous = out.read_text() if out.exists() else ""
-        proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
-        )
-        time.sleep(rng.uniform(0.8, 3.0))
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
+        proc = Watched(args, env=env)
+        # the random moment counts from the tune's first line: before it, Python may not have run
+        # moepolicy's first line yet, and a signal there takes Python's default action (under load
+        # interpreter start-up alone outlasted a fixed sleep; RELIABILITY.md, fourth pass)
+        proc.wait_for(r"^bench: ")
+        time.sleep(rng.uniform(0.0, 2.2))
+        proc.proc.send_signal(sig)
+        err = proc.finish(timeout=120)
         expected = 130 if sig == signal.SIGINT else 143
         finished = (
             "\nwrote " in "\n" + err
