@@ -34,6 +34,15 @@ def require(min_gpus: int = 1, need_deep_ep: bool = False):
         pytest.skip(reason)
 
 
+def gpu_here() -> str:
+    """The ``--gpu`` name of the GPU these tests run on (moepolicy's own reading of it), so that what
+    they plan is for the card at hand: a policy for another card is refused by ``validate --live``,
+    as it should be. H200 where moepolicy has no datasheet for the card (that run then says so)."""
+    from moepolicy.target import visible_gpu
+
+    return visible_gpu()[0] or "h200"
+
+
 # EP sizes the multi-rank DeepEP tests run at (ranks share the GPUs where fewer are visible)
 WORLDS = (2, 4, 8)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpu_support import require
+from gpu_support import gpu_here, require
 
 pytestmark = pytest.mark.gpu
 
@@ -126,7 +126,7 @@ def test_tune_live_on_one_gpu_measures_the_expert_stage_and_models_deepep(tmp_pa
             "--ep-size",
             "2",
             "--gpu",
-            "h200",
+            gpu_here(),
             "--bench",
             "live",
             "--expert-kernel",

@@ -5,7 +5,7 @@ every part is measured and reported."""
 
 import pytest
 
-from gpu_support import require, shared
+from gpu_support import gpu_here, require, shared
 
 pytestmark = pytest.mark.gpu
 
@@ -161,7 +161,7 @@ def test_an_overlap_tune_keeps_a_split_and_its_closing_line_says_so(tmp_path):
 
     env, shared = ranks_env(2)
     out = tmp_path / "p.yaml"
-    args = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", 2, "--gpu", "h200"]
+    args = ["tune", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", 2, "--gpu", gpu_here()]
     args += ["--bench", "live", "--overlap", "--sms", "20,32", "--tokens", "1024", "--trials", 2]
     args += ["--confirm-rounds", 9, "--storage", f"sqlite:///{tmp_path}/s.db", "-o", out]
     done = moepolicy_cli(args, env, 2)

@@ -4,7 +4,7 @@ visible): catalog policies pass, and a byte changed after DeepEP's dispatch fail
 import pytest
 
 from conftest import run_cli
-from gpu_support import WORLDS, require
+from gpu_support import WORLDS, gpu_here, require
 
 pytestmark = pytest.mark.gpu
 
@@ -14,7 +14,7 @@ MODELS = ("Qwen3-30B-A3B-FP8", "DeepSeek-V3", "nvidia/Qwen3-30B-A3B-NVFP4")
 def plan(tmp_path, model: str, ep_size: int):
     out = tmp_path / f"{model.replace('/', '_')}-ep{ep_size}.yaml"
     done = run_cli(
-        "plan", "--model", model, "--ep-size", str(ep_size), "--gpu", "h200", "-o", str(out)
+        "plan", "--model", model, "--ep-size", str(ep_size), "--gpu", gpu_here(), "-o", str(out)
     )
     assert done.returncode == 0, done.stderr
     return out

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from gpu_support import CLI_TIMEOUT_S, ranks_env, require
+from gpu_support import CLI_TIMEOUT_S, gpu_here, ranks_env, require
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +30,7 @@ def test_a_torchrun_live_tune_measures_on_every_rank(tmp_path):
     env, shared = ranks_env(2)
     out = tmp_path / "p.yaml"
     tune = ["tune", "--launcher", "torchrun", "--bench", "live", "--model", "Qwen3-30B-A3B-FP8"]
-    tune += ["--gpu", "h200", "--sms", "24", "--tokens", "1024", "--trials", "3"]
+    tune += ["--gpu", gpu_here(), "--sms", "24", "--tokens", "1024", "--trials", "3"]
     tune += ["--confirm-rounds", "9", "--storage", f"sqlite:///{tmp_path}/s.db", "-o", str(out)]
     done = subprocess.run(
         [torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "moepolicy"]

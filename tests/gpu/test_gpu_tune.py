@@ -7,7 +7,7 @@ on real rounds, the output says it is functional only and the policy is marked n
 import pytest
 import yaml
 
-from gpu_support import moepolicy_cli, ranks_env, require
+from gpu_support import gpu_here, moepolicy_cli, ranks_env, require
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +22,7 @@ def _tune(tmp_path, world: int, env: dict, *extra):
             "--ep-size",
             world,
             "--gpu",
-            "h200",
+            gpu_here(),
             "--bench",
             "live",
             "--sms",
