@@ -158,6 +158,9 @@ def install_signal_handlers() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     _RECEIVED.clear()  # a new command (tests run several in one process)
+    output = sys.modules.get("moepolicy.cli._output")
+    if output is not None:
+        output.WRITTEN.clear()
     _HELD_SINCE.clear()
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
@@ -230,16 +233,28 @@ def interrupt_exit(exc: BaseException) -> Optional[int]:
 
     if isinstance(exc, SystemExit) or not (_RECEIVED or isinstance(exc, KeyboardInterrupt)):
         return None
+    outcome = getattr(exc, "moepolicy_outcome", None) or _written()  # what the command left behind
     hung_up = isinstance(exc, HungUp) or _RECEIVED[:1] == [getattr(signal, "SIGHUP", None)]
     if hung_up:
-        outcome = getattr(exc, "moepolicy_outcome", None)
-        print(f"moepolicy: hung up{outcome or ''}", file=sys.stderr)
+        print(f"moepolicy: hung up{outcome}", file=sys.stderr)
         return 129
     terminated = isinstance(exc, Terminated) or (_RECEIVED[:1] == [signal.SIGTERM])
-    outcome = getattr(exc, "moepolicy_outcome", None)  # what the interrupted command left behind
     said = "terminated" if terminated else "interrupted"
-    print(f"moepolicy: {said}{outcome or ''}", file=sys.stderr)
+    print(f"moepolicy: {said}{outcome}", file=sys.stderr)
     return 143 if terminated else 130
+
+
+def _written() -> str:
+    """' after writing FILE (...): ...' where the command had written its output when the signal
+    came (still the shell's code for the signal: the user asked to stop, so what follows in a
+    script does not run), else ''."""
+    output = sys.modules.get("moepolicy.cli._output")  # never imported here: nothing written yet
+    written = getattr(output, "WRITTEN", None)
+    if not written:
+        return ""
+    return (
+        f" after writing {written[-1]}; that file is whole (the signal came after it was written)"
+    )
 
 
 def flag_words(exc: MoePolicyError) -> str:
