@@ -43,6 +43,27 @@ class _Parser(argparse.ArgumentParser):
         )
         raise SystemExit(2)
 
+    def parse_known_args(self, args=None, namespace=None):
+        if self._subparsers is None:  # a command's own words (the index's are the command name)
+            self._refuse_unknown_flag(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_unknown_flag(self, words: list[str]) -> None:
+        """A mistyped flag (``--modle``) is named with the closest real one, before argparse would
+        report a required flag as missing instead (it checks that first) or say nothing of a
+        suggestion."""
+        import difflib
+
+        known = [flag for flag in self._option_string_actions if flag.startswith("--")]
+        for word in words:
+            if word == "--":
+                return
+            typed = word.split("=", 1)[0]
+            if not typed.startswith("--") or any(flag.startswith(typed) for flag in known):
+                continue  # a value, or a flag or its unambiguous start (argparse takes those)
+            close = difflib.get_close_matches(typed, known, n=1)
+            self.error(f"unknown flag {typed}" + (f": did you mean {close[0]}?" if close else ""))
+
 
 def _did_you_mean(message: str) -> str:
     """ " (did you mean 'plan'?)" for a mistyped command."""
