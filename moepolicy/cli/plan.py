@@ -15,8 +15,7 @@ from moepolicy.cli._output import (
     rules_inputs,
     write_output,
 )
-from moepolicy.cli import _target
-from moepolicy.cli._target import add_target_flags, target_spec
+from moepolicy.cli._target import add_target_flags, default_ep_size, target_spec
 from moepolicy.document.yaml_io import dumps
 from moepolicy.redact import redact_command
 from moepolicy.planner import Plan, make_plan
@@ -45,7 +44,7 @@ def build_plan(args: argparse.Namespace, default_ep=None) -> Plan:
     """The plan the flags ask for; ``default_ep`` is the EP size without --ep-size (a live tune's
     ranks), else one full node."""
     if args.ep_size is None and default_ep is None:
-        default_ep = _target.default_ep_size(args)
+        default_ep = default_ep_size(args)
     plan = api.plan(args.model, target_spec(args), rules=args.rules, default_ep=default_ep)
     target = plan.target
     note(target.describe(plan.kernel_label))
