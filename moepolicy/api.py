@@ -22,7 +22,7 @@ from moepolicy.planner import Plan, build_document, make_plan
 from moepolicy.target import TargetSpec, resolve_target
 from moepolicy.tuning.options import TuneOptions, refuse
 
-DEFAULT_NODE_GPUS = 8  # the EP a model-bench tune assumes when neither the plan nor the GPUs say
+DEFAULT_NODE_GPUS = 8  # the EP size the CLI plans for without --ep-size (one full node)
 
 
 def plan(

@@ -35,6 +35,13 @@ def offline() -> bool:
     return moepolicy_offline() or hf_offline()
 
 
+def offline_reason() -> str:
+    """Which variable keeps the network from being asked ("MOEPOLICY_OFFLINE is set"), or ''."""
+    if moepolicy_offline():
+        return "MOEPOLICY_OFFLINE is set"
+    return "HF_HUB_OFFLINE is set" if hf_offline() else ""
+
+
 def hub_endpoint() -> Optional[str]:
     """``HF_ENDPOINT`` as set now (None: huggingface_hub's default, https://huggingface.co)."""
     value = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/")

@@ -488,16 +488,56 @@ def _needs_access(hub_id: HubId, endpoint: str, status: Optional[int], gated: bo
 def _not_cached(hub_id: HubId, why_offline: str) -> str:
     from huggingface_hub import constants
 
-    from moepolicy.settings import hub_cache_dir
+    from moepolicy.settings import hub_cache_dir, offline_reason
 
     cache = hub_cache_dir() or constants.HF_HUB_CACHE
     why = f" ({why_offline})" if why_offline else ""
     revision = f" --revision {hub_id.revision}" if hub_id.revision else ""
+    reason = offline_reason()
+    fix = (  # offline, a download cannot work: what can
+        f"pass the model folder or its config.json (or download it where {reason.split()[0]} is "
+        "not set)"
+        if reason
+        else f"download it first (hf download {hub_id.repo_id} config.json{revision}) or pass the "
+        "model folder"
+    )
+    copy = (
+        f"; '{hub_id.repo_id}' without a revision reads moepolicy's catalog copy"
+        if hub_id.revision and catalog.lookup(hub_id.repo_id) is not None
+        else ""
+    )
     hint = did_you_mean(hub_id.repo_id)
     return (
         f"unknown model '{hub_id}': not a file, a folder or a catalog name, and its config.json is not in "
-        f"the Hugging Face cache ({cache}){why}; download it first (hf download {hub_id.repo_id} "
-        f"config.json{revision}) or pass the model folder{hint}"
+        f"the Hugging Face cache ({cache}){why}; {fix}{copy}{hint}"
+    )
+
+
+def cached_snapshot(repo_id: str) -> Optional[Path]:
+    """The folder of ``repo_id``'s snapshot in the Hugging Face cache (never the network), or None."""
+    try:
+        return fetch(HubId(repo_id), network=False).config.parent
+    except CheckpointError:  # not cached, or huggingface_hub not installed
+        return None
+
+
+def real_config_words(repo_id: str) -> str:
+    """Where ``repo_id``'s own config can be read instead of moepolicy's catalog copy, in words that
+    work here: online its id at a revision; offline (no download can work) its snapshot in the
+    Hugging Face cache where there is one, else the checkpoint's folder or config.json."""
+    from moepolicy.settings import offline_reason
+
+    reason = offline_reason()
+    if not reason:
+        return f"'{repo_id}@main' (the Hugging Face hub's, or its cache's), or the checkpoint's folder"
+    snapshot = cached_snapshot(repo_id)
+    if snapshot is not None:
+        return (
+            f"its snapshot in the Hugging Face cache, {snapshot} ({reason}: the hub is not read)"
+        )
+    return (
+        f"the checkpoint's folder or its config.json ({reason}: the hub is not read, and the Hugging "
+        "Face cache holds no copy)"
     )
 
 

@@ -101,15 +101,12 @@ def _from_hub(hub_id: hub.HubId, network: bool, why_offline: str) -> RawCheckpoi
 
 
 def _why_offline(hub_allowed: bool) -> str:
-    from moepolicy.settings import hf_offline, moepolicy_offline
+    from moepolicy.settings import offline_reason
 
     if not hub_allowed:
         return "a serving process never asks the network for a model"
-    if moepolicy_offline():
-        return "MOEPOLICY_OFFLINE is set: the hub was not asked"
-    if hf_offline():
-        return "HF_HUB_OFFLINE is set: the hub was not asked"
-    return ""
+    reason = offline_reason()
+    return f"{reason}: the hub was not asked" if reason else ""
 
 
 def _from_local(path: Path) -> Optional[RawCheckpoint]:

@@ -363,7 +363,14 @@ def write_output(path: Optional[str], text: str, what: str = "") -> None:
     from moepolicy.files import atomic_write
 
     atomic_write(path, text)
-    note(f"wrote {path}" + (f" ({what})" if what else ""))
+    said = f"{path}" + (f" ({what})" if what else "")
+    WRITTEN.append(said)
+    note(f"wrote {said}")
+
+
+# What this command's write_output wrote, as its "wrote" line said it: an interrupt that lands after
+# a file was written says so (the file is whole; main.interrupt_exit)
+WRITTEN: list[str] = []
 
 
 def model_inputs(model: Optional[str]) -> list[tuple[str, object]]:

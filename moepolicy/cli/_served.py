@@ -31,7 +31,7 @@ def checked_model(spec: Optional[str]) -> CheckedModel:
     import os
 
     from moepolicy.checkpoint import catalog
-    from moepolicy.checkpoint.hub import HubId, parse_id
+    from moepolicy.checkpoint.hub import cached_snapshot, parse_id
     from moepolicy.errors import CheckpointError
 
     if not spec or os.path.exists(os.path.expanduser(spec)):
@@ -43,10 +43,10 @@ def checked_model(spec: Optional[str]) -> CheckedModel:
     entry = catalog.lookup(spec) if hub_id is None or hub_id.revision is None else None
     if entry is None:
         return CheckedModel(spec)
-    snapshot = _cached_snapshot(HubId(entry.repo_id))
+    snapshot = cached_snapshot(entry.repo_id)
     if snapshot is not None:
         return CheckedModel(
-            ServedModel(entry.repo_id, folder=snapshot),
+            ServedModel(entry.repo_id, folder=str(snapshot)),
             f"--model {spec}: checked against the snapshot vLLM serves from the Hugging Face cache "
             f"({snapshot}), as the plugin checks it",
         )
@@ -55,7 +55,7 @@ def checked_model(spec: Optional[str]) -> CheckedModel:
             spec,
             f"--model {spec}: checked against moepolicy's catalog copy of its config, which lacks part "
             "of the real one (partial); the plugin checks the snapshot vLLM serves and may decide "
-            f"otherwise: download it first (hf download {entry.repo_id} config.json) or pass its folder",
+            f"otherwise: {_own_config(entry.repo_id)}",
             warn=True,
         )
     return CheckedModel(
@@ -65,12 +65,12 @@ def checked_model(spec: Optional[str]) -> CheckedModel:
     )
 
 
-def _cached_snapshot(hub_id) -> Optional[str]:
-    """The folder of ``hub_id``'s snapshot in the Hugging Face cache (never the network), or None."""
-    from moepolicy.checkpoint import hub
-    from moepolicy.errors import CheckpointError
+def _own_config(repo_id: str) -> str:
+    """How to check the checkpoint's own config: download it into the cache (validate then reads it),
+    or, offline, where no download can work, what can."""
+    from moepolicy.checkpoint.hub import real_config_words
+    from moepolicy.settings import offline_reason
 
-    try:
-        return str(hub.fetch(hub_id, network=False).config.parent)
-    except CheckpointError:  # not cached, or huggingface_hub not installed
-        return None
+    if offline_reason():
+        return f"pass {real_config_words(repo_id)}"
+    return f"download it first (hf download {repo_id} config.json) or pass its folder"

@@ -9,13 +9,15 @@ from moepolicy.names import Backend, Engine
 from moepolicy.target import OPT_INS, Target, TargetSpec, resolve_target
 
 
-def add_target_flags(p: argparse.ArgumentParser, ep_required_hint: str = "required") -> None:
+def add_target_flags(
+    p: argparse.ArgumentParser, ep_default: str = "one full node (--gpus-per-node)"
+) -> None:
     g = p.add_argument_group("target")
     g.add_argument(
         "--gpu",
         help=f"hardware profile ({', '.join(_profiles())}); default: the visible GPU, else h200",
     )
-    g.add_argument("--ep-size", type=int, help=f"expert-parallel ranks ({ep_required_hint})")
+    g.add_argument("--ep-size", type=int, help=f"expert-parallel ranks (default: {ep_default})")
     g.add_argument(
         "--gpus-per-node",
         type=int,
@@ -79,6 +81,17 @@ def target_spec(args: argparse.Namespace) -> TargetSpec:
         options=tuple(args.opt_in),
         static_scale=args.static_scale,
     )
+
+
+def default_ep_size(args: argparse.Namespace) -> int:
+    """The EP size a plan (or a tune that counts no GPUs) is made for without --ep-size: one full
+    node, said on stderr."""
+    from moepolicy.api import DEFAULT_NODE_GPUS
+    from moepolicy.cli._output import note
+
+    ep = args.gpus_per_node or DEFAULT_NODE_GPUS
+    note(f"no --ep-size: planning for one full node, EP {ep} (pass --ep-size to choose)")
+    return ep
 
 
 def target_from_args(

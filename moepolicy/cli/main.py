@@ -43,6 +43,27 @@ class _Parser(argparse.ArgumentParser):
         )
         raise SystemExit(2)
 
+    def parse_known_args(self, args=None, namespace=None):
+        if self._subparsers is None:  # a command's own words (the index's are the command name)
+            self._refuse_unknown_flag(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_unknown_flag(self, words: list[str]) -> None:
+        """A mistyped flag (``--modle``) is named with the closest real one, before argparse would
+        report a required flag as missing instead (it checks that first) or say nothing of a
+        suggestion."""
+        import difflib
+
+        known = [flag for flag in self._option_string_actions if flag.startswith("--")]
+        for word in words:
+            if word == "--":
+                return
+            typed = word.split("=", 1)[0]
+            if not typed.startswith("--") or any(flag.startswith(typed) for flag in known):
+                continue  # a value, or a flag or its unambiguous start (argparse takes those)
+            close = difflib.get_close_matches(typed, known, n=1)
+            self.error(f"unknown flag {typed}" + (f": did you mean {close[0]}?" if close else ""))
+
 
 def _did_you_mean(message: str) -> str:
     """ " (did you mean 'plan'?)" for a mistyped command."""
@@ -158,6 +179,9 @@ def install_signal_handlers() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     _RECEIVED.clear()  # a new command (tests run several in one process)
+    output = sys.modules.get("moepolicy.cli._output")
+    if output is not None:
+        output.WRITTEN.clear()
     _HELD_SINCE.clear()
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
@@ -230,16 +254,28 @@ def interrupt_exit(exc: BaseException) -> Optional[int]:
 
     if isinstance(exc, SystemExit) or not (_RECEIVED or isinstance(exc, KeyboardInterrupt)):
         return None
+    outcome = getattr(exc, "moepolicy_outcome", None) or _written()  # what the command left behind
     hung_up = isinstance(exc, HungUp) or _RECEIVED[:1] == [getattr(signal, "SIGHUP", None)]
     if hung_up:
-        outcome = getattr(exc, "moepolicy_outcome", None)
-        print(f"moepolicy: hung up{outcome or ''}", file=sys.stderr)
+        print(f"moepolicy: hung up{outcome}", file=sys.stderr)
         return 129
     terminated = isinstance(exc, Terminated) or (_RECEIVED[:1] == [signal.SIGTERM])
-    outcome = getattr(exc, "moepolicy_outcome", None)  # what the interrupted command left behind
     said = "terminated" if terminated else "interrupted"
-    print(f"moepolicy: {said}{outcome or ''}", file=sys.stderr)
+    print(f"moepolicy: {said}{outcome}", file=sys.stderr)
     return 143 if terminated else 130
+
+
+def _written() -> str:
+    """' after writing FILE (...): ...' where the command had written its output when the signal
+    came (still the shell's code for the signal: the user asked to stop, so what follows in a
+    script does not run), else ''."""
+    output = sys.modules.get("moepolicy.cli._output")  # never imported here: nothing written yet
+    written = getattr(output, "WRITTEN", None)
+    if not written:
+        return ""
+    return (
+        f" after writing {written[-1]}; that file is whole (the signal came after it was written)"
+    )
 
 
 def flag_words(exc: MoePolicyError) -> str:

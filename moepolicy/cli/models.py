@@ -8,6 +8,7 @@ from moepolicy.checkpoint import catalog
 from moepolicy.checkpoint.reader import facts_from_raw
 from moepolicy.checkpoint.source import resolve
 from moepolicy.cli._output import add_format_flag, print_json, table
+from moepolicy.settings import offline_reason
 
 
 def _scheme(facts) -> str:
@@ -68,10 +69,16 @@ def run(args: argparse.Namespace) -> int:
     table(HEADERS, rows)
     partial = [entry for entry in catalog.entries() if entry.partial]
     if partial:
+        reason = offline_reason()
+        where = (  # offline, no revision can be downloaded
+            f"its folder or config.json, or its snapshot in the Hugging Face cache ({reason}: the hub "
+            "is not read)"
+            if reason
+            else "its folder, or its id with a revision (org/name@main) from the hub"
+        )
         print(
             "partial: the catalog's copy lacks part of the real config (its SOURCE.md, below, says "
-            "what); plan from the checkpoint instead: its folder, or its id with a revision "
-            "(org/name@main) from the hub"
+            f"what); plan from the checkpoint instead: {where}"
         )
         for entry in partial:
             print(f"  {entry.repo_id}: {entry.folder / 'SOURCE.md'}")

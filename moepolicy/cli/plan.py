@@ -15,7 +15,7 @@ from moepolicy.cli._output import (
     rules_inputs,
     write_output,
 )
-from moepolicy.cli._target import add_target_flags, target_spec
+from moepolicy.cli._target import add_target_flags, default_ep_size, target_spec
 from moepolicy.document.yaml_io import dumps
 from moepolicy.redact import redact_command
 from moepolicy.planner import Plan, make_plan
@@ -41,6 +41,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_plan(args: argparse.Namespace, default_ep=None) -> Plan:
+    """The plan the flags ask for; ``default_ep`` is the EP size without --ep-size (a live tune's
+    ranks), else one full node."""
+    if args.ep_size is None and default_ep is None:
+        default_ep = default_ep_size(args)
     plan = api.plan(args.model, target_spec(args), rules=args.rules, default_ep=default_ep)
     target = plan.target
     note(target.describe(plan.kernel_label))
@@ -55,21 +59,21 @@ def _say_catalog_copy(spec: str, source: str) -> None:
     """A Hugging Face id the catalog holds is read from the catalog's copy of its config: said, with
     how to read the hub's (or a local cache's) instead."""
     from moepolicy.checkpoint import catalog
-    from moepolicy.checkpoint.hub import parse_id
+    from moepolicy.checkpoint.hub import parse_id, real_config_words
 
     hub_id = parse_id(spec)
     if hub_id is not None and hub_id.revision is None and source.startswith("catalog:"):
         note(
-            f"model: {hub_id} from moepolicy's catalog (its config as shipped); '{hub_id}@main' reads the "
-            "Hugging Face hub's or cache's instead"
+            f"model: {hub_id} from moepolicy's catalog (its config as shipped); the checkpoint's own "
+            f"config: {real_config_words(hub_id.repo_id)}"
         )
     entry = catalog.lookup(source.split(":", 1)[1]) if source.startswith("catalog:") else None
     if entry is not None and entry.partial:
         note(
             f"warning: {entry.repo_id}'s catalog copy is partial (it lacks part of the real config: "
             f"{entry.folder / 'SOURCE.md'}): its layers can read as an unknown scheme and fall back "
-            f"where the checkpoint's would not; plan from the real config ('{entry.repo_id}@main', "
-            "or its folder) before serving"
+            f"where the checkpoint's would not; plan from the real config before serving: "
+            f"{real_config_words(entry.repo_id)}"
         )
 
 

@@ -69,7 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="catalog name, Hugging Face id (org/name[@rev]), config.json, or model folder",
     )
     add_target_flags(
-        p, ep_required_hint="default: the visible GPU count when tuning live, else one full node"
+        p,
+        ep_default="the visible GPU count when tuning live, else one full node (--gpus-per-node)",
     )
     p.add_argument(
         "--bench",
@@ -402,14 +403,7 @@ def _tune_and_write(
     objective, space = load_objective(), load_space()
     options = tune_options(args, objective)
     output = _checked_output(args, options.storage)
-    default_ep = choice.ranks if choice.kind == "live" else None
-    if choice.kind == "model" and args.ep_size is None:
-        default_ep = args.gpus_per_node or api.DEFAULT_NODE_GPUS
-        note(
-            f"no --ep-size and no GPUs to count: assuming one full node, EP {default_ep} "
-            "(pass --ep-size to choose)"
-        )
-    plan = build_plan(args, default_ep=default_ep)
+    plan = build_plan(args, default_ep=choice.ranks if choice.kind == "live" else None)
     v2 = plan.target.deepep.api == "v2"
     if not v2:
         api.require_tuner()  # before the bench: the model bench's fit needs numpy, which optuna brings

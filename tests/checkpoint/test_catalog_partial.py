@@ -19,6 +19,10 @@ def test_models_marks_the_partial_entries():
         e.repo_id for e in catalog.entries() if e.partial
     }
     assert "plan from the checkpoint instead" in result.stdout
+    assert "@main" not in result.stdout  # offline (run_cli): no revision can be downloaded
+    assert (
+        "(org/name@main) from the hub" in run_cli("models", env={"MOEPOLICY_OFFLINE": ""}).stdout
+    )
 
 
 def test_a_complete_entry_has_no_unknown_expert_facts():
@@ -114,7 +118,20 @@ def test_validate_checks_a_catalog_name_against_the_snapshot_serving_loads(tmp_p
         "warning: --model GLM-4.6-FP8-dynamic: checked against moepolicy's catalog copy"
         in copy.stderr
     )
-    assert "(partial)" in copy.stderr and f"hf download {repo_id} config.json" in copy.stderr
+    assert "(partial)" in copy.stderr and "hf download" not in copy.stderr  # offline: cannot work
+    assert (
+        "pass the checkpoint's folder or its config.json (MOEPOLICY_OFFLINE is set" in copy.stderr
+    )
+    online = run_cli(
+        "validate",
+        str(policy),
+        "--model",
+        "GLM-4.6-FP8-dynamic",
+        "--ep-size",
+        "8",
+        env={**empty, "MOEPOLICY_OFFLINE": ""},
+    )
+    assert f"hf download {repo_id} config.json" in online.stderr, online.stderr
 
 
 def test_plan_warns_that_a_partial_catalog_copy_can_fall_back():
@@ -123,6 +140,9 @@ def test_plan_warns_that_a_partial_catalog_copy_can_fall_back():
     partial = run_cli("plan", "--model", "GLM-4.6-FP8-dynamic", "--ep-size", "8", "-o", "-")
     assert partial.returncode == 0, partial.stderr
     assert "catalog copy is partial" in partial.stderr
-    assert "inference-optimization/GLM-4.6-FP8-dynamic@main" in partial.stderr
+    assert "@main" not in partial.stderr  # offline (run_cli): what works offline instead
+    assert "plan from the real config before serving: the checkpoint's folder" in partial.stderr
+    online = run_cli("plan", "--model", "GLM-4.6-FP8-dynamic", env={"MOEPOLICY_OFFLINE": ""})
+    assert "inference-optimization/GLM-4.6-FP8-dynamic@main" in online.stderr
     whole = run_cli("plan", "--model", "Qwen3-30B-A3B-FP8", "--ep-size", "8", "-o", "-")
     assert whole.returncode == 0 and "partial" not in whole.stderr

@@ -100,18 +100,55 @@ def test_hf_hub_offline_means_the_cache_only(hub, monkeypatch, tmp_path):
     assert hub.requests == []
 
 
-def test_offline_and_not_cached_names_the_cache_and_the_download(hub, monkeypatch, tmp_path):
+def test_offline_and_not_cached_names_the_cache_and_what_works_offline(hub, monkeypatch, tmp_path):
     monkeypatch.setenv("MOEPOLICY_OFFLINE", "1")
     message = _message("Qwen/Qwen3-30B-A3B-FP9")
-    assert (
-        str(tmp_path / "hf-cache") in message
-        and "hf download Qwen/Qwen3-30B-A3B-FP9 config.json" in message
-    )
+    assert str(tmp_path / "hf-cache") in message
+    assert "hf download" not in message  # a download cannot work offline
+    assert "pass the model folder or its config.json" in message
     assert (
         "MOEPOLICY_OFFLINE is set: the hub was not asked" in message
         and "Qwen3-30B-A3B-FP8" in message
     )
     assert "could not be reached" not in message and hub.requests == []
+
+
+def test_offline_a_catalog_id_at_a_revision_names_the_catalog_copy(hub, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    message = _message("Qwen/Qwen3-30B-A3B-FP8@main")
+    assert "'Qwen/Qwen3-30B-A3B-FP8' without a revision reads moepolicy's catalog copy" in message
+    assert "hf download" not in message and hub.requests == []
+
+
+def _catalog_note(tmp_path, model: str, out: str) -> str:
+    """plan's line on where the checkpoint's own config is read, offline (MOEPOLICY_OFFLINE=1)."""
+    env = {"HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_HOME": str(tmp_path / "home")}
+    planned = run_cli("plan", "--model", model, "-o", str(tmp_path / out), env=env)
+    assert planned.returncode == 0, planned.stderr
+    return next(
+        line
+        for line in planned.stderr.splitlines()
+        if "plan from the real config" in line or "the checkpoint's own config" in line
+    )
+
+
+@pytest.mark.parametrize(
+    "model", ["Qwen/Qwen3-30B-A3B-FP8", "inference-optimization/GLM-4.6-FP8-dynamic"]
+)
+def test_offline_the_way_to_the_real_config_is_one_that_works_offline(tmp_path, model):
+    """The catalog-copy line (and a partial copy's warning) offered 'org/name@main', which offline
+    fails unless the cache holds it: offline it names the cached snapshot, else a local folder."""
+    said = _catalog_note(tmp_path, model, "a.yaml")
+    assert f"{model}@main" not in said and "the checkpoint's folder or its config.json" in said
+    snapshot = fake_cache(
+        tmp_path / "hf-cache",
+        model,
+        {"config.json": (lookup(model).folder / "config.json").read_bytes()},
+    )
+    said = _catalog_note(tmp_path, model, "b.yaml")
+    assert f"{model}@main" not in said and str(snapshot) in said
+    followed = run_cli("plan", "--model", str(snapshot), "-o", str(tmp_path / "c.yaml"))
+    assert followed.returncode == 0, followed.stderr
 
 
 def test_hf_hub_offline_zero_is_not_offline(hub, monkeypatch):

@@ -226,6 +226,35 @@ def test_a_model_without_moe_layers_gets_no_policy(write_config, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("node", [[], ["--gpus-per-node", "4"]])
+def test_plan_and_a_tune_without_gpus_take_the_same_ep_size_without_ep_size(tmp_path, node):
+    """One default, said in one line: without --ep-size both plan for one full node (--gpus-per-node,
+    default 8), as the README's quick start tunes; plan once refused, tune assumed EP 8."""
+    planned = run_cli(
+        "plan", "--model", "Qwen3-30B-A3B-FP8", *node, "-o", str(tmp_path / "p.yaml")
+    )
+    tuned = run_cli(
+        "tune",
+        "--model",
+        "Qwen3-30B-A3B-FP8",
+        *node,
+        "--bench",
+        "model",
+        "--tokens",
+        "128",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "-o",
+        str(tmp_path / "t.yaml"),
+    )
+    assert planned.returncode == 0 and tuned.returncode == 0, planned.stderr + tuned.stderr
+    planned_ep = yaml.safe_load((tmp_path / "p.yaml").read_text())["target"]["ep_size"]
+    tuned_ep = yaml.safe_load((tmp_path / "t.yaml").read_text())["target"]["ep_size"]
+    assert planned_ep == tuned_ep == (int(node[1]) if node else 8)
+    said = f"no --ep-size: planning for one full node, EP {planned_ep} (pass --ep-size to choose)"
+    assert said in planned.stderr.splitlines() and said in tuned.stderr.splitlines()
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -233,7 +262,6 @@ def test_a_model_without_moe_layers_gets_no_policy(write_config, tmp_path):
             ("plan", "--model", "Qwen3-30B-A3B-FP9", "--ep-size", "8"),
             "unknown model 'Qwen3-30B-A3B-FP9'",
         ),
-        (("plan", "--model", "DeepSeek-V3"), "--ep-size is required"),
         (
             ("plan", "--model", "DeepSeek-V3", "--ep-size", "8", "--gpu", "h300"),
             "--gpu 'h300' is not a known profile",

@@ -1,5 +1,7 @@
 """The conventions every command follows: -q, --log-level, --log-file, exit codes in --help, and
-"did you mean" for a mistyped command."""
+"did you mean" for a mistyped command or flag."""
+
+import pytest
 
 from conftest import run_cli
 
@@ -138,3 +140,23 @@ def test_help_lists_the_exit_codes():
 def test_a_mistyped_command_gets_a_suggestion():
     done = run_cli("paln", "--model", "x")
     assert done.returncode == 2 and "(did you mean 'plan'?)" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (("plan", "--modle", "X"), "unknown flag --modle: did you mean --model?"),
+        (
+            ("tune", "--ep-szie", "2", "--model", "X"),
+            "unknown flag --ep-szie: did you mean --ep-size?",
+        ),
+    ],
+)
+def test_a_mistyped_flag_gets_one_line_with_the_close_flag(args, said):
+    """Not 'the following arguments are required: --model' (argparse checks that first) nor an
+    'unrecognized arguments' line without a suggestion."""
+    done = run_cli(*args)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"moepolicy: {said} (see 'moepolicy {args[0]} --help')"
+    ]

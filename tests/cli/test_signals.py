@@ -4,11 +4,14 @@ process signals itself), in a process of its own, started as ``python -m`` start
 ``-m`` CPython checks, after the program's exit, whether a KeyboardInterrupt went unhandled)."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from conftest import Watched
 
 # A command stand-in: the CLI's real main(), with the command's work replaced by ``WORK``.
 DRIVER = textwrap.dedent("""
@@ -28,17 +31,22 @@ DRIVER = textwrap.dedent("""
 
 
 @pytest.fixture
-def run_driver(tmp_path):
-    def run(work: str) -> subprocess.CompletedProcess:
+def driver(tmp_path):
+    """The stand-in's command line and environment, doing ``work``."""
+
+    def made(work: str) -> tuple[list[str], dict]:
         (tmp_path / "signal_driver.py").write_text(DRIVER.format(work=textwrap.dedent(work)))
         path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-        return subprocess.run(
-            [sys.executable, "-m", "signal_driver"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "PYTHONPATH": path},
-        )
+        return [sys.executable, "-m", "signal_driver"], {**os.environ, "PYTHONPATH": path}
+
+    return made
+
+
+@pytest.fixture
+def run_driver(driver):
+    def run(work: str) -> subprocess.CompletedProcess:
+        args, env = driver(work)
+        return subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
 
     return run
 
@@ -126,3 +134,25 @@ def test_an_interrupt_that_lands_in_a_weakref_callback_is_delivered_again(run_dr
     """)
     assert done.returncode == 130, (done.returncode, done.stderr)
     assert done.stderr.strip().splitlines() == ["moepolicy: interrupted"]
+
+
+def test_ctrl_c_after_the_output_was_written_says_the_file_is_whole(driver, tmp_path):
+    """A command that wrote its file (a tune's "wrote policy.yaml") and is then interrupted still
+    exits 130 (the user asked to stop: a script's next step does not run), and its last line says the
+    file was written whole, not a bare 'interrupted' that reads as lost work."""
+    out = tmp_path / "policy.yaml"
+    args, env = driver(f"""
+        import time
+        from moepolicy.cli._output import write_output
+        write_output({str(out)!r}, "schema_version: '2.4'\\n", "48 layers")
+        time.sleep(120)  # the command's work after its write (a tune's exit)
+    """)
+    proc = Watched(args, env=env)
+    proc.wait_for(r"^wrote ")
+    proc.proc.send_signal(signal.SIGINT)
+    err = proc.finish()
+    assert proc.returncode == 130, (proc.returncode, err)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"moepolicy: interrupted after writing {out} (48 layers)"), err
+    assert "whole" in last and "Traceback" not in err
+    assert out.read_text() == "schema_version: '2.4'\n"
