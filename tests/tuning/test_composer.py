@@ -1,6 +1,6 @@
 """A tune returns what it kept (``deepep.kept.KeptDeepEP``); one composer (``api.policy_document``,
-through ``planner.tuned_document``) turns the plan and it into the document, entering the planner at
-most twice along the way (the tuner itself composes nothing)."""
+through ``document.compose.build_document``) turns the plan and it into the document, entering the
+planner at most twice along the way (the tuner itself composes nothing)."""
 
 import sys
 from pathlib import Path
@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("optuna", reason="tuning needs optuna")
 
+import moepolicy.document.compose as compose  # noqa: E402
 import moepolicy.planner as planner  # noqa: E402
 from moepolicy.checkpoint.reader import read_model  # noqa: E402
 from moepolicy.deepep.configs import default_configs  # noqa: E402
@@ -80,7 +81,7 @@ def test_a_tune_enters_the_planner_at_most_twice_and_returns_what_it_kept(tmp_pa
 
 def test_a_plan_writes_deepeps_defaults_through_the_same_builder():
     plan = _plan("Qwen3-30B-A3B-FP8", 2)
-    section = planner.build_document(plan)["deepep"]
+    section = compose.build_document(plan)["deepep"]
     dispatch, combine = default_configs(plan.target.deepep, 2)
     assert section["buckets"] == [
         {"max_tokens": None, "dispatch": chunk_doc(dispatch), "combine": chunk_doc(combine)}
@@ -119,7 +120,7 @@ def test_a_section_the_builder_cannot_write_is_named_by_its_place_in_one_line():
     from moepolicy.errors import PolicyError
 
     plan = _plan("Qwen3-30B-A3B-FP8", 2)
-    odd = dataclasses.replace(planner.default_deepep(plan), num_sms=21)  # DeepEP takes even counts
+    odd = dataclasses.replace(compose.default_deepep(plan), num_sms=21)  # DeepEP takes even counts
     with pytest.raises(PolicyError, match=r"at deepep\.num_sms: ") as info:
-        planner.build_document(plan, odd)
+        compose.build_document(plan, odd)
     assert "\n" not in str(info.value) and "please report it" in str(info.value)
