@@ -124,3 +124,30 @@ def test_a_section_the_builder_cannot_write_is_named_by_its_place_in_one_line():
     with pytest.raises(PolicyError, match=r"at deepep\.num_sms: ") as info:
         compose.build_document(plan, odd)
     assert "\n" not in str(info.value) and "please report it" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "change, where",
+    [
+        ({"provenance": {"source": "default", "nte": "a typo"}}, r"deepep\.provenance\.nte"),
+        ({"evidence": ({"mesured": {"p50_us": 1.0}},)}, r"deepep\.buckets\[0\]\.mesured"),
+    ],
+)
+def test_a_misspelled_provenance_or_evidence_key_is_refused_on_write_and_read_on_load(
+    change, where
+):
+    """The builder refuses a key the document does not define (a writer's typo, in the tuner's
+    free-form provenance or a bucket's evidence); a reader still takes it (a newer writer's)."""
+    import dataclasses
+
+    from moepolicy.document.model import PolicyDoc, unknown_keys
+    from moepolicy.errors import PolicyError
+
+    plan = _plan("Qwen3-30B-A3B-FP8", 2)
+    typo = dataclasses.replace(compose.default_deepep(plan), **change)
+    with pytest.raises(PolicyError, match=f"does not define at {where}; please report it"):
+        compose.build_document(plan, typo)
+    doc = compose.build_document(plan)
+    doc["deepep"]["provenance"]["newer"] = "a detail"
+    doc["deepep"]["buckets"][0]["newer"] = {"p50_us": 1.0}
+    assert unknown_keys(PolicyDoc.model_validate(doc)) == ["deepep.buckets[0].newer"]
