@@ -18,7 +18,8 @@ import os
 from typing import Optional, Sequence, Union
 
 from moepolicy.errors import TuningError, UsageError
-from moepolicy.planner import Plan, build_document, make_plan
+from moepolicy.document.compose import build_document
+from moepolicy.planner import Plan, make_plan
 from moepolicy.target import TargetSpec, resolve_target
 from moepolicy.tuning.options import TuneOptions, refuse
 
@@ -271,18 +272,11 @@ def functional_deepep(kept, choice):
 
 
 def policy_document(result, command: str = "") -> dict:
-    """The policy document of a :class:`Plan` (DeepEP's defaults) or of a tune's result."""
+    """The policy document of a :class:`Plan` (DeepEP's defaults) or of a tune's result: its plan
+    decided again with what the tune measured (:func:`decided_plan`), and what it kept."""
     if isinstance(result, Plan):
         return build_document(result, command=command)
-    from moepolicy.planner import tuned_document
-
-    return tuned_document(
-        result.plan,
-        result.deepep,
-        result.timings,
-        command or result.command,
-        experts=getattr(result, "experts", None),
-    )
+    return build_document(decided_plan(result), result.deepep, command or result.command)
 
 
 def decided_plan(result) -> Plan:

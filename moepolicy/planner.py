@@ -1,6 +1,6 @@
-"""checkpoint facts + target (+ measured facts) → feasibility → per-layer decisions → policy document.
+"""checkpoint facts + target (+ measured facts) → feasibility → per-layer decisions.
 
-The document carries DeepEP's default configs (provenance ``default``) until ``tune`` replaces them.
+The planner only decides: :mod:`moepolicy.document.compose` writes a plan as the policy document.
 Measured order timings (``tune`` on the live bench) enter as facts: the rules decide again with
 ``measured.faster_order``, per token bucket; a layer whose decision they change keeps the rules'
 decision without them (``unmeasured``) for a runtime whose tuning key does not match.
@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from moepolicy._resources import sheets_sha256
 from moepolicy.errors import InfeasibleError
 from moepolicy.expert_kernel import (
     Deployment,
@@ -21,7 +20,6 @@ from moepolicy.expert_kernel import (
     execution_for,
 )
 from moepolicy.feasibility import model_problems, wire_problem
-from moepolicy.document.builder import assemble, section
 from moepolicy.rules.engine import Decision, KernelChoice, choose_kernel, decide
 from moepolicy.rules.grammar import RulePack
 from moepolicy.rules.vocabulary import (
@@ -30,17 +28,9 @@ from moepolicy.rules.vocabulary import (
     layer_facts,
     with_kernel,
 )
-from moepolicy.deepep.buffers import ht_buffer_bytes, low_latency_bytes_hint
-from moepolicy.deepep.configs import ChunkConfig, default_num_sms
-from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
-from moepolicy.document.deepep_section import deepep_section
-from moepolicy.document.experts_section import experts_section
-from moepolicy.document.model import DeepEPDoc, LayerDoc, ModelDoc, PackRefDoc, TargetDoc
 from moepolicy.schema.facts import LayerFacts, ModelFacts
 from moepolicy.schema.measured import ExpertChoice, OrderTiming, overall_faster
 from moepolicy.target import Target
-
-LL_MAX_TOKENS_DEFAULT = 128
 
 
 @dataclass(frozen=True)
@@ -219,78 +209,8 @@ def make_plan(facts: ModelFacts, target: Target, packs: Sequence[RulePack]) -> P
     return Plan(facts, target, tuple(packs), layers)
 
 
-def buffer_bytes(
-    target: Target,
-    hidden: int,
-    num_experts: int,
-    num_sms: int,
-    configs: Sequence[ChunkConfig],
-    ll_tokens: int = LL_MAX_TOKENS_DEFAULT,
-) -> tuple[int, int]:
-    """(num_nvl_bytes, num_rdma_bytes) for bf16 rows of ``hidden`` under the given configs."""
-    if target.backend == "deepep_ll":
-        return 0, low_latency_bytes_hint(ll_tokens, hidden, num_experts)
-    return ht_buffer_bytes(num_sms, configs, hidden, target.ep_size)
-
-
-def _shapes(plan: Plan) -> tuple[int, int]:
-    """The largest MoE layer's hidden size and expert count: what DeepEP's buffers are sized for."""
-    moe = plan.model.moe_layers
-    return (
-        max((layer.hidden_size for layer in moe), default=plan.model.hidden_size),
-        max((layer.num_experts for layer in moe), default=0),
-    )
-
-
-def default_deepep(plan: Plan) -> KeptDeepEP:
-    """DeepEP's built-in configs for the plan's target (what ``plan`` writes until ``tune``)."""
-    target = plan.target
-    hidden, experts = _shapes(plan)
-    note = (
-        f"DeepEP's built-in Config table for {target.ep_size} ranks and Buffer.num_sms "
-        f"{default_num_sms(target.deepep)} ({target.deepep.name}); buffers sized with DeepEP's hint "
-        f"formulas for bf16 rows of hidden {hidden}"
-    )
-    if target.deepep.api == "v2":
-        note = (
-            "DeepEP v2 sizes its own buffers; deepep.v2 holds its defaults (num_sms 0: its analytical "
-            "count; ElasticBuffer's prefer_overlap_with_compute and allow_multiple_reduction, "
-            "deep_ep/buffers/elastic.py:241-242 at dd758ca); the legacy fields are unused"
-        )
-    elif target.backend == "deepep_ll":
-        note = (
-            f"low-latency: RDMA buffer by DeepEP's low-latency size hint for {LL_MAX_TOKENS_DEFAULT} "
-            f"tokens per rank and {experts} experts, hidden {hidden}; its kernels have no chunk settings"
-        )
-    return deepep_defaults(target.deepep, target.ep_size, note)
-
-
-def _deepep_doc(plan: Plan, kept: KeptDeepEP) -> DeepEPDoc:
-    """The ``deepep`` section: ``kept`` with buffers sized for the plan's shapes, a low-latency
-    target's settings and the order timings the layers were decided with."""
-    target = plan.target
-    hidden, experts = _shapes(plan)
-    configs = [c for b in kept.buckets for c in (b.dispatch, b.combine)]
-    low_latency = None
-    if target.backend == "deepep_ll":
-        low_latency = {
-            "num_max_dispatch_tokens_per_rank": LL_MAX_TOKENS_DEFAULT,
-            "num_qps_per_rank": max(experts // target.ep_size, 1),
-        }
-    return deepep_section(
-        kept,
-        buffer_bytes(target, hidden, experts, kept.num_sms, configs),
-        low_latency,
-        plan.timings,
-    )
-
-
-def stored_facts(facts: dict[str, Any]) -> dict[str, Any]:
-    """The facts written into the document: all but the layer index (the entry's own ``index``)."""
-    return {k: v for k, v in facts.items() if k != "layer.index"}
-
-
 def replay_facts(index: int, stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored layer's facts as the rules read them (``document.compose.stored_facts`` reversed)."""
     return {"layer.index": index, **stored}
 
 
@@ -334,48 +254,6 @@ def vllm_decisions(doc, kernel: str = "chosen") -> dict[int, Decision]:
     return replayed_decisions(doc.layers, target_from_doc(doc.target), vllm_stack(), kernel)
 
 
-def _decision_fields(d: Decision) -> dict[str, Any]:
-    return {
-        "order": d.order,
-        "wire": d.wire.as_dict(),
-        "numerics": d.numerics,
-        "rule": d.rule,
-        "reason": d.reason,
-    }
-
-
-def _layer_entry(lp: LayerPlan) -> LayerDoc:
-    """A layer's entry with its facts (the YAML writer puts each distinct set once in a table)."""
-    fields: dict[str, Any] = {
-        "index": lp.layer.index,
-        "kind": lp.layer.kind,
-        **_decision_fields(lp.decision),
-        "facts": stored_facts(lp.facts),
-    }
-    if lp.layer.kind == "moe":
-        fields["combine"] = {"dtype": lp.decision.combine}
-    if lp.bucket_decisions:
-        fields["orders"] = [
-            {"max_tokens": bound, "order": b.order, "wire": b.wire.as_dict(), "rule": b.rule}
-            for bound, b in lp.bucket_decisions
-        ]
-    if lp.unmeasured is not None:
-        fields["unmeasured"] = _decision_fields(lp.unmeasured)
-    return section(LayerDoc, f"layers[{lp.layer.index}]", **fields)
-
-
-def tuned_document(
-    plan: Plan,
-    deepep: KeptDeepEP,
-    timings: Sequence[OrderTiming] = (),
-    command: str = "",
-    experts: Optional[ExpertChoice] = None,
-) -> dict[str, Any]:
-    """The composer: the plan, decided again with the timings a tune measured (the expert
-    kernel's, where the expert stage was measured; else DeepEP's), and what it kept."""
-    return build_document(decided_plan(plan, timings, experts), deepep, command)
-
-
 def decided_plan(
     plan: Plan, timings: Sequence[OrderTiming] = (), experts: Optional[ExpertChoice] = None
 ) -> Plan:
@@ -385,54 +263,3 @@ def decided_plan(
         plan, kernel_timings = with_expert_choice(plan, experts)
         timings = kernel_timings or timings
     return with_measurements(plan, timings)
-
-
-def build_document(
-    plan: Plan, deepep: Optional[KeptDeepEP] = None, command: str = ""
-) -> dict[str, Any]:
-    """The policy document: the plan's model, target, rules and layers, and ``deepep`` (DeepEP's
-    defaults where None)."""
-    facts, target = plan.model, plan.target
-    first = facts.first_moe
-    return assemble(
-        model=section(
-            ModelDoc,
-            "model",
-            name=facts.name,
-            facts_sha256=facts.sha256(),
-            hidden_size=facts.hidden_size,
-            num_layers=facts.num_hidden_layers,
-            num_experts=first.num_experts if first else 0,
-            top_k=first.top_k if first else 0,
-        ),
-        target=section(
-            TargetDoc,
-            "target",
-            gpu=target.gpu,
-            arch=target.arch,
-            sm_count=target.profile.sm_count,
-            ep_size=target.ep_size,
-            gpus_per_node=target.gpus_per_node,
-            layout=target.layout,
-            backend=target.backend,
-            expert_kernel=plan.kernel_label,
-            engine=target.engine,
-            deep_ep={
-                "api": target.deepep.api,
-                "version": target.deepep.version,
-                "evidence": target.deepep_evidence,
-                "sheet": target.deepep.name,
-            },
-            options=sorted(target.options),
-            static_scale=target.static_scale,
-            sheets_sha256=sheets_sha256(target.deepep.name),
-        ),
-        packs=[
-            section(PackRefDoc, f"rules.packs[{i}]", **pack.ref())
-            for i, pack in enumerate(plan.packs)
-        ],
-        deepep=_deepep_doc(plan, deepep or default_deepep(plan)),
-        layers=[_layer_entry(lp) for lp in plan.layers],
-        command=command,
-        experts=None if plan.experts is None else experts_section(plan.experts, plan.kernel_label),
-    )

@@ -4,7 +4,8 @@
 |---|---|
 | ``MOEPOLICY_OFFLINE`` | never ask the network for a model: a Hugging Face id is read from the HF cache only |
 | ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) | the same, as huggingface_hub means it ("1", "ON", "YES", "TRUE") |
-| ``HF_ENDPOINT``, ``HF_HUB_CACHE``, ``HF_HOME``, ``HF_TOKEN`` | read by huggingface_hub for model ids (the hub, its cache, the token) |
+| ``HF_ENDPOINT``, ``HF_TOKEN`` | read by huggingface_hub for model ids (the hub, the token) |
+| ``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``, ``XDG_CACHE_HOME`` | the Hugging Face cache, by huggingface_hub's rule, read when it is looked in (``hub_cache_dir``) |
 | ``MOEPOLICY_CACHE_DIR`` | where moepolicy keeps its own cache (the rule-pack lint); default ``$XDG_CACHE_HOME/moepolicy`` or ``~/.cache/moepolicy`` |
 | ``MOEPOLICY_TRITON_FAST_LAUNCH=0`` | the fp8 quantization kernels launch through Triton's binder (no direct launch) |
 """
@@ -48,10 +49,21 @@ def hub_endpoint() -> Optional[str]:
     return value or None
 
 
-def hub_cache_dir() -> Optional[str]:
-    """``HF_HUB_CACHE`` as set now (None: huggingface_hub decides, from ``HF_HOME`` or its default)."""
-    value = os.environ.get("HF_HUB_CACHE", "").strip()
-    return value or None
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache as huggingface_hub finds it (its ``constants.py``), from the
+    environment as set now (huggingface_hub reads it once, when imported): ``HF_HUB_CACHE``, else the
+    legacy ``HUGGINGFACE_HUB_CACHE``, else ``HF_HOME/hub``, else ``huggingface/hub`` under
+    ``XDG_CACHE_HOME`` or ``~/.cache``. The one reading: the CLI, the runtime and the vLLM plugin."""
+    hub = _set("HF_HUB_CACHE") or _set("HUGGINGFACE_HUB_CACHE")
+    if hub is None:
+        home = _set("HF_HOME") or os.path.join(_set("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+        hub = os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(hub)))
+
+
+def _set(name: str) -> Optional[str]:
+    """The variable's value, None where unset or blank."""
+    return os.environ.get(name, "").strip() or None
 
 
 def cache_dir() -> Path:

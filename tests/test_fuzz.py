@@ -209,7 +209,8 @@ def _policy_text():
     example fast; every section and code path of a real policy is there."""
     from moepolicy.checkpoint.reader import facts_from_raw
     from moepolicy.document.yaml_io import dumps
-    from moepolicy.planner import build_document, make_plan
+    from moepolicy.document.compose import build_document
+    from moepolicy.planner import make_plan
     from moepolicy.rules.packs import pack_stack
     from moepolicy.target import TargetSpec, resolve_target
 

@@ -126,7 +126,7 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
     hf = _huggingface_hub(hub_id)
     from moepolicy.settings import hub_cache_dir, hub_endpoint
 
-    common = {"revision": hub_id.revision, "cache_dir": hub_cache_dir()}
+    common = {"revision": hub_id.revision, "cache_dir": str(hub_cache_dir())}
     if (
         not network
     ):  # the cache's files only: hf_hub_download would still build request headers, and
@@ -387,32 +387,14 @@ def _failure(hub_id: HubId, exc: BaseException, filename: str = "config.json") -
 MAX_CACHED_REPOS = 10_000  # folders of the Hugging Face cache read for suggestions, at most
 
 
-def cache_root() -> Path:
-    """The Hugging Face hub cache folder (``HF_HUB_CACHE``, else huggingface_hub's own default)."""
-    import os
-
-    from moepolicy.settings import hub_cache_dir
-
-    given = hub_cache_dir()
-    if given:
-        return Path(given).expanduser()
-    try:
-        from huggingface_hub import constants
-
-        return Path(constants.HF_HUB_CACHE)
-    except ImportError:
-        home = os.environ.get("HF_HOME", "").strip()
-        return (
-            Path(home).expanduser() if home else Path.home() / ".cache" / "huggingface"
-        ) / "hub"
-
-
 def cached_repo_ids() -> list[str]:
     """``org/name`` of the models the Hugging Face cache holds (its ``models--org--name`` folders)."""
     import itertools
 
+    from moepolicy.settings import hub_cache_dir
+
     try:
-        folders = list(itertools.islice(cache_root().iterdir(), MAX_CACHED_REPOS))
+        folders = list(itertools.islice(hub_cache_dir().iterdir(), MAX_CACHED_REPOS))
     except OSError:
         return []
     found = []
@@ -486,11 +468,9 @@ def _needs_access(hub_id: HubId, endpoint: str, status: Optional[int], gated: bo
 
 
 def _not_cached(hub_id: HubId, why_offline: str) -> str:
-    from huggingface_hub import constants
-
     from moepolicy.settings import hub_cache_dir, offline_reason
 
-    cache = hub_cache_dir() or constants.HF_HUB_CACHE
+    cache = hub_cache_dir()
     why = f" ({why_offline})" if why_offline else ""
     revision = f" --revision {hub_id.revision}" if hub_id.revision else ""
     reason = offline_reason()

@@ -23,19 +23,39 @@ from moepolicy.document.model import (
     ModelDoc,
     PackRefDoc,
     PolicyDoc,
+    ProvenanceDoc,
     RulesDoc,
     TargetDoc,
+    unknown_keys,
 )
 from moepolicy.errors import PolicyError
 
 
 def section(kind: type[BaseModel], where: str, /, **fields: Any) -> Any:
     """A ``kind`` (a model of the document) built from ``fields``, for the place ``where`` in the
-    document (``deepep``, ``layers[3]``); a moepolicy bug, if they do not fit, said in one line."""
+    document (``deepep``, ``layers[3]``); a moepolicy bug, if they do not fit or hold a field the
+    document does not define (readers take one, from a newer writer), said in one line."""
     try:
-        return kind(**fields)
+        value = kind(**fields)
     except ValidationError as exc:
         raise _internal(exc, where) from None
+    unknown = _not_defined(value, where)
+    if unknown:
+        raise PolicyError(
+            f"internal error: the document built has a field its schema does not define at "
+            f"{unknown[0]}; please report it"
+        )
+    return value
+
+
+def _not_defined(value: BaseModel, where: str) -> list[str]:
+    """The paths of ``value``'s keys the document does not define: the reader's unknown keys, and
+    the DeepEP provenance's details moepolicy does not write (free-form to a reader)."""
+    found = unknown_keys(value, where)
+    provenance = getattr(value, "provenance", None)
+    if isinstance(provenance, ProvenanceDoc):
+        found += [f"{where}.provenance.{key}" for key in provenance.unknown_details()]
+    return found
 
 
 def tree(value: BaseModel) -> dict[str, Any]:

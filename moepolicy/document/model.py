@@ -14,7 +14,7 @@ section: the expert kernel a tune compared with the engine's pick, with its figu
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -204,6 +204,31 @@ class ProvenanceDoc(_Doc):
 
     source: Literal["measured", "modelled", "extrapolated", "default"]
     note: str = ""
+    # the details moepolicy's tuners write: any other is a writer's typo, refused on write
+    # (document.builder); a reader takes any detail (a newer writer's, or a hand's)
+    details: ClassVar[frozenset[str]] = frozenset(
+        {
+            "bench",
+            "timed_region",
+            "study",
+            "storage",
+            "searched_num_sms",
+            "kept_num_sms",
+            "why",
+            "search",
+            "gpu",
+            "ep_size",
+            "deepep",
+            "command",
+            "date",
+            "protocol",
+            "v2",
+        }
+    )
+
+    def unknown_details(self) -> list[str]:
+        """The details moepolicy does not write (a writer's typo)."""
+        return [key for key in self.model_extra or {} if key not in self.details]
 
 
 class PartialDoc(_Doc):

@@ -8,7 +8,8 @@ from conftest import run_cli
 from moepolicy.checkpoint import catalog
 from moepolicy.checkpoint.reader import read_model
 from moepolicy.errors import InfeasibleError
-from moepolicy.planner import build_document, make_plan
+from moepolicy.document.compose import build_document
+from moepolicy.planner import make_plan
 from moepolicy.rules.packs import pack_stack
 from moepolicy.document.model import PolicyDoc
 from moepolicy.target import TargetSpec, resolve_target

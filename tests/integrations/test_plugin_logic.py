@@ -98,7 +98,8 @@ def _policy(tmp_path, mutate=None):
     from moepolicy import load_policy
     from moepolicy.checkpoint import read_model
     from moepolicy.document.keys import compute_keys
-    from moepolicy.planner import build_document, make_plan
+    from moepolicy.document.compose import build_document
+    from moepolicy.planner import make_plan
     from moepolicy.document.yaml_io import write_document
     from moepolicy.rules.packs import pack_stack
     from moepolicy.target import TargetSpec, resolve_target

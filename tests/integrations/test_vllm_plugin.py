@@ -31,7 +31,8 @@ import vllm_harness as h  # noqa: E402
 from moepolicy._resources import data_dir  # noqa: E402
 from moepolicy.checkpoint import read_model  # noqa: E402
 from moepolicy.document.keys import compute_keys  # noqa: E402
-from moepolicy.planner import build_document, make_plan  # noqa: E402
+from moepolicy.document.compose import build_document  # noqa: E402
+from moepolicy.planner import make_plan  # noqa: E402
 from moepolicy.document.yaml_io import parse_text, write_document  # noqa: E402
 from moepolicy.rules.packs import pack_stack  # noqa: E402
 from moepolicy.target import TargetSpec, resolve_target  # noqa: E402

@@ -4,7 +4,8 @@ written out here per model: {(order, rule): count}, or the infeasibility reason.
 import pytest
 
 from moepolicy.errors import InfeasibleError
-from moepolicy.planner import build_document, make_plan
+from moepolicy.document.compose import build_document
+from moepolicy.planner import make_plan
 from moepolicy.checkpoint import read_model
 from moepolicy.rules.packs import pack_stack
 from moepolicy.document.model import PolicyDoc

@@ -253,7 +253,8 @@ def test_a_rule_may_choose_a_low_precision_combine_where_the_sheet_has_it(
     tmp_path, backend, version, combine, rule
 ):
     from moepolicy.checkpoint import read_model
-    from moepolicy.planner import build_document, make_plan
+    from moepolicy.document.compose import build_document
+    from moepolicy.planner import make_plan
     from moepolicy.target import TargetSpec, resolve_target
 
     path = write_pack(tmp_path, LOGFMT_PACK)

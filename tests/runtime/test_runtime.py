@@ -14,7 +14,8 @@ from moepolicy.checkpoint import read_model
 from moepolicy.document.yaml_io import write_document
 from moepolicy.errors import PolicyError
 from moepolicy.document.keys import compute_keys
-from moepolicy.planner import build_document, make_plan
+from moepolicy.document.compose import build_document
+from moepolicy.planner import make_plan
 from moepolicy.rules.packs import pack_stack
 from moepolicy.runtime import loader
 from moepolicy.target import TargetSpec, resolve_target

@@ -17,7 +17,8 @@ from moepolicy.document.keys import compute_keys
 from moepolicy.document.reader import parse_policy
 from moepolicy.document.yaml_io import FACTS_TABLE, dumps, parse_text
 from moepolicy.errors import PolicyError
-from moepolicy.planner import build_document, make_plan
+from moepolicy.document.compose import build_document
+from moepolicy.planner import make_plan
 from moepolicy.rules.packs import pack_stack
 from moepolicy.target import TargetSpec, resolve_target
 

@@ -22,7 +22,8 @@ def test_schema_is_shipped_in_the_package():
 def test_schema_accepts_a_planned_policy():
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
     from moepolicy.checkpoint import read_model
-    from moepolicy.planner import build_document, make_plan
+    from moepolicy.document.compose import build_document
+    from moepolicy.planner import make_plan
     from moepolicy.rules.packs import pack_stack
     from moepolicy.target import TargetSpec, resolve_target
 
@@ -40,7 +41,8 @@ def test_schema_accepts_a_planned_policy():
 
 def _planned(model: str, ep_size: int) -> dict:
     from moepolicy.checkpoint import read_model
-    from moepolicy.planner import build_document, make_plan
+    from moepolicy.document.compose import build_document
+    from moepolicy.planner import make_plan
     from moepolicy.rules.packs import pack_stack
     from moepolicy.target import TargetSpec, resolve_target
 

@@ -12,7 +12,8 @@ from moepolicy.checkpoint import read_model
 from moepolicy.document.yaml_io import write_document
 from moepolicy.errors import PolicyError
 from moepolicy.document.keys import compute_keys
-from moepolicy.planner import build_document, make_plan, with_measurements
+from moepolicy.document.compose import build_document
+from moepolicy.planner import make_plan, with_measurements
 from moepolicy.schema.measured import OrderTiming
 from moepolicy.document.reader import parse_policy, parse_policy_light, read_policy
 from moepolicy.rules.engine import decide

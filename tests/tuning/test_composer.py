@@ -1,6 +1,6 @@
 """A tune returns what it kept (``deepep.kept.KeptDeepEP``); one composer (``api.policy_document``,
-through ``planner.tuned_document``) turns the plan and it into the document, entering the planner at
-most twice along the way (the tuner itself composes nothing)."""
+through ``document.compose.build_document``) turns the plan and it into the document, entering the
+planner at most twice along the way (the tuner itself composes nothing)."""
 
 import sys
 from pathlib import Path
@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("optuna", reason="tuning needs optuna")
 
+import moepolicy.document.compose as compose  # noqa: E402
 import moepolicy.planner as planner  # noqa: E402
 from moepolicy.checkpoint.reader import read_model  # noqa: E402
 from moepolicy.deepep.configs import default_configs  # noqa: E402
@@ -80,7 +81,7 @@ def test_a_tune_enters_the_planner_at_most_twice_and_returns_what_it_kept(tmp_pa
 
 def test_a_plan_writes_deepeps_defaults_through_the_same_builder():
     plan = _plan("Qwen3-30B-A3B-FP8", 2)
-    section = planner.build_document(plan)["deepep"]
+    section = compose.build_document(plan)["deepep"]
     dispatch, combine = default_configs(plan.target.deepep, 2)
     assert section["buckets"] == [
         {"max_tokens": None, "dispatch": chunk_doc(dispatch), "combine": chunk_doc(combine)}
@@ -119,7 +120,34 @@ def test_a_section_the_builder_cannot_write_is_named_by_its_place_in_one_line():
     from moepolicy.errors import PolicyError
 
     plan = _plan("Qwen3-30B-A3B-FP8", 2)
-    odd = dataclasses.replace(planner.default_deepep(plan), num_sms=21)  # DeepEP takes even counts
+    odd = dataclasses.replace(compose.default_deepep(plan), num_sms=21)  # DeepEP takes even counts
     with pytest.raises(PolicyError, match=r"at deepep\.num_sms: ") as info:
-        planner.build_document(plan, odd)
+        compose.build_document(plan, odd)
     assert "\n" not in str(info.value) and "please report it" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "change, where",
+    [
+        ({"provenance": {"source": "default", "nte": "a typo"}}, r"deepep\.provenance\.nte"),
+        ({"evidence": ({"mesured": {"p50_us": 1.0}},)}, r"deepep\.buckets\[0\]\.mesured"),
+    ],
+)
+def test_a_misspelled_provenance_or_evidence_key_is_refused_on_write_and_read_on_load(
+    change, where
+):
+    """The builder refuses a key the document does not define (a writer's typo, in the tuner's
+    free-form provenance or a bucket's evidence); a reader still takes it (a newer writer's)."""
+    import dataclasses
+
+    from moepolicy.document.model import PolicyDoc, unknown_keys
+    from moepolicy.errors import PolicyError
+
+    plan = _plan("Qwen3-30B-A3B-FP8", 2)
+    typo = dataclasses.replace(compose.default_deepep(plan), **change)
+    with pytest.raises(PolicyError, match=f"does not define at {where}; please report it"):
+        compose.build_document(plan, typo)
+    doc = compose.build_document(plan)
+    doc["deepep"]["provenance"]["newer"] = "a detail"
+    doc["deepep"]["buckets"][0]["newer"] = {"p50_us": 1.0}
+    assert unknown_keys(PolicyDoc.model_validate(doc)) == ["deepep.buckets[0].newer"]

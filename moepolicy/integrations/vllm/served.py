@@ -5,28 +5,17 @@ vLLM parsed (``hf_config``). Read offline: the cache is looked up, never fetched
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 from moepolicy.runtime.policy import ServedModel
+from moepolicy.settings import hub_cache_dir
 
 
-def hub_cache_dir(download_dir: Optional[str] = None) -> Optional[Path]:
-    """The Hugging Face cache vLLM reads: ``--download-dir`` when given, else ``HF_HUB_CACHE``,
-    ``HF_HOME/hub``, then huggingface_hub's own default (the environment is read now, not at import)."""
-    if download_dir:
-        return Path(download_dir).expanduser()
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    try:
-        from huggingface_hub import constants
-
-        return Path(constants.HF_HUB_CACHE)
-    except Exception:  # noqa: BLE001 (no huggingface_hub: no cache to look in)
-        return None
+def served_cache_dir(download_dir: Optional[str] = None) -> Path:
+    """The Hugging Face cache vLLM reads: ``--download-dir`` when given, else the hub cache as
+    moepolicy's CLI finds it (``settings.hub_cache_dir``: the environment is read now, not at import)."""
+    return Path(download_dir).expanduser() if download_dir else hub_cache_dir()
 
 
 def cached_snapshot(repo_id: str, revision: Optional[str], cache: Optional[Path]) -> Optional[str]:
@@ -53,7 +42,7 @@ def served_model(model_config: Any, download_dir: Optional[str] = None) -> Serve
     if name and Path(name).expanduser().is_dir():
         return ServedModel(name, folder=str(Path(name).expanduser()))
     folder = cached_snapshot(
-        name, getattr(model_config, "revision", None), hub_cache_dir(download_dir)
+        name, getattr(model_config, "revision", None), served_cache_dir(download_dir)
     )
     if folder is not None:
         return ServedModel(name, folder=folder)
