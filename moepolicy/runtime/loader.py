@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, SupportsIndex
 
 from moepolicy.errors import PolicyError
 from moepolicy.wire import Scale, Wire
@@ -195,7 +195,11 @@ def _argument_problem(
         import operator
 
         try:
-            n = operator.index(ep_size) if not isinstance(ep_size, bool) else None
+            n = (
+                operator.index(ep_size)
+                if isinstance(ep_size, SupportsIndex) and not isinstance(ep_size, bool)
+                else None
+            )
         except TypeError:
             n = None
         if n is None or not 1 <= n <= MAX_EP_SIZE:
@@ -215,7 +219,9 @@ def _argument_problem(
     return None
 
 
-def _places(path: str | Path, rules: object) -> tuple[Path, ...]:
+def _places(
+    path: str | Path, rules: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+) -> tuple[Path, ...]:
     """Where user rule packs are looked up: what the caller named (files or folders), then the
     policy's own folder; absolute, so that the working folder does not change what is found."""
     given = [rules] if isinstance(rules, (str, os.PathLike)) else list(rules)
@@ -276,7 +282,7 @@ def load_policy(
             f"unexpected error while loading ({type(exc).__name__}: {exc})",
             ep_size,
             {"decision": "unchecked", "tuning": "unchecked"},
-            hidden=_hidden_hint(path, model),
+            hidden=_hidden_hint(path, model if isinstance(model, str) else None),
         )
 
 
@@ -320,7 +326,7 @@ def _load(
             f"damaged policy: {exc}",
             ep_size,
             {"decision": "unchecked", "tuning": "unchecked"},
-            hidden=_hidden_hint(path, model),
+            hidden=_hidden_hint(path, model if isinstance(model, str) else None),
         )
     for warning in loaded.warnings:
         _warn_once(source, warning)
