@@ -194,7 +194,9 @@ class Speedup:
             "baseline": self.baseline,
             "rounds": self.rounds,
             "speedup": round(self.speedup, 4),
-            "ci95": None if self.low is None else [round(self.low, 4), round(self.high, 4)],
+            "ci95": None
+            if self.low is None or self.high is None  # both or neither
+            else [round(self.low, 4), round(self.high, 4)],
             "per_round": [round(self.per_round_min, 4), round(self.per_round_max, 4)],
             "p_faster": round(self.p_faster, 5),
             "p_slower": round(self.p_slower, 5),
