@@ -14,7 +14,7 @@ import itertools
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from moepolicy.names import Backend
 from moepolicy.errors import PolicyError
@@ -81,18 +81,27 @@ def serving_facts(manager, kind: str = "ht") -> ServingFacts:
     )
 
 
+class _Held(logging.Handler):
+    """A handler that keeps the records it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.held.append(record)
+
+
 @contextlib.contextmanager
-def _loader_lines():
+def _loader_lines() -> Iterator[list[logging.LogRecord]]:
     """The loader's own warnings (logger ``moepolicy``) held back while the plugin loads: the plugin
     says the outcome itself, in vLLM's log, once."""
     lg = logging.getLogger("moepolicy")
-    held: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = held.append  # type: ignore[method-assign]
+    handler = _Held()
     propagate, lg.propagate = lg.propagate, False
     lg.addHandler(handler)
     try:
-        yield held
+        yield handler.held
     finally:
         lg.removeHandler(handler)
         lg.propagate = propagate
