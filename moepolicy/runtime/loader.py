@@ -160,14 +160,15 @@ def _safe(
     )
 
 
-def _hidden_hint(path: str | Path, model: Optional[str]) -> Optional[int]:
-    """The hidden size for sizing DeepEP's default buffers on the safe path: the served model's,
-    else what the (damaged) file says; None when neither can be read."""
+def _hidden_hint(path: str | Path, model: Optional[str | ServedModel]) -> Optional[int]:
+    """The hidden size for sizing DeepEP's default buffers on the safe path: the served model's (a
+    name, or the engine's ServedModel), else what the (damaged) file says; None when neither can be
+    read."""
     if model is not None:
         try:
-            from moepolicy.checkpoint import read_model
+            from moepolicy.runtime.keycheck import _served_facts
 
-            return read_model(model, hub=False).hidden_size
+            return _served_facts(model, "vllm")[0].hidden_size
         except Exception:  # noqa: BLE001 (the safe path must not fail)
             pass
     try:
@@ -252,7 +253,7 @@ def load_policy(
             problem,
             None,
             {"decision": "unchecked", "tuning": "unchecked"},
-            hidden=_hidden_hint(path, model if isinstance(model, str) else None),
+            hidden=_hidden_hint(path, model if isinstance(model, (str, ServedModel)) else None),
         )
     ep_size = None if ep_size is None else int(ep_size)
     places = _places(path, rules)
@@ -282,7 +283,7 @@ def load_policy(
             f"unexpected error while loading ({type(exc).__name__}: {exc})",
             ep_size,
             {"decision": "unchecked", "tuning": "unchecked"},
-            hidden=_hidden_hint(path, model if isinstance(model, str) else None),
+            hidden=_hidden_hint(path, model),
         )
 
 
@@ -326,7 +327,7 @@ def _load(
             f"damaged policy: {exc}",
             ep_size,
             {"decision": "unchecked", "tuning": "unchecked"},
-            hidden=_hidden_hint(path, model if isinstance(model, str) else None),
+            hidden=_hidden_hint(path, model),
         )
     for warning in loaded.warnings:
         _warn_once(source, warning)
