@@ -69,3 +69,10 @@ class MeasurementError(MoePolicyError):
     """A benchmark could not measure (no GPU or DeepEP to run on, a rank failed or died)."""
 
     exit_code = 9
+
+
+def carry(exc: BaseException, **notes: str) -> None:
+    """Attach ``notes`` (``moepolicy_outcome``, ``moepolicy_stream``) to ``exc`` on its way to the
+    CLI's handler, which reads them with ``getattr`` (any exception may carry them, or none)."""
+    for name, value in notes.items():
+        setattr(exc, name, value)

@@ -9,6 +9,7 @@ rules may test are another vocabulary: ``moepolicy.rules.vocabulary``.)
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 
 class _Name(str, Enum):
@@ -31,6 +32,13 @@ class Order(_Name):
     NO_QUANT = "no_quant"  # the experts take bf16 (weight-only or unquantized checkpoints)
     NONE = "none"  # no dispatch: a dense layer
     FUSED = "fused"  # the expert kernel dispatches itself (DeepGEMM Mega MoE)
+
+
+# The orders as a Literal written out, for the document's fields: a type checker reads only a Literal
+# spelled statically (tests/test_names.py holds it to the enum, member for member and in order).
+OrderName = Literal[
+    "quant_then_dispatch", "dispatch_then_quant", "in_kernel_quant", "no_quant", "none", "fused"
+]
 
 
 # the vLLM releases the plugin is checked against (its source pins per release:
@@ -62,6 +70,9 @@ class WireDtype(_Name):
     FP8_E4M3 = "fp8_e4m3"
     NVFP4 = "nvfp4"
     NONE = "none"
+
+
+WireDtypeName = Literal["bf16", "fp8_e4m3", "nvfp4", "none"]  # the enum's values, as OrderName
 
 
 class Regime(_Name):

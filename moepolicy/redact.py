@@ -27,7 +27,7 @@ def looks_like_url(word: str) -> bool:
     """True for a word that may be a URL with a secret: a scheme, a colon, and a ``/``, ``@`` or ``?``."""
     match = _SCHEME.match(word)
     return (
-        bool(match)
+        match is not None
         and match.group(1).lower() not in _FILE_SCHEMES
         and any(c in word for c in "/@?")
     )
@@ -43,10 +43,9 @@ def _parsed(url: str):
         parsed = make_url(url)
     except Exception:  # noqa: BLE001 (ArgumentError, ValueError: unparsable)
         return None
-    if "@" in (
-        parsed.host or ""
-    ):  # an unencoded '@' in the password: the host holds the rest of it
-        rest, _, host = parsed.host.rpartition("@")
+    host = parsed.host or ""
+    if "@" in host:  # an unencoded '@' in the password: the host holds the rest of it
+        rest, _, host = host.rpartition("@")
         parsed = parsed.set(password=f"{parsed.password or ''}@{rest}", host=host)
     if _misplaced_user(parsed):
         return None

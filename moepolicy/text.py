@@ -25,7 +25,9 @@ def is_digits(text: str) -> bool:
 
 def index_ranges(indices: list[int]) -> str:
     """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
-    out, start, prev = [], None, None
+    out: list[str] = []
+    start: int | None = None
+    prev = 0  # read only once start is set (together with it)
     for i in sorted(indices):
         if start is None:
             start = prev = i

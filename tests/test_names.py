@@ -4,9 +4,20 @@ CLI accept: one list each, no drift."""
 from __future__ import annotations
 
 import json
+from typing import get_args
 
 from moepolicy._resources import data_file
-from moepolicy.names import LAUNCH_MODE, TUNED_REGIMES, Backend, Engine, Order, Regime, WireDtype
+from moepolicy.names import (
+    LAUNCH_MODE,
+    TUNED_REGIMES,
+    Backend,
+    Engine,
+    Order,
+    OrderName,
+    Regime,
+    WireDtype,
+    WireDtypeName,
+)
 from moepolicy.rules import grammar
 
 
@@ -46,3 +57,10 @@ def test_rules_and_cli_use_them():
 def test_members_are_their_strings():
     assert Order.QUANT_THEN_DISPATCH == "quant_then_dispatch" and str(WireDtype.BF16) == "bf16"
     assert json.dumps({"order": Order.NO_QUANT}) == '{"order": "no_quant"}'
+
+
+def test_the_static_literals_are_the_enums():
+    # the document's fields are typed by Literals spelled out (a checker reads no Literal built at
+    # run time); they hold exactly the enums' values, in the enums' order (the JSON Schema's)
+    assert get_args(OrderName) == Order.values()
+    assert get_args(WireDtypeName) == WireDtype.values()

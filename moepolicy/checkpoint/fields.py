@@ -6,7 +6,7 @@ read there first, then at the top level. Errors name the file and the field.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence, overload
 
 from moepolicy.errors import CheckpointError
 
@@ -35,6 +35,16 @@ class ConfigView:
             if self._layers[0].get(key) is not None and len(self._layers) > 1
             else key
         )
+
+    @overload
+    def integer(
+        self, *keys: str, required: Literal[True], minimum: int = 0, maximum: int = 10_000_000
+    ) -> int: ...
+
+    @overload
+    def integer(
+        self, *keys: str, required: bool = False, minimum: int = 0, maximum: int = 10_000_000
+    ) -> Optional[int]: ...
 
     def integer(
         self, *keys: str, required: bool = False, minimum: int = 0, maximum: int = 10_000_000

@@ -17,7 +17,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from moepolicy.checkpoint import catalog
 from moepolicy.errors import CheckpointError
@@ -126,7 +126,8 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
     hf = _huggingface_hub(hub_id)
     from moepolicy.settings import hub_cache_dir, hub_endpoint
 
-    common = {"revision": hub_id.revision, "cache_dir": str(hub_cache_dir())}
+    # keyword arguments of huggingface_hub's calls
+    common: dict[str, Any] = {"revision": hub_id.revision, "cache_dir": str(hub_cache_dir())}
     if (
         not network
     ):  # the cache's files only: hf_hub_download would still build request headers, and

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, TypedDict
 
 from moepolicy.checkpoint.fields import ConfigView
 from moepolicy.checkpoint.formats import QuantScheme, read_quant
@@ -14,6 +14,18 @@ from moepolicy.schema.facts import NOT_QUANTIZED, LayerFacts, ModelFacts
 
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 _TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "num_selected_experts")
+
+
+class _Common(TypedDict):
+    """What every MoE layer of a checkpoint shares."""
+
+    hidden: int
+    experts: int
+    top_k: int
+    intermediate: Optional[int]
+    shared: int
+    model_type: str
+    architecture: str
 
 
 def _shared_experts(view: ConfigView) -> int:
@@ -29,7 +41,7 @@ def _moe_layer(
     raw: RawCheckpoint,
     scheme: QuantScheme,
     engine: str,
-    common: dict,
+    common: _Common,
 ) -> LayerFacts:
     modules = expert_modules(common["model_type"], common["architecture"], slot.index)
     weights, acts = scheme.for_modules(modules)
@@ -71,7 +83,7 @@ def facts_from_raw(raw: RawCheckpoint, engine: str = "vllm") -> ModelFacts:
         )
     config_qc = view.raw("quantization_config")
     scheme = read_quant(config_qc, raw.hf_quant_config, raw.config_path, raw.hf_quant_path)
-    common = {
+    common: _Common = {
         "hidden": hidden,
         "experts": experts,
         "top_k": top_k,

@@ -275,12 +275,14 @@ def overlap_lines(row: OverlapBucketRow) -> list[str]:
         parts = (
             f"; {comm} {_us(v.comm_us)} us, GEMM alone {_us(v.gemm_us)} us" if v.gemm_us else ""
         )
-        paired = row.paired_vs_vllm
+        paired, split = row.paired_vs_vllm, row.vs_vllm_split  # split: set where v is
         claim = (
             f"{speedup_words(paired.speedup)} ({paired.interval()}, paired over "
             f"{paired.rounds} rounds)"
             if paired is not None
-            else _time_ratio_words(row.vs_vllm_split)
+            else _time_ratio_words(split)
+            if split is not None
+            else ""
         )
         out.append(
             f"    vs vLLM's split ({VLLM_DBO_COMM_SMS} SMs): {_us(v.overlapped_us)} us "
@@ -296,21 +298,23 @@ def overlap_lines(row: OverlapBucketRow) -> list[str]:
         ("comm_first_no_wait", "comm-first, no host wait", COMM_FIRST_NO_WAIT_NOTE),
     ):
         ratio = row.vs_vllm_split_in(order)
-        if ratio is not None:
+        if ratio is not None and v is not None:  # a ratio needs vLLM's split
             out.append(
                 f"    {label}: {_us(c.by_order[order])} us vs vLLM's split "
                 f"{_us(v.by_order[order])} us ({_time_ratio_words(ratio)}, medians){tail}"
             )
-    if row.gemm_alone_vs_vllm_split is not None:
+    # each ratio is set only where what it divides by is (OverlapBucketRow)
+    alone, by_sms = row.gemm_alone_vs_vllm_split, row.gemm_sm_ratio_vs_vllm_split
+    if alone is not None and by_sms is not None and v is not None:
         out.append(
-            f"    GEMM alone on {c.gemm_sms} SMs: {_time_ratio_words(row.gemm_alone_vs_vllm_split)} than on "
-            f"vLLM's {v.gemm_sms} ({_time_ratio_words(row.gemm_sm_ratio_vs_vllm_split)} if its time followed "
+            f"    GEMM alone on {c.gemm_sms} SMs: {_time_ratio_words(alone)} than on "
+            f"vLLM's {v.gemm_sms} ({_time_ratio_words(by_sms)} if its time followed "
             "its SMs)"
         )
-    if row.best_floor_vs_vllm_split is not None:
-        b = row.bound
+    best_floor, b = row.best_floor_vs_vllm_split, row.bound
+    if best_floor is not None and b is not None:
         out.append(
-            f"    bound: the grid's lowest floor is {_time_ratio_words(row.best_floor_vs_vllm_split)} than "
+            f"    bound: the grid's lowest floor is {_time_ratio_words(best_floor)} than "
             f"vLLM's split ({_us(b.floor_us)} us at c={b.split}, the {b.bound_by} alone); "
             f"no split overlaps below its floor beyond the spread"
         )

@@ -12,9 +12,13 @@ import logging
 import os
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
+
+from moepolicy.errors import carry
 
 STDOUT = "-"
+# a file a command reads, as (what it is, its path; None: not given)
+Input = tuple[str, Union[str, "os.PathLike[str]", None]]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out=None) -> None:
@@ -226,7 +230,7 @@ class SafeStream:
             self._reader_left()
             return len(text)
         except OSError as exc:
-            exc.moepolicy_stream = self._name
+            carry(exc, moepolicy_stream=self._name)
             raise
 
     def flush(self) -> None:
@@ -235,7 +239,7 @@ class SafeStream:
         except BrokenPipeError:
             self._reader_left()
         except OSError as exc:
-            exc.moepolicy_stream = self._name
+            carry(exc, moepolicy_stream=self._name)
             raise
 
     def _reader_left(self) -> None:
@@ -289,7 +293,7 @@ def default_output(given: Optional[str], default: str, what: str = "the policy")
 
 def output_path(
     path: Optional[str],
-    inputs: Sequence[tuple[str, object]] = (),
+    inputs: Sequence[Input] = (),
     flag: str = "-o",
     what: str = "the policy",
 ) -> Optional[str]:
@@ -310,7 +314,7 @@ def output_path(
     return path
 
 
-def command_inputs(args) -> list[tuple[str, object]]:
+def command_inputs(args) -> list[Input]:
     """What a command reads, which its ``-o`` and ``--log-file`` must not name: the checkpoint
     (``--model``), rule packs (``--rules``), the policy or policies with the user rule packs beside
     them that they name, and the study database."""
@@ -330,7 +334,7 @@ def command_inputs(args) -> list[tuple[str, object]]:
     return found
 
 
-def policy_inputs(policy: str) -> list[tuple[str, object]]:
+def policy_inputs(policy: str) -> list[Input]:
     """The policy file and the user rule packs it names that lie beside it (what serving and the
     replaying commands read with it); the policy alone where it cannot be read (the command then
     refuses it)."""
@@ -340,7 +344,7 @@ def policy_inputs(policy: str) -> list[tuple[str, object]]:
     from moepolicy.errors import MoePolicyError
     from moepolicy.rules.packs import builtin_names
 
-    found: list[tuple[str, object]] = [("the policy", policy)]
+    found: list[Input] = [("the policy", policy)]
     try:
         doc = read_policy(policy).doc
     except (MoePolicyError, OSError):
@@ -373,7 +377,7 @@ def write_output(path: Optional[str], text: str, what: str = "") -> None:
 WRITTEN: list[str] = []
 
 
-def model_inputs(model: Optional[str]) -> list[tuple[str, object]]:
+def model_inputs(model: Optional[str]) -> list[Input]:
     """The files ``--model`` reads, where it is a local file or folder (a catalog or hub name is not)."""
     path = os.path.expanduser(model) if model else ""
     if not path or not os.path.exists(path):
@@ -386,7 +390,7 @@ def model_inputs(model: Optional[str]) -> list[tuple[str, object]]:
     ]
 
 
-def rules_inputs(rules: Sequence[str]) -> list[tuple[str, object]]:
+def rules_inputs(rules: Sequence[str]) -> list[Input]:
     """The rule pack files ``--rules`` names (a built-in pack's name is not a file)."""
     return [
         ("a rule pack", os.path.expanduser(spec))
@@ -405,6 +409,8 @@ def write_result(path: Optional[str], text: str, what: str = "") -> None:
         write_output(path, text, what)
         return
     except OutputError as exc:
+        if path is None:  # standard output: there is no beside to keep it in
+            raise
         failed = str(exc)
     kept = _keep_elsewhere(path, text)
     if kept is None:

@@ -29,7 +29,7 @@ def policy_packs(doc, policy_path: str, given: Sequence[str]) -> list[FoundPack]
     from moepolicy.document.reader import find_user_pack
     from moepolicy.rules.packs import builtin_names, builtin_pack, load_user_pack
 
-    places = [*given, Path(policy_path).absolute().parent]
+    places: list[str | Path] = [*given, Path(policy_path).absolute().parent]
     out = []
     for ref in doc.rules.packs:
         if ref.name in builtin_names():
@@ -74,9 +74,9 @@ def decisions_not_replayed(doc, policy_path: str, given: Sequence[str] = ()) -> 
         found = policy_packs(doc, policy_path, given)
     except MoePolicyError:  # a pack beside the policy that does not load: nothing to replay with
         return []
-    if any(f.pack is None or f.note for f in found):
+    packs = [f.pack for f in found if f.pack is not None and not f.note]
+    if len(packs) < len(found):  # a pack missing or changed since the plan
         return []
-    packs = [f.pack for f in found]
     target = target_from_doc(doc.target)
     out = []
     for layer in doc.layers:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+from typing import Any
 
 from moepolicy.names import Order
 from moepolicy.cli._deepep_summary import deepep_lines
@@ -94,7 +95,7 @@ def print_groups(found: dict) -> None:
 def audit(doc) -> dict:
     """The policy's layers grouped by (order, rule, reason), fallbacks first; what per-bucket orders
     there are; one headline."""
-    groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    groups: dict[tuple[str, str, str, str], list[int]] = defaultdict(list)  # + wire words
     measured_choice: set[str] = (
         set()
     )  # rules that sent bf16 because it was measured faster: no fallback
@@ -102,7 +103,7 @@ def audit(doc) -> dict:
         groups[(layer.order, layer.rule, layer.reason, wire_words(layer))].append(layer.index)
         if layer.unmeasured is not None:
             measured_choice.add(layer.rule)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for (order, rule, reason, wire), idx in sorted(
         groups.items(), key=lambda kv: (kv[0][0] not in FALLBACK_ORDERS, kv[0][0], kv[0][1])
     ):

@@ -26,7 +26,7 @@ from moepolicy.cli._output import (
     table,
     write_output,
 )
-from moepolicy.errors import MeasurementError, UsageError
+from moepolicy.errors import MeasurementError, UsageError, carry
 from moepolicy.measure.placement import SHARED_LABEL
 
 from moepolicy.names import Regime
@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             times = run_step(arms, spec, world, tmp, args.watchdog)
         except KeyboardInterrupt as exc:  # the ranks are ended; their times are lost with them
-            exc.moepolicy_outcome = NOTHING_WRITTEN
+            carry(exc, moepolicy_outcome=NOTHING_WRITTEN)
             raise
     rows = comparison(times)
     render(rows, functional, args.rounds, out=sys.stderr if args.output == STDOUT else sys.stdout)

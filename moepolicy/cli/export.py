@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if fits:
         note(f"warning: {fits}")
     if args.to == "sglang":
-        from moepolicy.export.sglang import SGLANG_CHECKED, export, launch
+        from moepolicy.export.sglang import SGLANG_CHECKED, launch
+        from moepolicy.export.sglang import export as export_sglang
 
         if args.format == "launch":
             import shlex
@@ -117,13 +118,14 @@ def run(args: argparse.Namespace) -> int:
         else:  # SGLang reads this JSON as it is: where the settings came from goes to stderr
             from moepolicy.deepep.settings import source_words
 
-            text = json.dumps(export(doc, args.tokens), indent=2) + "\n"
+            text = json.dumps(export_sglang(doc, args.tokens), indent=2) + "\n"
             note(f"the DeepEP settings: {source_words(doc.deepep.provenance.source)}")
     else:
-        from moepolicy.export.vllm import export, render_shell
+        from moepolicy.export.vllm import export as export_vllm
+        from moepolicy.export.vllm import render_shell
 
         where, replace = serving_path(args.policy, args.policy_path)
-        result = export(doc, where)
+        result = export_vllm(doc, where)
         result["notes"] = [n for n in (replace, *result["notes"]) if n]
         text = (
             json.dumps(result, indent=2) + "\n"

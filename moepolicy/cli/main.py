@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal as _signal
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from moepolicy.errors import MoePolicyError, one_line
 
@@ -29,7 +29,7 @@ _COMMANDS = {
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like every other usage error
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, like every other usage error
         from moepolicy.text import printable
 
         # the message quotes what was typed (unrecognized arguments, an invalid choice): escaped as
@@ -164,7 +164,7 @@ class HungUp(Terminated):
 
 _RECEIVED: list[int] = []
 # the exception each handled signal raises (SIGHUP where the platform has it)
-_EXCEPTION_OF = {
+_EXCEPTION_OF: dict[int, type[BaseException]] = {
     _signal.SIGINT: Interrupted,
     _signal.SIGTERM: Terminated,
     **({_signal.SIGHUP: HungUp} if hasattr(_signal, "SIGHUP") else {}),
@@ -365,7 +365,8 @@ def _silence_stdout() -> None:
     import os
 
     try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+        if sys.__stdout__ is not None:  # None: the process has no standard output at all
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
     except (OSError, AttributeError, ValueError):
         pass
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from typing import Optional
+from typing import Any, Optional
 
 from moepolicy import api
 from moepolicy.measure.placement import SHARED_LABEL
 from moepolicy.cli._deepep_summary import overlap_lines
 from moepolicy.cli._output import (
+    Input,
     add_output_flag,
     default_output,
     model_inputs,
@@ -30,7 +31,7 @@ from moepolicy.cli._output import (
 from moepolicy.cli._target import add_target_flags
 from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
 from moepolicy.document.yaml_io import dumps
-from moepolicy.errors import MoePolicyError, TuningError, UsageError
+from moepolicy.errors import MoePolicyError, TuningError, UsageError, carry
 from moepolicy.tuning.bench_source import (
     FUNCTIONAL_REPS,
     SHARED_RANKS_ENV,
@@ -462,7 +463,7 @@ def _warn_unfitted_trials(trials: Optional[int], choice: BenchChoice) -> None:
     )
 
 
-def _tune(args: argparse.Namespace, inputs: tuple, bench, experts_bench):
+def _tune(args: argparse.Namespace, inputs: tuple[Any, Any, Any, Any, Any], bench, experts_bench):
     """``api.tune_with`` with progress on stderr; an interrupt before a result says nothing was
     written (the tune writes only after it)."""
     try:
@@ -470,7 +471,7 @@ def _tune(args: argparse.Namespace, inputs: tuple, bench, experts_bench):
             return api.tune_with(*inputs, bench=bench, experts_bench=experts_bench)
     except (KeyboardInterrupt, StorageFailed) as exc:  # the database failing is said by itself
         v2 = inputs[0].target.deepep.api == "v2"
-        exc.moepolicy_outcome = NOTHING_WRITTEN_V2 if v2 else NOTHING_WRITTEN
+        carry(exc, moepolicy_outcome=NOTHING_WRITTEN_V2 if v2 else NOTHING_WRITTEN)
         raise
 
 
@@ -584,7 +585,7 @@ def _after_interrupt(result) -> int:
     return 0
 
 
-def tune_inputs(args: argparse.Namespace, storage: str) -> list[tuple[str, object]]:
+def tune_inputs(args: argparse.Namespace, storage: str) -> list[Input]:
     """What a tune reads, which its ``-o`` must not name: the checkpoint, the rule packs, the study database."""
     from moepolicy.tuning.storage import storage_file
 

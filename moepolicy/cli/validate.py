@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 
 from moepolicy.cli._output import add_format_flag, note, print_json
 from moepolicy.errors import PolicyError
@@ -141,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
             print(results[-1]["serving"]["summary"])
     live = _live(args.policy, show=args.format == "table") if args.live else []
     if args.format == "json":
-        for result, report in zip(results, live or [None] * len(results)):
+        reports: list[Optional[dict]] = list(live) if live else [None] * len(results)
+        for result, report in zip(results, reports):
             result["live"] = report
         print_json(results)
     failures = [r["failure"] for r in live if r["failure"]]

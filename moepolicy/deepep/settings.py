@@ -74,7 +74,7 @@ class DeepEPSettings:
 
     def bucket_for(self, num_tokens: int) -> Bucket:
         """The first bucket whose ``max_tokens`` holds ``num_tokens`` (the last one otherwise)."""
-        i = bisect.bisect_left(self._bounds, num_tokens)  # type: ignore[attr-defined]
+        i = bisect.bisect_left(self._bounds, num_tokens)  # type: ignore[attr-defined]  # set by __post_init__, no field
         return self.buckets[min(i, len(self.buckets) - 1)]
 
     def deep_ep_configs(self, num_tokens: int):

@@ -7,7 +7,7 @@ the broken rule as one sentence.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from moepolicy import names
 
@@ -145,6 +145,11 @@ def version_problem(doc: dict) -> Optional[str]:
     return None
 
 
+def _object(value: Any) -> dict[str, Any]:
+    """``value`` where it is a mapping (an object of the document), else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
 def _layers(doc: dict):
     for n, layer in enumerate(doc.get("layers") or ()):
         if isinstance(layer, dict):
@@ -152,7 +157,7 @@ def _layers(doc: dict):
 
 
 def _v1_problem(doc: dict, version: str) -> Optional[str]:
-    deepep = doc.get("deepep") if isinstance(doc.get("deepep"), dict) else {}
+    deepep = _object(doc.get("deepep"))
     for name in V2_DEEPEP_FIELDS:
         if deepep.get(name) is not None:
             return f"deepep.{name} needs schema_version 2.0 (the document says {version})"
@@ -177,7 +182,7 @@ def _wires(layer: dict):
 
 
 def _v20_problem(doc: dict) -> Optional[str]:
-    deepep = doc.get("deepep") if isinstance(doc.get("deepep"), dict) else {}
+    deepep = _object(doc.get("deepep"))
     for name in V21_DEEPEP_FIELDS:
         if deepep.get(name) is not None:
             return f"deepep.{name} needs schema_version 2.1 (the document says {doc['schema_version']})"
@@ -185,7 +190,7 @@ def _v20_problem(doc: dict) -> Optional[str]:
         for where, wire in _wires(layer):
             if not isinstance(wire, dict):
                 continue
-            scale = wire.get("scale") if isinstance(wire.get("scale"), dict) else {}
+            scale = _object(wire.get("scale"))
             if wire.get("dtype") in V21_WIRE_DTYPES:
                 return (
                     f"layers[{n}].{where}.dtype {wire['dtype']} needs schema_version 2.1 "
@@ -200,7 +205,7 @@ def _v20_problem(doc: dict) -> Optional[str]:
 
 
 def _v21_problem(doc: dict) -> Optional[str]:
-    deepep = doc.get("deepep") if isinstance(doc.get("deepep"), dict) else {}
+    deepep = _object(doc.get("deepep"))
     for b, bucket in enumerate(deepep.get("buckets") or ()):
         for name in V22_BUCKET_FIELDS:
             if isinstance(bucket, dict) and bucket.get(name) is not None:

@@ -28,6 +28,9 @@ def order_timing_doc(timing: OrderTiming) -> dict[str, Any]:
         "dispatch_then_quant_us": round(float(timing.dispatch_then_quant_us), 2),
     }
     if timing.verdict is not None:
+        assert timing.speedup is not None, (
+            "a measured order timing's verdict comes with its speedup"
+        )
         out.update(
             {
                 "rounds": timing.rounds,

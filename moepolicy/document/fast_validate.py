@@ -11,7 +11,7 @@ cross-field rules are shared too (:mod:`moepolicy.document.constraints`).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from moepolicy.errors import PolicyError
 from moepolicy.document import constraints as rules
@@ -190,7 +190,7 @@ def _cross_checks(doc: dict[str, Any]) -> Optional[str]:
     return None
 
 
-def error_message(err: dict[str, Any]) -> str:
+def error_message(err: Mapping[str, Any]) -> str:
     """One validation error (pydantic's or pydantic-core's) in the policy readers' words."""
     kind = err.get("type")
     if kind == "missing":

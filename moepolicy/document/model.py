@@ -24,7 +24,7 @@ from moepolicy.document import constraints as rules
 
 SCHEMA_VERSION = rules.SCHEMA_VERSION
 # the shared names (moepolicy.names) as Literals: the document and its JSON Schema keep plain strings
-Order = Literal[names.Order.values()]
+Order = names.OrderName
 
 
 class _Doc(BaseModel):
@@ -39,7 +39,7 @@ class ScaleDoc(_Doc):
 
 
 class WireDoc(_Doc):
-    dtype: Literal[names.WireDtype.values()]  # 2.1: nvfp4
+    dtype: names.WireDtypeName  # 2.1: nvfp4
     scale: Optional[ScaleDoc] = None
 
 

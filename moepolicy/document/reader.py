@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, Protocol, Sequence, TypeVar
+from typing import overload
 
 from moepolicy.errors import PolicyError
 from moepolicy.schema.locations import yaml_path
 from moepolicy.text import is_digits
 from moepolicy.document.keys import compute_keys
 from moepolicy.document.constraints import READABLE_MAJORS, SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from moepolicy.document.model import PolicyDoc
 
 READER_MAJOR, READER_MINOR = (int(x) for x in SCHEMA_VERSION.split("."))
 
@@ -37,9 +41,13 @@ class PolicyView(Protocol):
     def layers(self) -> Any: ...
 
 
+# what a parser validated the document into: the Pydantic PolicyDoc, or the light reader's dict
+DocT = TypeVar("DocT")
+
+
 @dataclass(frozen=True)
-class LoadedPolicy:
-    doc: PolicyView
+class LoadedPolicy(Generic[DocT]):
+    doc: DocT
     raw: dict[str, Any]
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
@@ -85,8 +93,8 @@ def _parse_raw(text: str, source: str) -> dict[str, Any]:
 
 
 def _finish(
-    raw: dict[str, Any], doc: Any, extra: list[str], version: str, source: str, strict: bool
-) -> LoadedPolicy:
+    raw: dict[str, Any], doc: DocT, extra: list[str], version: str, source: str, strict: bool
+) -> LoadedPolicy[DocT]:
     warnings = []
     if extra:
         newer = tuple(int(x) for x in version.split(".")) > (READER_MAJOR, READER_MINOR)
@@ -152,14 +160,14 @@ def buffer_fit_problem(raw: dict[str, Any]) -> Optional[str]:
     return None
 
 
-def _chunk_tuple(chunk: dict[str, Any]) -> tuple[int, int, int, int]:
+def _chunk_tuple(chunk: dict[str, Any]) -> tuple[Optional[int], ...]:
     """A bucket's chunk fields, with the schema's defaults for the RDMA ones (a document may omit them)."""
     from moepolicy.document.constraints import CHUNK_DEFAULTS, CHUNK_FIELDS
 
     return tuple(chunk.get(name, CHUNK_DEFAULTS.get(name)) for name in CHUNK_FIELDS)
 
 
-def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
+def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy[PolicyDoc]:
     """Validate with the Pydantic models (the CLI's reader: attribute access, JSON Schema)."""
     from pydantic import ValidationError
 
@@ -181,7 +189,9 @@ def parse_policy(text: str, source: str, strict: bool = False) -> LoadedPolicy:
     return _finish(raw, doc, unknown_keys(doc), doc.schema_version, source, strict)
 
 
-def parse_policy_light(text: str, source: str, strict: bool = False) -> LoadedPolicy:
+def parse_policy_light(
+    text: str, source: str, strict: bool = False
+) -> LoadedPolicy[dict[str, Any]]:
     """Validate with pydantic-core directly (the runtime's reader: the same rules, a fraction of
     the import time); ``doc`` is the validated dict."""
     from moepolicy.document.fast_validate import unknown_keys, validate
@@ -194,9 +204,23 @@ def parse_policy_light(text: str, source: str, strict: bool = False) -> LoadedPo
 MAX_POLICY_BYTES = 64 * 1024 * 1024
 
 
+@overload
 def read_policy(
-    path: str | Path, strict: bool = False, parse: Optional[Callable[..., LoadedPolicy]] = None
-) -> LoadedPolicy:
+    path: str | Path, strict: bool = False, parse: None = None
+) -> LoadedPolicy[PolicyDoc]: ...
+
+
+@overload
+def read_policy(
+    path: str | Path, strict: bool = False, *, parse: Callable[..., LoadedPolicy[DocT]]
+) -> LoadedPolicy[DocT]: ...
+
+
+def read_policy(
+    path: str | Path,
+    strict: bool = False,
+    parse: Optional[Callable[..., LoadedPolicy[Any]]] = None,
+) -> LoadedPolicy[Any]:
     from moepolicy.files import read_bounded
 
     p = Path(path)

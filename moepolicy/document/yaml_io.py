@@ -41,6 +41,7 @@ def _flow_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
 
 
+# a base chosen at run time (libyaml's dumper where PyYAML was built with it): no static type
 class _PolicyDumper(_Dumper):  # type: ignore[misc, valid-type]
     """Safe dumper with one-line mappings for wire, facts and chunk configs, and no anchors."""
 

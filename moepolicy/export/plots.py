@@ -297,13 +297,18 @@ def _orders(deepep: dict, label: str):
     return fig
 
 
+def _object(value: Any) -> dict[Any, Any]:
+    """``value`` where it is an object of the document, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
 def _overlap(deepep: dict, label: str):
-    overlap = deepep.get("overlap") if isinstance(deepep.get("overlap"), dict) else {}
-    splits = overlap.get("splits_us") if isinstance(overlap.get("splits_us"), dict) else {}
+    overlap = _object(deepep.get("overlap"))
+    splits = _object(overlap.get("splits_us"))
     points = sorted(
-        (int(k), _number(v))
+        (int(k), us)
         for k, v in splits.items()
-        if is_digits(str(k).strip()) and len(str(k)) < 7 and _number(v) is not None
+        if is_digits(str(k).strip()) and len(str(k)) < 7 and (us := _number(v)) is not None
     )[:MAX_POINTS]
     if not points:
         return None

@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import functools
 import statistics
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from moepolicy.measure.gemm_shape import GemmShape
+
+if TYPE_CHECKING:
+    from moepolicy.measure.timing import Timer
 
 __all__ = ["ConfinedGemm", "ExpertGemm", "GemmShape", "measure_overlap"]
 
@@ -60,10 +63,12 @@ CLUSTERED_LAUNCHES = (
     (64, 256, 8, 8, "tma"),
     (128, 256, 8, 4, "pointer"),
 )
-PERSISTENT_CONFIGS = tuple(
+# a launch config: (block_m, block_n, num_warps, num_stages, loads, tile order)
+LaunchConfig = tuple[int, int, int, int, str, str]
+PERSISTENT_CONFIGS: tuple[LaunchConfig, ...] = tuple(
     (*cfg, order) for cfg in PERSISTENT_LAUNCHES for order in ("expert", "rows")
 )
-CLUSTERED_CONFIGS = tuple(
+CLUSTERED_CONFIGS: tuple[LaunchConfig, ...] = tuple(
     (*cfg, order) for cfg in CLUSTERED_LAUNCHES for order in ("expert", "rows")
 )
 PICK_LAUNCHES = (
@@ -80,7 +85,8 @@ def _green_context(sms: int, device_index: int):
     try:  # torch >= 2.12 takes keywords only
         return GreenContext.create(num_sms=sms, device_id=device_index)
     except TypeError:
-        return GreenContext.create(sms, device_index)
+        # torch < 2.12 takes them positionally; the stubs checked are a later torch's
+        return GreenContext.create(sms, device_index)  # type: ignore[call-arg, arg-type]
 
 
 def padded_offsets(group_rows: list[int], align: int = GROUP_ROW_ALIGN) -> list[int]:
@@ -104,8 +110,10 @@ class ExpertGemm:
         weights: Optional[dict] = None,
     ):
         self.shape, self.device = shape, device
-        self.kind, self.fallback_reason, self.launch_config = "", None, {}
-        self._launches: dict[tuple, object] = {}  # the persistent kernel's launch configs that ran
+        self.kind, self.fallback_reason = "", None
+        self.launch_config: dict[int, dict[str, Any]] = {}
+        # the persistent kernel's launch configs that ran
+        self._launches: dict[LaunchConfig, Callable[..., Any]] = {}
         self._weights = weights if weights is not None else {}
         self._gen = torch.Generator(device=device).manual_seed(11)
         sm90 = torch.cuda.get_device_capability(device) == (9, 0)
@@ -211,13 +219,11 @@ class ExpertGemm:
         self.c = torch.empty(rows, out, dtype=torch.bfloat16, device=self.device)
         self.rows, self.group_rows, self.cluster = rows, list(group_rows), cluster
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self._launches, self.skipped_launches, self.launch_config, self.pick_timings = (
-            {},
-            {},
-            {},
-            {},
-        )
-        self._pick_timer = None  # a Timer (with its L2-flush buffer), made at the first pick
+        self._launches, self.launch_config = {}, {}
+        self.skipped_launches: dict[LaunchConfig, str] = {}
+        self.pick_timings: dict[int, dict[LaunchConfig, float]] = {}
+        # a Timer (with its L2-flush buffer), made at the first pick
+        self._pick_timer: Optional[Timer] = None
         for cfg in (
             CLUSTERED_CONFIGS if cluster > 1 else PERSISTENT_CONFIGS
         ):  # compile and check each, once per bucket
@@ -241,7 +247,7 @@ class ExpertGemm:
             raise RuntimeError(
                 f"no launch config ran: {next(iter(self.skipped_launches.values()))}"
             )
-        self._best: dict[int, tuple] = {}
+        self._best: dict[int, LaunchConfig] = {}
         clustered = f", in {cluster}-CTA clusters" if cluster > 1 else ""
         self.kind = (
             f"fp8 block-128 persistent grouped GEMM (Triton; grid = the GEMM's SMs{clustered}; launch "
@@ -250,7 +256,7 @@ class ExpertGemm:
         self._sms_fn = lambda sms, trace=None: self._launches[self.pick(sms)](sms, trace)
         self._fn = lambda: self._sms_fn(sm_count)
 
-    def _launcher(self, cfg: tuple, tables, descriptors):
+    def _launcher(self, cfg: LaunchConfig, tables, descriptors):
         from moepolicy.measure import persistent_gemm as pg
 
         def launch(sms: int, trace=None):
@@ -272,7 +278,7 @@ class ExpertGemm:
 
         return launch
 
-    def pick(self, sms: int) -> tuple:
+    def pick(self, sms: int) -> LaunchConfig:
         """The fastest launch config on ``sms`` programs: every candidate launched once (compiled),
         then timed in ``PICK_ROUNDS`` interleaved rounds (``timing.interleaved_rounds``), each the
         median of ``PICK_LAUNCHES`` launches timed as the overlap measurement times the GEMM alone (L2
@@ -512,7 +518,7 @@ def _summary(
     xs: dict[str, list[float]], prefixes: list[str], gemm: ConfinedGemm, queued: bool
 ) -> dict:
     """Each series' spread, the serial sum, each pair until its later side ends, and the labels."""
-    out = {k: spread(v) for k, v in xs.items()}
+    out: dict[str, Any] = {k: spread(v) for k, v in xs.items()}
     out["serial"] = spread([a + b for a, b in zip(xs["comm"], xs["gemm"])])
     for prefix in prefixes:  # a pair takes until its later side ends
         name = prefix if prefix == "overlapped" else f"overlapped_{prefix}"

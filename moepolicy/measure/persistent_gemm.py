@@ -359,7 +359,12 @@ def tile_tables(
     m-tile, all n-tiles of one before the next (they share the rows)."""
     if order not in TILE_ORDERS:
         raise ValueError(f"tile order must be one of {TILE_ORDERS}, got {order!r}")
-    experts, starts, ends, order_m, order_n, start = [], [], [], [], [], 0
+    experts: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    order_m: list[int] = []
+    order_n: list[int] = []
+    start = 0
     n_tiles = -(-n // block_n)
     for e, rows in enumerate(group_rows):
         first = len(starts)

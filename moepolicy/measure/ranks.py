@@ -174,7 +174,8 @@ class RankGroup:
     def watch(self, idle_s: float, what: str, start_s: float = START_TIMEOUT_S) -> list:
         """Every rank's events until each has ended with exit 0; a rank silent for ``idle_s`` (for
         ``start_s`` before its first event) ends the group. Returns the events, progress left out."""
-        got, started, finished = [], time.monotonic(), set()
+        got: list = []
+        started, finished = time.monotonic(), set[int]()
         while len(finished) < len(self.procs):
             deadline = min(
                 self.heard.get(r, started + start_s - idle_s) + idle_s
@@ -243,7 +244,7 @@ def join_group(rank: int, world: int, rendezvous: str, placement: Optional[RankP
     placement = placement or visible_placement(world)
     device = torch.device("cuda", placement.device_index(rank))
     torch.cuda.set_device(device)
-    extra = {} if placement.shared else {"device_id": device}
+    extra: dict[str, Any] = {} if placement.shared else {"device_id": device}
     dist.init_process_group(
         placement.backend, rank=rank, world_size=world, init_method=f"file://{rendezvous}", **extra
     )

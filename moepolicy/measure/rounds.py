@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, Hashable, Optional, Sequence
+from typing import Callable, Hashable, Optional, Sequence, TypeVar
 
 # Carry-over-balanced cycles of round orders for 2 to 5 contenders (found by a depth-first search:
 # each a cycle of 2k rounds, each contender once per round and in each position twice, each
@@ -88,12 +88,15 @@ def split_by_cycle(rounds: int, k: int) -> tuple[list[int], list[int]]:
     return first, [r for r in range(rounds) if (r // length) % 2 == 1]
 
 
+Name = TypeVar("Name", bound=Hashable)  # what a caller times under: an arm, a config, a key
+
+
 def balanced_rounds(
-    names: Sequence[Hashable],
-    time_once: Callable[[Hashable], float],
+    names: Sequence[Name],
+    time_once: Callable[[Name], float],
     rounds: int,
     warm_up: bool = False,
-) -> dict[Hashable, list[float]]:
+) -> dict[Name, list[float]]:
     """``rounds`` rounds, each timing every name once, in the orders of :func:`round_orders`. With
     ``warm_up``, one pass first whose timings are dropped (the first calls after a start pay for it),
     in the cycle's last order, so the first round's first name follows itself as every round's first
@@ -103,7 +106,7 @@ def balanced_rounds(
     cycle = round_orders(len(names))
     for i in cycle[-1] if warm_up else ():
         time_once(names[i])
-    out: dict[Hashable, list[float]] = {name: [] for name in names}
+    out: dict[Name, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for i in cycle[r % len(cycle)]:
             out[names[i]].append(time_once(names[i]))
@@ -191,7 +194,9 @@ class Speedup:
             "baseline": self.baseline,
             "rounds": self.rounds,
             "speedup": round(self.speedup, 4),
-            "ci95": None if self.low is None else [round(self.low, 4), round(self.high, 4)],
+            "ci95": None
+            if self.low is None or self.high is None  # both or neither
+            else [round(self.low, 4), round(self.high, 4)],
             "per_round": [round(self.per_round_min, 4), round(self.per_round_max, 4)],
             "p_faster": round(self.p_faster, 5),
             "p_slower": round(self.p_slower, 5),

@@ -24,6 +24,8 @@ def bench_shape(name: str) -> MoeShape:
     if name not in BENCH_MODELS:
         raise ValueError(f"unknown shape {name!r}; one of {sorted(BENCH_MODELS)}")
     layer = read_model(BENCH_MODELS[name]).moe_layers[0]
+    if layer.moe_intermediate_size is None:
+        raise ValueError(f"{BENCH_MODELS[name]} names no MoE intermediate size")
     return MoeShape(layer.hidden_size, layer.num_experts, layer.top_k, layer.moe_intermediate_size)
 
 

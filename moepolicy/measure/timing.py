@@ -19,10 +19,11 @@ Three launch modes:
 from __future__ import annotations
 
 import statistics
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
+from moepolicy.measure.rounds import Name
 from moepolicy.measure.rounds import balanced_rounds  # noqa: F401 (re-exported: its home is torch-free)
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
@@ -166,12 +167,12 @@ def slowest_per_rep(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, lis
 
 def interleaved_rounds(
     timer: Timer,
-    fns: dict[Hashable, Callable[[], object]],
+    fns: Mapping[Name, Callable[[], object]],
     rounds: int,
     reps: int,
     mode: str = "synced",
     warmup: int = 2,
-) -> dict[Hashable, list[float]]:
+) -> dict[Name, list[float]]:
     """Each round times every callable once (median of ``reps``, slowest rank), in turn
     (``balanced_rounds``), so slow drifts of the machine fall on all of them alike. Returns the
     per-round medians per name."""

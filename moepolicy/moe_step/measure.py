@@ -145,7 +145,7 @@ class _Clock:
     (``measure.timing.step_times``: the slowest rank per repetition, then the median); each timing
     done tells the supervisor this rank is alive (``bench``'s watchdog)."""
 
-    def __init__(self, device, regime: str):
+    def __init__(self, device, regime: Optional[str]):
         self.device, self.regime = device, regime
         self.timer = None
         if device.type == "cuda":
@@ -158,6 +158,7 @@ class _Clock:
         from moepolicy.measure.timing import step_times
 
         if self.timer is not None:
+            assert self.regime is not None, "a GPU rank times DeepEP, in its regime"
             us = self.timer.step_us(fn, reps, warmup=2, mode=LAUNCH_MODE[self.regime])["median_us"]
         else:
             us = step_times(_host_samples(fn, reps))["median_us"]

@@ -117,6 +117,10 @@ class PrepareFinalize:
         self, got: Dispatched, x: torch.Tensor, scales: Optional[torch.Tensor]
     ) -> Prepared:
         if self.spec.kind == "tensor_static":  # bare fp8: every rank knows the global scale
+            if self.spec.static_scale is None:  # as quantize() says it
+                raise ValueError(
+                    "tensor_static needs the global static scale (the max over experts)"
+                )
             scales = torch.full(
                 (x.shape[0], 1),
                 float(self.spec.static_scale),

@@ -130,8 +130,9 @@ def evaluate(cond: Cond, facts: dict[str, Any]) -> Optional[Failure]:
                 return failure
         return None
     if isinstance(cond, AnyOf):
-        failures = [evaluate(item, facts) for item in cond.items]
-        if any(f is None for f in failures):
+        found = [evaluate(item, facts) for item in cond.items]
+        failures = [f for f in found if f is not None]
+        if len(failures) < len(found):  # an item held
             return None
         if not failures:
             return Failure(cond.path, "any", "of", [], "empty any")
@@ -189,7 +190,7 @@ def _evidence(
                     "transport", f"{cap_id} ({layout}, {sheet.name})", entry.evidence, entry.source
                 )
             )
-    if rule.then.order in _QUANTIZED_ON_WIRE and facts.get("kernel.evidence"):
+    if rule.order_then.order in _QUANTIZED_ON_WIRE and facts.get("kernel.evidence"):
         what = f"{facts.get('kernel.name')} on {facts.get('target.arch')} reads {facts.get('kernel.act_dtype')}"
         out.append(Evidence("consumer", what, facts["kernel.evidence"]))
     return tuple(out)
@@ -226,7 +227,8 @@ def decide(
                 Step(rule.id, rule.pack, rule.priority, "condition-false", failure.render())
             )
             continue
-        misfit = order_misfit(facts.get("layer.kind"), rule.then.order)
+        then = rule.order_then
+        misfit = order_misfit(facts.get("layer.kind"), then.order)
         if misfit:
             steps.append(Step(rule.id, rule.pack, rule.priority, "not-for-this-layer", misfit))
             continue
@@ -234,21 +236,21 @@ def decide(
         if blocked:
             steps.append(Step(rule.id, rule.pack, rule.priority, "capability-blocked", blocked))
             continue
-        infeasible = wire_check(rule.then, facts)
+        infeasible = wire_check(then, facts)
         if infeasible:
             steps.append(Step(rule.id, rule.pack, rule.priority, "infeasible", infeasible))
             continue
         steps.append(Step(rule.id, rule.pack, rule.priority, "fired", rule.why))
         return Decision(
-            order=rule.then.order,
-            wire=rule.then.wire,
-            numerics=rule.then.numerics,
+            order=then.order,
+            wire=then.wire,
+            numerics=then.numerics,
             rule=rule.id,
             reason=rule.why,
             source=rule.source,
             trace=tuple(steps),
             evidence=_evidence(rule, sheet, layout, facts),
-            combine=rule.then.combine,
+            combine=then.combine,
         )
     raise RulePackError(
         f"no rule decided layer {facts.get('layer.index')}: every pack's rules failed "
@@ -278,7 +280,7 @@ def choose_kernel(facts: dict[str, Any], packs: Sequence[RulePack]) -> KernelCho
                 Step(rule.id, rule.pack, rule.priority, "condition-false", failure.render())
             )
             continue
-        fact = rule.then.fact
+        fact = rule.kernel_then.fact
         kernel = facts.get(fact)
         if not kernel or kernel in ("none", UNMEASURED):
             steps.append(

@@ -110,6 +110,21 @@ class Rule:
     requires: tuple[str, ...] = ()
     pack: str = ""
 
+    # A pack decides one thing (``RulePack.decides``): its rules' actions are all of one kind.
+    @property
+    def order_then(self) -> Then:
+        """An order rule's action."""
+        if not isinstance(self.then, Then):
+            raise TypeError(f"rule {self.id} chooses an expert kernel, not an order")
+        return self.then
+
+    @property
+    def kernel_then(self) -> KernelThen:
+        """An expert-kernel rule's action."""
+        if not isinstance(self.then, KernelThen):
+            raise TypeError(f"rule {self.id} decides an order, not an expert kernel")
+        return self.then
+
 
 @dataclass(frozen=True)
 class RulePack:
@@ -141,7 +156,7 @@ class _Ctx:
         return RulePackError(f"{self.file}: rule '{self.rule_id}' at {path}: {message}")
 
 
-def _near(word: str, options) -> str:
+def _near(word: object, options) -> str:
     hit = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.5)
     return f" (did you mean '{hit[0]}'?)" if hit else ""
 

@@ -84,8 +84,9 @@ def _relation(a: Cond, b: Cond) -> Optional[tuple[bool, bool]]:
     ``None`` when there are too many combinations to enumerate."""
     leaves = list(_leaves(a)) + list(_leaves(b))
     facts = sorted({leaf.fact for leaf in leaves})
-    domains = [_witnesses(f, [leaf for leaf in leaves if leaf.fact == f]) for f in facts]
-    if any(d is None for d in domains):
+    found = [_witnesses(f, [leaf for leaf in leaves if leaf.fact == f]) for f in facts]
+    domains = [d for d in found if d is not None]
+    if len(domains) < len(found):
         return None
     total = 1
     for d in domains:
@@ -105,7 +106,7 @@ def _relation(a: Cond, b: Cond) -> Optional[tuple[bool, bool]]:
 def applies_when(rule: Rule) -> Cond:
     """The rule's condition plus the layer kind its order can decide (the engine skips a rule whose
     order does not fit the layer: ``order_misfit``)."""
-    kind = "dense" if rule.then.order == "none" else "moe"
+    kind = "dense" if rule.order_then.order == "none" else "moe"
     return All(
         (rule.when, Leaf("layer.kind", "eq", kind, f"{rule.id}.(layer kind of its order)")),
         rule.when.path,

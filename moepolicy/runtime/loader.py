@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, SupportsIndex
 
 from moepolicy.errors import PolicyError
 from moepolicy.wire import Scale, Wire
@@ -160,14 +160,15 @@ def _safe(
     )
 
 
-def _hidden_hint(path: str | Path, model: Optional[str]) -> Optional[int]:
-    """The hidden size for sizing DeepEP's default buffers on the safe path: the served model's,
-    else what the (damaged) file says; None when neither can be read."""
+def _hidden_hint(path: str | Path, model: Optional[str | ServedModel]) -> Optional[int]:
+    """The hidden size for sizing DeepEP's default buffers on the safe path: the served model's (a
+    name, or the engine's ServedModel), else what the (damaged) file says; None when neither can be
+    read."""
     if model is not None:
         try:
-            from moepolicy.checkpoint import read_model
+            from moepolicy.runtime.keycheck import _served_facts
 
-            return read_model(model, hub=False).hidden_size
+            return _served_facts(model, "vllm")[0].hidden_size
         except Exception:  # noqa: BLE001 (the safe path must not fail)
             pass
     try:
@@ -195,7 +196,11 @@ def _argument_problem(
         import operator
 
         try:
-            n = operator.index(ep_size) if not isinstance(ep_size, bool) else None
+            n = (
+                operator.index(ep_size)
+                if isinstance(ep_size, SupportsIndex) and not isinstance(ep_size, bool)
+                else None
+            )
         except TypeError:
             n = None
         if n is None or not 1 <= n <= MAX_EP_SIZE:
@@ -215,7 +220,9 @@ def _argument_problem(
     return None
 
 
-def _places(path: str | Path, rules: object) -> tuple[Path, ...]:
+def _places(
+    path: str | Path, rules: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+) -> tuple[Path, ...]:
     """Where user rule packs are looked up: what the caller named (files or folders), then the
     policy's own folder; absolute, so that the working folder does not change what is found."""
     given = [rules] if isinstance(rules, (str, os.PathLike)) else list(rules)
@@ -246,7 +253,7 @@ def load_policy(
             problem,
             None,
             {"decision": "unchecked", "tuning": "unchecked"},
-            hidden=_hidden_hint(path, model if isinstance(model, str) else None),
+            hidden=_hidden_hint(path, model if isinstance(model, (str, ServedModel)) else None),
         )
     ep_size = None if ep_size is None else int(ep_size)
     places = _places(path, rules)

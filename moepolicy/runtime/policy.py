@@ -51,7 +51,7 @@ class LayerDecision:
         """
         if not self.orders:
             return BucketOrder(None, self.order, self.wire)
-        i = bisect.bisect_left(self._bounds, num_tokens)  # type: ignore[attr-defined]
+        i = bisect.bisect_left(self._bounds, num_tokens)  # type: ignore[attr-defined]  # set by __post_init__, no field
         return self.orders[min(i, len(self.orders) - 1)]
 
     def order_for(self, num_tokens: int) -> str:

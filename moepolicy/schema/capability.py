@@ -80,6 +80,7 @@ class DeepEPSheet(_Sheet):
     defaults: DeepEPDefaults
 
     def capability(self, cap_id: str, layout: str) -> Optional[CapabilityEntry]:
+        # a layout outside Layout (a caller's str) finds nothing, as get() means it to
         return self.capabilities.get(cap_id, {}).get(layout)  # type: ignore[call-overload]
 
     def answers(self) -> tuple:

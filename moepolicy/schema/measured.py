@@ -47,7 +47,7 @@ def overall_faster(timings: Sequence[OrderTiming]) -> str:
     """The order for every token count: where the timings carry tests, the order every bucket found
     faster beyond noise, else ``unmeasured`` (the rules' order); without tests the smaller total."""
     if timings and all(t.verdict is not None for t in timings):
-        verdicts = {t.verdict for t in timings}
+        verdicts = {t.verdict for t in timings if t.verdict is not None}  # all of them
         return verdicts.pop() if len(verdicts) == 1 else UNMEASURED
     qtd = sum(t.quant_then_dispatch_us for t in timings)
     dtq = sum(t.dispatch_then_quant_us for t in timings)

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from moepolicy.measure.ranks import run_ranks
 
-SPECS = {
+SPECS: dict[str, dict[str, Any]] = {  # QuantSpec's fields but the static scale
     "block128": dict(kind="block", group=128),
     "block128_ue8m0": dict(kind="block", group=128, ue8m0=True),
     "token": dict(kind="token"),
@@ -101,7 +102,7 @@ def worker(
     transport, device = join(rank, world, outdir, transport_kind, num_experts, hidden)
     x, topk_idx, topk_w = make_inputs(rank, tokens, hidden, num_experts, top_k, device)
     static = float(global_static_scale(per_expert_static_scales(num_experts)))
-    results = {}
+    results: dict[Any, dict[str, Any]] = {}  # (spec, order) -> tensors; "combine" -> its own
     for name, fields in SPECS.items():
         spec = QuantSpec(
             **fields, static_scale=static if fields["kind"] == "tensor_static" else None
@@ -109,11 +110,13 @@ def worker(
         for order in ("quant_then_dispatch", "dispatch_then_quant"):
             pf = PrepareFinalize(order, spec, transport, backend=backend)
             got = pf.prepare(x, topk_idx, topk_w)
+            src_rank, src_token = got.dispatched.src_rank, got.dispatched.src_token
+            assert src_rank is not None and src_token is not None, "the harness's transport says"
             results[(name, order)] = {
                 "q": got.x.view(torch.uint8).cpu(),
                 "s": None if got.scales is None else got.scales.cpu(),
-                "src_rank": got.dispatched.src_rank.cpu(),
-                "src_token": got.dispatched.src_token.cpu(),
+                "src_rank": src_rank.cpu(),
+                "src_token": src_token.cpu(),
                 "topk_idx": got.topk_idx.cpu(),
             }
     # no_quant round trip: combine sums each received row back to its token

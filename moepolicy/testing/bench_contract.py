@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 
+from moepolicy.deepep.configs import ChunkConfig
 from moepolicy.tuning.bench import Bench, Measurement, TunePoint, Workload
 
-DEFAULT_EP2 = ((24, 256, 6, 132), (10, 256, 6, 132))
+DEFAULT_EP2 = (ChunkConfig(24, 256, 6, 132), ChunkConfig(10, 256, 6, 132))
 
 
 class BenchContract:

@@ -42,6 +42,7 @@ from typing import Callable, Optional
 
 from moepolicy.deepep.configs import ChunkConfig
 from moepolicy.tuning.bench import Bench, Measurement, TunePoint, Workload
+from moepolicy.tuning.expert_bench import ExpertBench
 
 NOISE_MODELS = ("iid", "heavy", "outliers", "drift", "carry-over")
 BEYOND_ASSUMPTIONS = ("config-drift",)
@@ -74,7 +75,8 @@ class Noise:
                 f"noise model must be one of {NOISE_MODELS + BEYOND_ASSUMPTIONS}, got {kind!r}"
             )
         self.kind, self.sigma, self.rng = kind, sigma, random.Random(seed)
-        self.calls, self.walk, self.last = 0, 0.0, None
+        self.calls, self.walk = 0, 0.0
+        self.last: object = None  # what the last measurement switched to (_sms_of)
         self.walks: dict = {}
 
     def restart(self) -> None:
@@ -255,11 +257,15 @@ def overlap_search(kind: str, seed: int, rounds: int, gain: float = 1.0, sigma: 
     candidates = [SplitConfig(c, DEFAULT_CHUNKS) for c in (24, 32, 40)] + [vllm]
     for cfg in candidates:  # the search's measurement of each (the bound reads them)
         m.once(cfg)
-    measured = {cfg: m.weighted(m.seen[cfg]) for cfg in candidates}
+    measured = {}
+    for cfg in candidates:
+        rows = m.seen[cfg]
+        assert rows is not None, "a known bench never fails"
+        measured[cfg] = m.weighted(rows)
     return _select_gate_report(m, candidates, measured, vllm, rounds)
 
 
-class NoisyExpertBench:
+class NoisyExpertBench(ExpertBench):
     """The expert stage's arms with known true times under a noise model, in balanced rounds."""
 
     name = "known expert stage"
@@ -316,6 +322,11 @@ def experts_claimed(kind: str, seed: int, rounds: int = 12, sigma: float = 0.03)
     return choice.faster_kernel != "unmeasured" or any(v != "unmeasured" for v in verdicts)
 
 
+def _noisy_time(noise: Noise, tokens: int) -> Callable[[str], float]:
+    """An arm's time at ``tokens`` under ``noise`` (every arm truly equal)."""
+    return lambda name: BASE_US[tokens] * noise.factor(name)
+
+
 def bench_claims(kind: str, seed: int, rounds: int, sigma: float = 0.03) -> tuple[int, int]:
     """A ``moepolicy bench`` run over three equal arms, 2 routings x 3 buckets: (claims, comparisons)."""
     from moepolicy.cli.bench import comparison
@@ -326,7 +337,7 @@ def bench_claims(kind: str, seed: int, rounds: int, sigma: float = 0.03) -> tupl
         routing: {
             str(t): balanced_rounds(
                 ["policy", "vllm", "deepep-default"],
-                lambda name, t=t: BASE_US[t] * noise.factor(name),
+                _noisy_time(noise, t),
                 rounds,
                 warm_up=True,
             )

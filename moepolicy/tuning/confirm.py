@@ -481,7 +481,7 @@ class OrdersTimer:
         import dataclasses
 
         progress.phase(f"orders ({self.phase})", len(arms) * (rounds + 1))
-        times = {t: {name: [] for name in ORDERS} for t in arms}
+        times: dict[int, dict[str, list[float]]] = {t: {name: [] for name in ORDERS} for t in arms}
         for r in range(-1, rounds):  # round -1: the warm-up, dropped
             for tokens in arms:
                 first = ORDERS[r % 2]
@@ -543,7 +543,9 @@ def order_timings(done: Outcome) -> tuple:
                 done.times_us[tokens][ORDERS[1]],
                 rounds=shown.rounds,
                 speedup=shown.speedup,
-                ci95=None if shown.low is None else (shown.low, shown.high),
+                ci95=None
+                if shown.low is None or shown.high is None  # both or neither
+                else (shown.low, shown.high),
                 verdict=verdict,
                 correction=test.correction,
             )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload
 
@@ -50,6 +50,7 @@ class CoordinatedBench(Bench):
         self.inner, self.group, self.dist = inner, group, dist
         self.world = dist.get_world_size(group)
         self.source = inner.source
+        self.noise_free = inner.noise_free  # a bench's kind: fixed for its life
         self._closed = False
 
     def identity(self) -> str:
@@ -60,10 +61,6 @@ class CoordinatedBench(Bench):
 
     def envelope(self, workload: Workload):
         return self.inner.envelope(workload)
-
-    @property
-    def noise_free(self) -> bool:
-        return self.inner.noise_free
 
     restarts_fresh = False  # torchrun's ranks serve until told to stop: re-measurements reuse them
 
@@ -97,7 +94,7 @@ def serve(inner: Bench, group=None) -> int:
     world = dist.get_world_size(group)
     served = 0
     while True:
-        box = [None]
+        box: list[Any] = [None]
         dist.broadcast_object_list(box, src=0, group=group)
         kind, workload, point = box[0]
         if kind == "stop":

@@ -109,6 +109,7 @@ class _Modelled:
         x = b.compute[arm][0] * (1 + sign * b.error)
         if with_comm:
             c = b.comm[WIRE_OF_ORDER[arm.split("/", 1)[1]]]
+            assert c is not None, "with_comm: both arms' wires have a figure (_has_comm)"
             x += c.dispatch_us * (1 + sign * c.error) + c.combine_us
         return x
 

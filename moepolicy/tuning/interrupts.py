@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM) + (
     (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()
@@ -37,9 +37,10 @@ def deferred() -> Iterator[None]:
     timers: list[threading.Timer] = []
 
     def resend(signum: int) -> None:  # held too long: the signal again, which delivers it
+        main = threading.main_thread().ident  # set: the main thread is running (it started this)
         with lock:
-            if active[0]:
-                signal.pthread_kill(threading.main_thread().ident, signum)
+            if active[0] and main is not None:
+                signal.pthread_kill(main, signum)
 
     def hold(signum: int, frame) -> None:
         pending.append(signum)
@@ -52,7 +53,7 @@ def deferred() -> Iterator[None]:
         delivered.append(pending[0])
         _deliver(pending[0], previous[pending[0]])
 
-    previous = {s: signal.signal(s, hold) for s in _SIGNALS}
+    previous: dict[int, Any] = {s: signal.signal(s, hold) for s in _SIGNALS}  # the handlers held
     try:
         yield
     finally:

@@ -14,7 +14,7 @@ import os
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from moepolicy.names import LAUNCH_MODE
 from moepolicy.tuning.bench import (
@@ -25,6 +25,9 @@ from moepolicy.tuning.bench import (
     Workload,
     check_measurement,
 )
+
+if TYPE_CHECKING:
+    from moepolicy.measure.ranks import RankGroup
 
 
 def _worker(
@@ -255,7 +258,7 @@ class LiveBench(Bench):
             reps,
         )
         self._worker = worker or _worker
-        self._group = None  # measure.ranks.RankGroup while the workers run
+        self._group: Optional[RankGroup] = None  # while the workers run
         self._commands: list = []
         self._token = 0
         self.restarts = 0
@@ -287,6 +290,7 @@ class LiveBench(Bench):
         and fail the trial."""
         from moepolicy.measure.ranks import RanksFailed
 
+        assert self._group is not None, "read only while the workers run"
         try:
             event = self._group.next_event(deadline, what)
         except RanksFailed as exc:

@@ -82,6 +82,7 @@ def _fit(samples: list[tuple[float, float, int, float]], alpha: Optional[float] 
         )
         if best is None or err < best[0]:
             best = (err, fit)
+    assert best is not None  # at least one alpha was tried
     return best[1]
 
 
@@ -333,7 +334,9 @@ class ModelBench(Bench):
         if cal is None:
             have = ", ".join(f"{c.gpu} EP{c.ep_size}" for c in self.calibrations) or "none"
             return f"no calibration for {gpu} EP{workload.ep_size} (calibrated: {have})"
-        return self.envelope(workload).problem(workload, [])
+        envelope = self.envelope(workload)
+        assert envelope is not None  # calibrated here
+        return envelope.problem(workload, [])
 
     def envelope(self, workload: Workload) -> Optional[Envelope]:
         """Where the calibration measured (:class:`CalibratedEnvelope`). Its timings are CUDA events

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, TypeGuard
 
 from moepolicy.errors import UsageError
 from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
@@ -34,7 +34,7 @@ def refuse(field: str, rule: str, value: object, fix: str) -> UsageError:
     return UsageError(f"{field} ({flag(field)}) {rule}, got {value!r}: {fix}", field=field)
 
 
-def _whole(value: object) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

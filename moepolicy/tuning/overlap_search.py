@@ -195,7 +195,7 @@ def joint_search(m: _Measurer, splits: list[int], default: Chunks, trials: int, 
 
     dispatch = sorted(set(CHUNK_CANDIDATES["dispatch"]) | {default[0][0]})
     combine = sorted(set(CHUNK_CANDIDATES["combine"]) | {default[1][0]})
-    dists = {
+    dists: dict[str, optuna.distributions.BaseDistribution] = {
         "c": optuna.distributions.CategoricalDistribution(splits),
         "dispatch": optuna.distributions.CategoricalDistribution(dispatch),
         "combine": optuna.distributions.CategoricalDistribution(combine),
@@ -244,7 +244,7 @@ def best_per_split(
     """The best config of each of the ``splits`` best splits (a lucky reading of one split cannot
     crowd the others out of the confirmation)."""
     best: dict[int, SplitConfig] = {}
-    for cfg in sorted(measured, key=measured.get):
+    for cfg in sorted(measured, key=measured.__getitem__):
         if cfg != exclude and cfg.comm_sms not in best:
             best[cfg.comm_sms] = cfg
     return list(best.values())[:splits]
@@ -262,8 +262,9 @@ def measured_rounds(
     for i in cycle[-1] if warm_up else ():
         m.fresh(configs[i])
     for r in range(rounds):
-        got = {configs[i]: m.fresh(configs[i]) for i in cycle[r % len(cycle)]}
-        if any(rows is None for rows in got.values()):
+        fresh = {configs[i]: m.fresh(configs[i]) for i in cycle[r % len(cycle)]}
+        got = {cfg: rows for cfg, rows in fresh.items() if rows is not None}
+        if len(got) < len(fresh):
             log.info(f"  round {r + 1}/{rounds}: dropped (a measurement failed)")
             continue
         for cfg in configs:

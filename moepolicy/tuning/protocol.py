@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Callable, Hashable, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Generic, Hashable, Mapping, Optional, Protocol, Sequence, TypeVar
 
 from moepolicy.measure.rounds import (
     CONFIDENCE,
@@ -56,6 +56,9 @@ from moepolicy.measure.rounds import (
 Bucket = int
 Arm = Hashable
 Times = dict[Bucket, dict[Arm, list[float]]]
+# a strategy's own arm type (a TunePoint, a V2Point, a kernel's name): what its timer takes and
+# what its outcome's options hold; the protocol itself reads arms only as keys
+ArmT = TypeVar("ArmT", bound=Hashable)
 
 POLICY_LEVEL = 0.05  # any claim in a policy whose arms are all truly equal
 FAMILY_LEVELS = {
@@ -66,25 +69,27 @@ FAMILY_LEVELS = {
 assert math.isclose(sum(FAMILY_LEVELS.values()), POLICY_LEVEL)
 
 
-class Timer(Protocol):
+class Timer(Protocol[ArmT]):
     """How a strategy's contenders are timed."""
 
     def fresh(self, phase: str) -> None:
         """A fresh bench for ``phase`` (select, gate or report): new worker processes where the
         bench has them; the next timings of each contender start with a dropped warm-up."""
 
-    def rounds(self, arms: Mapping[Bucket, Sequence[Arm]], rounds: int) -> Times:
+    def rounds(
+        self, arms: Mapping[Bucket, Sequence[ArmT]], rounds: int
+    ) -> dict[Bucket, dict[ArmT, list[float]]]:
         """Per bucket, every arm's per-round times over ``rounds`` balanced rounds (fewer where a
         round failed and was dropped; the same number for every arm of a bucket)."""
 
 
 @dataclass(frozen=True, eq=False)  # one option is itself only (compared by identity)
-class Option:
+class Option(Generic[ArmT]):
     """One thing a stage can keep: its name (``top2``, ``engine``), how a sentence names it (``the
     engine's default``) and its arm in each bucket (an option may lack a bucket: not proposed there)."""
 
     name: str
-    arms: Mapping[Bucket, Arm]
+    arms: Mapping[Bucket, ArmT]
     label: str = ""
 
     @property
@@ -99,7 +104,7 @@ Bound = Callable[[Bucket, Arm, Arm, int, list[float]], list[float]]
 
 
 @dataclass(frozen=True)
-class Stage:
+class Stage(Generic[ArmT]):
     """One decision. ``joint``: one candidate for every bucket, decided on the weighted buckets with
     no bucket slower beyond noise; else each bucket on its own (Holm over the buckets). ``sides``:
     ``faster`` (only the candidate can be claimed faster) or ``both`` (either: the orders).
@@ -108,8 +113,8 @@ class Stage:
     ``bound``: how a test sees the arms where a part of their time is modelled."""
 
     name: str
-    baseline: Option
-    candidates: tuple[Option, ...]
+    baseline: Option[ArmT]
+    candidates: tuple[Option[ArmT], ...]
     joint: bool = True
     sides: str = FASTER
     compare: bool = False
@@ -146,7 +151,9 @@ class Figure:
             "baseline": self.baseline,
             "rounds": self.rounds,
             "speedup": round(self.speedup, 4),
-            "ci95": None if self.low is None else [round(self.low, 4), round(self.high, 4)],
+            "ci95": None
+            if self.low is None or self.high is None  # both or neither (paired_speedup)
+            else [round(self.low, 4), round(self.high, 4)],
             "per_round": [round(x, 4) for x in self.per_round],
             "interval": "95%"
             + (f", simultaneous over {self.family} buckets" if self.family > 1 else ""),
@@ -201,14 +208,14 @@ def decision_words(test: Speedup) -> str:
 
 
 @dataclass(frozen=True)
-class Gated:
+class Gated(Generic[ArmT]):
     """One stage after the gate: what selection proposed per bucket, where the stage was reached and
     contested, the tests (``overall``: a joint stage's weighted test; ``tests``: its loss tests, or
     each bucket's own) and what is kept per bucket."""
 
-    stage: Stage
-    pick: dict[Bucket, Option]
-    kept: dict[Bucket, Option]
+    stage: Stage[ArmT]
+    pick: dict[Bucket, Option[ArmT]]
+    kept: dict[Bucket, Option[ArmT]]
     reached: tuple[Bucket, ...] = ()
     contested: tuple[Bucket, ...] = ()
     overall: Optional[Speedup] = None
@@ -232,42 +239,44 @@ class Gated:
             return "nothing to test"
         if not self.stage.joint:
             return "; ".join(f"T={b}: {decision_words(t)}" for b, t in self.tests.items())
+        overall = self.overall
+        assert overall is not None, "a tested joint stage has its weighted test"
         lost = [f"T={b}: {decision_words(t)}" for b, t in self.tests.items() if t.slower]
-        head = f"weighted over the buckets, {decision_words(self.overall)}"
+        head = f"weighted over the buckets, {decision_words(overall)}"
         if lost:
             return f"{head}; slower in a bucket ({'; '.join(lost)})"
-        if self.overall.faster:
+        if overall.faster:
             return f"{head}; no bucket slower beyond noise"
         return head
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Outcome(Generic[ArmT]):
     """What the protocol keeps (per bucket, the option), each stage's gate, and the report: per
     bucket and baseline name a figure, the weighted figure per baseline timed at every bucket, and
     the report's medians per arm."""
 
-    kept: dict[Bucket, Option]
-    stages: tuple[Gated, ...]
+    kept: dict[Bucket, Option[ArmT]]
+    stages: tuple[Gated[ArmT], ...]
     figures: dict[Bucket, dict[str, Figure]]
     weighted: dict[str, Figure]
-    times_us: dict[Bucket, dict[Arm, float]]  # the report's medians per arm
+    times_us: dict[Bucket, dict[ArmT, float]]  # the report's medians per arm
     rounds: int
-    selection_us: dict[Bucket, dict[Arm, float]] = field(
+    selection_us: dict[Bucket, dict[ArmT, float]] = field(
         default_factory=dict
     )  # what chose: no claim
 
-    def stage(self, name: str) -> Gated:
+    def stage(self, name: str) -> Gated[ArmT]:
         return next(g for g in self.stages if g.stage.name == name)
 
 
 def run(
-    stages: Sequence[Stage],
-    timer: Timer,
+    stages: Sequence[Stage[ArmT]],
+    timer: Timer[ArmT],
     weights: Mapping[Bucket, float],
     rounds: int,
     level: float,
-) -> Outcome:
+) -> Outcome[ArmT]:
     """Select, gate and report ``stages`` (a fixed sequence) at ``level`` (the family's chance of any
     false claim), each phase in a fresh bench."""
     picks, chose = select(stages, timer, weights, rounds)
@@ -324,8 +333,8 @@ def _proposal(stage: Stage, times: Times, weights: Mapping[Bucket, float]) -> di
     for b in weights:
         here = [c for c in stage.candidates if b in c.arms]
         scores = {c: _estimate_at(times, b, base, c, stage.bound) for c in here}
-        best = max(scores, key=scores.__getitem__, default=None)
-        out[b] = best if best is not None and scores[best] > 1.0 else base
+        top = max(scores, key=scores.__getitem__) if scores else None
+        out[b] = top if top is not None and scores[top] > 1.0 else base
     return out
 
 
@@ -377,7 +386,7 @@ def gate(
 ) -> tuple[Gated, ...]:
     """Each stage in turn in one fresh bench, its pick and baseline in their own rounds, where every
     earlier stage kept its candidate (or had none)."""
-    started, out = False, []
+    started, out = False, list[Gated]()
     for stage, pick in zip(stages, picks):
         reached = tuple(b for b in weights if all(g.goes_on(b) for g in out))
         if stage.joint and len(reached) < len(weights):

@@ -11,7 +11,7 @@ import dataclasses
 import datetime as dt
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from moepolicy.deepep.configs import ChunkConfig, default_configs, default_num_sms
 from moepolicy.deepep.kept import KeptDeepEP, deepep_defaults
@@ -48,6 +48,10 @@ from moepolicy.tuning.study import (
 if TYPE_CHECKING:  # the tuner reads a plan; it imports nothing of the planner or the document
     from moepolicy.planner import Plan
 
+# what ends a search early: Ctrl-C or SIGTERM, or the study database failing
+Interruption = Union[KeyboardInterrupt, StorageFailed]
+
+
 log = logging.getLogger("moepolicy.tuning")
 
 
@@ -75,8 +79,8 @@ class TuneResult:
     buckets: tuple[BucketOutcome, ...] = ()
     overlap: Any = None  # tuning.overlap.OverlapSearch with ``tune --overlap``
     overlap_gemm_note: str = ""
-    interruption: Optional[KeyboardInterrupt] = (
-        None  # what ended the search early (Ctrl-C, SIGTERM)
+    interruption: Optional[Interruption] = (
+        None  # what ended the search early (Ctrl-C, SIGTERM, the study database failing)
     )
     protocol: Any = (
         None  # confirm.Protocol (live) or confirm.Modelled (model bench); None: not re-measured
@@ -153,6 +157,7 @@ SEARCH_NOTE = (
 
 def _search_doc(b: BucketResult, num_sms: int, region: str) -> dict[str, Any]:
     m, d = b.best_measurement, b.default_measurement
+    assert m is not None, "a searched bucket has its best measurement"
     out = {
         "note": SEARCH_NOTE,
         "num_sms": num_sms,
@@ -180,7 +185,9 @@ def _kept_deepep(
         last = (
             i == len(searched) - 1
         )  # open-ended, also when an interrupt left later buckets unsearched
-        point = kept.points.get(b.tokens, b.best)
+        best = b.best
+        assert best is not None  # searched
+        point = kept.points.get(b.tokens, best)
         evidence = {}
         outcome = kept.outcomes.get(b.tokens)
         if outcome is not None:
@@ -400,6 +407,7 @@ def _tune_overlap(
     from moepolicy.tuning.overlap_search import OverlapSettings, search_overlap
 
     ov = options.overlap
+    assert ov is not None, "called for an overlap tune only"
     if not hasattr(bench, "measure_overlap"):
         raise TuningError(
             "overlap tuning needs the live bench: it times DeepEP beside a confined GEMM on GPUs"
@@ -504,13 +512,13 @@ def _tune(
         log.info(
             "model bench: %s; the policy keeps DeepEP's defaults, labelled extrapolated", outside
         )
-        kept = _extrapolated(plan, outside, options)
+        extrapolated = _extrapolated(plan, outside, options)
         return TuneResult(
-            deepep=kept,
+            deepep=extrapolated,
             label="extrapolated",
             region=region,
-            num_sms=kept.num_sms,
-            why=kept.provenance["note"],
+            num_sms=extrapolated.num_sms,
+            why=extrapolated.provenance["note"],
         )
     storage = make_storage(options.storage)
     fingerprint = _fingerprint(plan, space, objective, label, workload, options)
@@ -578,8 +586,8 @@ def _partial_because(deepep: KeptDeepEP, interruption: Optional[BaseException]) 
 
 
 def _protocol(
-    run: _Run, chosen: SmsResult, why: str, envelope, interruption: Optional[KeyboardInterrupt]
-) -> tuple[KeptConfigs, Optional[KeyboardInterrupt]]:
+    run: _Run, chosen: SmsResult, why: str, envelope, interruption: Optional[Interruption]
+) -> tuple[KeptConfigs, Optional[Interruption]]:
     """The protocol after a complete search; after an interrupt, nothing is claimed: the chosen SM
     count with DeepEP's default chunks, marked partial."""
     default, engine_sms = run.default, default_num_sms(run.plan.target.deepep)
@@ -675,10 +683,11 @@ def _fingerprint(
 
 def _search(
     run: _Run, storage, space: Space, sms_list: list[int]
-) -> tuple[list[SmsResult], Optional[KeyboardInterrupt]]:
+) -> tuple[list[SmsResult], Optional[Interruption]]:
     """One optuna sub-study per (SM count, bucket); an interrupt ends it with what was measured."""
     bench, workload, options, name = run.bench, run.workload, run.options, run.study
     results: list[SmsResult] = []
+    assert options.trials is not None, "the caller set the trials (TuneOptions.trials_for)"
     progress.phase("search", len(sms_list) * len(options.buckets) * options.trials)
     try:
         bench.start(workload)

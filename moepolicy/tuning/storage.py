@@ -83,7 +83,8 @@ def storage_failure(exc: BaseException, url: str) -> Optional[StorageFailed]:
         return exc
     if isinstance(exc, (KeyboardInterrupt, TuningError)):
         return None
-    chain, seen = [], exc
+    chain: list[BaseException] = []
+    seen: Optional[BaseException] = exc
     while seen is not None and len(chain) < 20:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
@@ -131,7 +132,9 @@ def make_storage(url: str):
 
     if url.endswith(".log") or url.startswith("journal:"):
         path = url.removeprefix("journal:")
-        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(path))
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(path))
     if url.startswith(("sqlite", "postgresql", "mysql")):
         problem = storage_url_problem(url)
         if problem:

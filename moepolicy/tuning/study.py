@@ -55,10 +55,12 @@ class SmsResult:
 
     def weighted(self, region: str) -> float:
         """Weighted time over the buckets measured (all of them unless a run was interrupted)."""
-        done = [b for b in self.buckets if b.best_measurement is not None]
+        done = [
+            (b.weight, b.best_measurement) for b in self.buckets if b.best_measurement is not None
+        ]
         if not done:
             return math.inf
-        return sum(b.weight * b.best_measurement.objective(region) for b in done)
+        return sum(weight * m.objective(region) for weight, m in done)
 
 
 def make_sampler(seed: int):
@@ -476,7 +478,8 @@ def _collect(study, bucket: BucketResult, num_sms: int) -> None:
     bucket.failed = len([t for t in study.trials if t.state == optuna.trial.TrialState.FAIL])
     if not complete:
         return
-    ranked, top = sorted(complete, key=lambda t: t.value), {}
+    ranked = sorted(complete, key=lambda t: t.value)
+    top: dict[Any, Any] = {}  # a point's key -> its best trial
     for t in ranked:
         top.setdefault(t.user_attrs["effective"], t)
     bucket.top = tuple(_stored_point(key) for key in list(top)[:TOP_K])

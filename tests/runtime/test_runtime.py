@@ -665,3 +665,24 @@ def test_a_schema_version_in_other_digits_is_a_one_line_error_not_a_crash(tmp_pa
     policy = moepolicy.load_policy(path)
     assert policy.is_fallback and "schema_version" in policy.fallback_reason
     assert "unexpected error" not in policy.fallback_reason
+
+
+def test_the_safe_path_sizes_buffers_for_the_served_model_an_engine_passes(tmp_path):
+    # a policy that cannot be read falls back to DeepEP's default buffers, sized for the hidden size
+    # of the model served: the engine's ServedModel (its folder, or the config it loaded) names it
+    # as well as a catalog name does
+    from moepolicy.checkpoint import catalog
+    from moepolicy.runtime.policy import ServedModel
+
+    folder = catalog.lookup("DeepSeek-V3").folder
+    config = json.loads((folder / "config.json").read_text())
+    missing = tmp_path / "nope.yaml"
+    by_name = load_policy(missing, ep_size=8, model="DeepSeek-V3")
+    assert by_name.is_fallback and by_name.deepep.num_nvl_bytes
+    for served in (
+        ServedModel("acme/ds-v3-finetune", folder=str(folder)),
+        ServedModel("s3://bucket/ds", config=config),
+    ):
+        policy = load_policy(missing, ep_size=8, model=served)
+        assert policy.is_fallback
+        assert policy.deepep.num_nvl_bytes == by_name.deepep.num_nvl_bytes, served

@@ -50,11 +50,8 @@ def read_quant(
     if method == "compressed-tensors":
         return compressed_tensors.read(config_qc, config_path)
     if method == "modelopt":
-        inner = (
-            config_qc.get("quantization")
-            if isinstance(config_qc.get("quantization"), dict)
-            else config_qc
-        )
+        quantization = config_qc.get("quantization")
+        inner = quantization if isinstance(quantization, dict) else config_qc
         return modelopt.read(inner, config_path)
     if method == "mxfp4":
         return weight_only.read_mxfp4(config_qc, config_path)

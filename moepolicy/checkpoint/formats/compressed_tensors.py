@@ -14,9 +14,17 @@ from moepolicy.checkpoint.formats._scheme import (
     unknown,
 )
 from moepolicy.errors import CheckpointError
-from moepolicy.schema.facts import NOT_QUANTIZED, Origin, TensorQuant
+from moepolicy.schema.facts import (
+    NOT_QUANTIZED,
+    Dynamism,
+    Granularity,
+    Origin,
+    QuantDtype,
+    ScaleFormat,
+    TensorQuant,
+)
 
-_STRATEGY = {
+_STRATEGY: dict[str, Granularity] = {
     "tensor": "tensor",
     "token": "token",
     "channel": "channel",
@@ -27,7 +35,7 @@ _STRATEGY = {
 }
 
 
-def _dtype(args: dict[str, Any]) -> tuple[str, Origin]:
+def _dtype(args: dict[str, Any]) -> tuple[QuantDtype, Origin]:
     bits, kind, group = args.get("num_bits"), args.get("type"), args.get("group_size")
     if bits is None or kind is None:
         return "unknown", unknown("num_bits/type not in config")
@@ -44,7 +52,7 @@ def _dtype(args: dict[str, Any]) -> tuple[str, Origin]:
     return "unknown", unknown(f"type {kind!r} with num_bits {bits!r} is not a known scheme")
 
 
-def _scale(dtype: str, args: dict[str, Any]) -> tuple[str, Origin]:
+def _scale(dtype: QuantDtype, args: dict[str, Any]) -> tuple[ScaleFormat, Origin]:
     if dtype == "unknown":
         return "unknown", unknown("dtype unknown")
     if dtype == "nvfp4":
@@ -69,6 +77,7 @@ def _tensor(args: Optional[dict[str, Any]], role: str, path: str) -> TensorQuant
         )
     dtype, dtype_o = _dtype(args)
     strategy = args.get("strategy")
+    granularity: Granularity
     if strategy is None:
         granularity, gran_o = "unknown", unknown(f"{role}.strategy not in config")
     elif strategy in _STRATEGY:
@@ -85,6 +94,7 @@ def _tensor(args: Optional[dict[str, Any]], role: str, path: str) -> TensorQuant
         if isinstance(structure, list) and len(structure) == 2:
             block = (int(structure[0]), int(structure[1]))
     dyn = args.get("dynamic")
+    dynamism: Dynamism
     if dyn is None:
         dynamism, dyn_o = "unknown", unknown(f"{role}.dynamic not in config")
     else:

@@ -6,9 +6,9 @@ from typing import Any
 
 from moepolicy.checkpoint.formats._scheme import QuantScheme, convention, explicit, single, unknown
 from moepolicy.errors import CheckpointError
-from moepolicy.schema.facts import TensorQuant
+from moepolicy.schema.facts import Dynamism, QuantDtype, ScaleFormat, TensorQuant
 
-_FMT = {
+_FMT: dict[str, QuantDtype] = {
     "e4m3": "fp8_e4m3",
     "e4m3fn": "fp8_e4m3",
     "float8_e4m3fn": "fp8_e4m3",
@@ -22,7 +22,7 @@ _FMT = {
 _VLLM = "vLLM Fp8Config"
 
 
-def _dtype(qc: dict[str, Any], path: str) -> tuple[str, str]:
+def _dtype(qc: dict[str, Any], path: str) -> tuple[QuantDtype, str]:
     fmt = qc.get("fmt")
     if fmt is None:
         return "fp8_e4m3", "convention"
@@ -48,7 +48,7 @@ def _block(qc: dict[str, Any], path: str) -> tuple[int, int] | None:
     return block[0], block[1]
 
 
-def _scheme(qc: dict[str, Any], path: str) -> str:
+def _scheme(qc: dict[str, Any], path: str) -> Dynamism:
     scheme = qc.get("activation_scheme")
     if scheme is None:
         return "dynamic"
@@ -64,7 +64,7 @@ def read(qc: dict[str, Any], path: str) -> QuantScheme:
     block = _block(qc, path)
     dynamism = _scheme(qc, path)
     scale_fmt = qc.get("scale_fmt")
-    scale = "ue8m0" if scale_fmt == "ue8m0" else "float32"
+    scale: ScaleFormat = "ue8m0" if scale_fmt == "ue8m0" else "float32"
     scale_origin = explicit("scale_fmt") if scale_fmt else convention(f"{_VLLM}: float32 scales")
     dtype_o = (
         explicit("fmt")

@@ -7,16 +7,23 @@ from typing import Any, Callable
 
 from moepolicy.checkpoint.formats._scheme import QuantScheme, convention, explicit, single
 from moepolicy.errors import CheckpointError
-from moepolicy.schema.facts import NOT_QUANTIZED, TensorQuant
+from moepolicy.schema.facts import (
+    NOT_QUANTIZED,
+    Dynamism,
+    Granularity,
+    QuantDtype,
+    ScaleFormat,
+    TensorQuant,
+)
 
 _MO = "ModelOpt"
 
 
 def _t(
-    dtype: str,
-    gran: str,
-    dyn: str,
-    scale: str,
+    dtype: QuantDtype,
+    gran: Granularity,
+    dyn: Dynamism,
+    scale: ScaleFormat,
     note: str,
     group: int | None = None,
     block: tuple[int, int] | None = None,

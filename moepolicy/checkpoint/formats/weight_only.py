@@ -10,7 +10,7 @@ from typing import Any
 
 from moepolicy.checkpoint.formats._scheme import QuantScheme, convention, explicit, single
 from moepolicy.errors import CheckpointError
-from moepolicy.schema.facts import TensorQuant
+from moepolicy.schema.facts import QuantDtype, TensorQuant
 
 WEIGHT_ONLY_METHODS = {
     "gptq",
@@ -98,7 +98,8 @@ def read_int_weight_only(
     group = _int_field(
         qc, ("group_size", "q_group_size"), path, -1 if method == "experts_int8" else 128
     )
-    dtype = {4: "int4", 8: "int8"}.get(bits)
+    dtypes: dict[int, QuantDtype] = {4: "int4", 8: "int8"}
+    dtype = dtypes.get(bits)
     if dtype is None:
         raise CheckpointError(f"{path}: quantization_config.bits is {bits}; supported: 4 or 8")
     weights = TensorQuant(

@@ -14,7 +14,7 @@ import itertools
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from moepolicy.names import Backend
 from moepolicy.errors import PolicyError
@@ -81,18 +81,27 @@ def serving_facts(manager, kind: str = "ht") -> ServingFacts:
     )
 
 
+class _Held(logging.Handler):
+    """A handler that keeps the records it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.held.append(record)
+
+
 @contextlib.contextmanager
-def _loader_lines():
+def _loader_lines() -> Iterator[list[logging.LogRecord]]:
     """The loader's own warnings (logger ``moepolicy``) held back while the plugin loads: the plugin
     says the outcome itself, in vLLM's log, once."""
     lg = logging.getLogger("moepolicy")
-    held: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = held.append  # type: ignore[method-assign]
+    handler = _Held()
     propagate, lg.propagate = lg.propagate, False
     lg.addHandler(handler)
     try:
-        yield held
+        yield handler.held
     finally:
         lg.removeHandler(handler)
         lg.propagate = propagate
@@ -120,6 +129,18 @@ class ManagerRun:
         self.unmatched: dict[str, str] = {}
         self.experts_built: set[str] = set()  # the experts classes vLLM built for these layers
 
+    @property
+    def _plan(self) -> ServingPlan:
+        """The plan, read once the policy applies (``_prepare`` made it on every rank)."""
+        assert self.plan is not None, "the plan is read only where the policy applies"
+        return self.plan
+
+    @property
+    def _facts(self) -> ServingFacts:
+        """The serving facts, read once ``start`` has read them."""
+        assert self.facts is not None, "the serving facts are read only after start"
+        return self.facts
+
     # ---------------------------------------------------------------------------------- start
     def start(self, manager) -> None:
         try:
@@ -142,9 +163,9 @@ class ManagerRun:
 
     def _report(self, manager, disagreement: str) -> None:
         if self.applied:
-            if self.kind == "ht" and self.plan.sets_deepep:
+            if self.kind == "ht" and self._plan.sets_deepep:
                 manager.num_sms = (
-                    self.plan.policy.deepep.num_sms
+                    self._plan.policy.deepep.num_sms
                 )  # vLLM fixes 20; set_num_sms only lowers it
             report.debug(
                 f"rank {manager.rank}: all {manager.world_size} ranks agree on digest {self.digest}; the "
@@ -182,7 +203,7 @@ class ManagerRun:
         if problem:
             self.reason = problem
             return None
-        facts = self.facts
+        facts = self._facts
         dbo_sms = (
             min(facts.dbo_comm_sms, policy.deepep.num_sms)
             if facts.microbatching and self.kind == "ht" and not policy.is_fallback
@@ -201,7 +222,7 @@ class ManagerRun:
     def _load(self):
         from moepolicy import load_policy
 
-        facts = self.facts
+        facts = self._facts
         with _loader_lines():
             return load_policy(
                 self.settings.path,
@@ -213,7 +234,7 @@ class ManagerRun:
             )
 
     def _problem(self, policy) -> str:
-        facts = self.facts
+        facts = self._facts
         if facts.cudagraphs and self.kind == "ht":
             return (
                 f"CUDA graphs are on ({facts.cudagraphs}); per-bucket choices cannot follow the token count "
@@ -246,7 +267,7 @@ class ManagerRun:
                 self._bound = True
                 self._unbound_why = self._bind_all(owner_class, layer_quant)
             if instance._moepolicy_table is None:
-                instance._moepolicy_table = self.plan.left_to_vllm(self._unbound_why)
+                instance._moepolicy_table = self._plan.left_to_vllm(self._unbound_why)
             return instance._moepolicy_table
 
     def _bind_all(self, owner_class, layer_quant) -> str:
@@ -274,24 +295,24 @@ class ManagerRun:
 
     def _layer_table(self, prefix: str, impl, layer_quant):
         try:
-            index, why = policy_index(prefix, self.plan.policy.target)
+            index, why = policy_index(prefix, self._plan.policy.target)
             if index is None:
                 self.unmatched[prefix] = why
-                return self.plan.left_to_vllm(why)
+                return self._plan.left_to_vllm(why)
             quant = layer_quant(
-                impl.fused_experts, self.plan.policy.target.layer_kernels.get(index, "")
+                impl.fused_experts, self._plan.policy.target.layer_kernels.get(index, "")
             )
-            table = self.plan.layer_table(index, quant)
+            table = self._plan.layer_table(index, quant)
             self.per_layer[index] = table.bucket_actions
             self.bound[prefix] = all(b.action.applied for b in table.bucket_actions)
             return table
         except Exception as exc:  # noqa: BLE001 (the same inputs on every rank: the same fallback)
             why = f"{type(exc).__name__}: {exc}"
             self.unmatched[prefix] = why
-            return self.plan.left_to_vllm(why)
+            return self._plan.left_to_vllm(why)
 
     def _summarise(self) -> None:
-        policy, facts = self.plan.policy, self.facts
+        policy, facts = self._plan.policy, self._facts
         summary = actions.summary_line(self.bound, self.per_layer, self.unmatched)
         deepep = policy.deepep
         if self.kind == "v2":
@@ -302,7 +323,7 @@ class ManagerRun:
                 if v2 is not None
                 else "defaults"
             )
-        elif not self.plan.sets_deepep:
+        elif not self._plan.sets_deepep:
             settings = (
                 f"DeepEP's settings left to vLLM (its num_sms, buffers and DeepEP's default configs: "
                 f"{policy.fallback_reason})"
@@ -311,8 +332,8 @@ class ManagerRun:
             settings = (
                 f"DeepEP num_sms {deepep.num_sms}"
                 + (
-                    f" ({self.plan.dbo_num_sms} in DBO micro-batches, vLLM's split)"
-                    if self.plan.dbo_num_sms
+                    f" ({self._plan.dbo_num_sms} in DBO micro-batches, vLLM's split)"
+                    if self._plan.dbo_num_sms
                     else ""
                 )
                 + f", {actions.configs_line(deepep.source, len(deepep.buckets))}"
@@ -324,7 +345,7 @@ class ManagerRun:
             f"{', '.join(sorted(self.experts_built)) or 'no DeepEP MoE experts'} "
             f"(the policy's expert kernel: {policy.target.expert_kernel})",
         )
-        applied, left = actions.layer_lines(self.per_layer, self.plan.policy.target.mtp_layers)
+        applied, left = actions.layer_lines(self.per_layer, self._plan.policy.target.mtp_layers)
         for line in (
             applied
             + left
