@@ -8,6 +8,9 @@ import pytest
 
 from moepolicy.measure.rounds import balanced_rounds
 
+# measure.timing imports torch, measure.rounds does not: only the timing tests skip without torch
+TIMING_NEEDS_TORCH = "moepolicy.measure.timing imports torch (the CPU build is enough)"
+
 
 class ScriptedTimer:
     """Each name has a true time; the first timing of a round reads ``first_penalty`` slower (a
@@ -63,6 +66,7 @@ def test_bad_arguments_say_what_was_wrong():
 
 
 def test_the_slowest_rank_is_taken_per_repetition_not_per_median():
+    pytest.importorskip("torch", reason=TIMING_NEEDS_TORCH)
     from moepolicy.measure.timing import slowest_per_rep
 
     # rank 1 is slow in repetitions 0-1, rank 0 in 2-3: each repetition's step waits for its slowest rank
@@ -77,6 +81,7 @@ def test_the_slowest_rank_is_taken_per_repetition_not_per_median():
 
 
 def test_ranks_that_timed_different_repetitions_are_refused():
+    pytest.importorskip("torch", reason=TIMING_NEEDS_TORCH)
     from moepolicy.measure.timing import slowest_per_rep
 
     with pytest.raises(ValueError, match="same repetitions"):
@@ -86,7 +91,7 @@ def test_ranks_that_timed_different_repetitions_are_refused():
 
 
 def test_one_process_keeps_its_own_timings():
-    import torch
+    torch = pytest.importorskip("torch", reason=TIMING_NEEDS_TORCH)
 
     from moepolicy.measure.timing import Timer
 
