@@ -1,6 +1,7 @@
 """``moepolicy bench POLICY``: the MoE step with this policy against vLLM's choices and DeepEP's defaults.
 
-Per routing (uniform, Zipf) and token bucket: dispatch → the project's expert GEMM stand-in → combine,
+Per routing (uniform, Zipf) and token bucket: dispatch → the expert stage (DeepGEMM's where it runs
+for the policy, else a named stand-in whose times are never compared: ``moe_step.experts``) → combine,
 for every kind of MoE layer the model has, weighted by its layer count; interleaved rounds, each
 repetition counting its slowest rank; the policy's paired per-round speed-up over each baseline with
 its 95 % interval (``measure.rounds``), each "faster" or "slower" claim tested with the exact
@@ -28,6 +29,7 @@ from moepolicy.cli._output import (
 )
 from moepolicy.errors import MeasurementError, UsageError, carry
 from moepolicy.measure.placement import SHARED_LABEL
+from moepolicy.moe_step.experts import BenchExperts
 
 from moepolicy.names import Regime
 
@@ -38,8 +40,7 @@ BENCH_ROUNDS = 24
 RUN_AHEAD = 8  # measure.timing.RUN_AHEAD_CALLS (timing imports torch; a test keeps them equal)
 
 WHAT_IT_IS = (
-    "DeepEP with the project's expert GEMM stand-in, following each arm's choices: the 'vllm' arm "
-    "runs vLLM's choices, not vLLM itself"
+    "DeepEP following each arm's choices (the 'vllm' arm runs vLLM's choices, not vLLM itself)"
 )
 EMULATED = "emulated all-to-all on CPU (gloo): plumbing only, not a performance number"
 MAX_EMULATED_RANKS = 64  # processes on one machine, each a rank of the emulated all-to-all
@@ -201,18 +202,22 @@ def run(args: argparse.Namespace) -> int:
         else ((32, 128) if emulated else (128, 1024, 4096))
     )
     _require_torch()
+    from moepolicy.moe_step.experts import bench_experts
     from moepolicy.moe_step.measure import run as run_step, spec_doc
 
     if doc.model.num_experts % world:
         raise UsageError(f"{doc.model.num_experts} experts do not divide over --ranks {world}")
-    spec = _step_spec(args, doc, kind, tokens, routings)
     _say_fused(doc)
     arms = build_arms(doc)
     if not arms[0].kinds:
         raise UsageError(
             f"{args.policy}: no MoE layer goes through DeepEP's dispatch; nothing to time"
         )
-    _announce(spec, arms, (kind, world, why), functional, args.regime)
+    experts = bench_experts(doc, arms, kind)
+    if not functional and not experts.comparable:
+        functional = experts.what
+    spec = _step_spec(args, doc, kind, tokens, routings, experts)
+    _announce(spec, arms, (kind, world, why), functional, args.regime, experts)
     if same_step(arms, spec.tokens) and not args.null:
         note(
             f"nothing to compare: the {len(arms)} arms make the same choices here (the same orders "
@@ -247,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "what": functional or WHAT_IT_IS,
+                    "experts": experts.what,
                     "transport": kind,
                     "ranks": world,
                     "policy": args.policy,
@@ -275,9 +281,11 @@ def same_step(arms, tokens) -> bool:
     return all(step(arm) == step(arms[0]) for arm in arms[1:])
 
 
-def _announce(spec, arms, transport: tuple, functional: str, asked_regime) -> None:
-    """What is about to be timed: the transport and why, the regime (DeepEP only) and each arm's
-    layers; one thought per line (the first: what runs, and what it is)."""
+def _announce(
+    spec, arms, transport: tuple, functional: str, asked_regime, experts: BenchExperts
+) -> None:
+    """What is about to be timed: the transport and why, the expert stage, the regime (DeepEP only)
+    and each arm's layers; one thought per line (the first: what runs, and what it is)."""
     kind, world, why = transport
     emulated = spec.transport == "emulated"
     if emulated and asked_regime:
@@ -286,6 +294,10 @@ def _announce(spec, arms, transport: tuple, functional: str, asked_regime) -> No
     note(f"bench: {kind}, {world} ranks{regime}; {functional or WHAT_IT_IS}")
     if why != functional:
         note(f"  transport: {why}")
+    if experts.what != functional:
+        note(f"  experts: {experts.what}")
+    if experts.other_kernels:
+        note(f"  experts: {experts.other_kernels}")
     for arm in arms:
         note(
             f"  {arm.name}: {arm.label}; "
@@ -293,7 +305,7 @@ def _announce(spec, arms, transport: tuple, functional: str, asked_regime) -> No
         )
 
 
-def _step_spec(args: argparse.Namespace, doc, kind: str, tokens, routings):
+def _step_spec(args: argparse.Namespace, doc, kind: str, tokens, routings, experts: BenchExperts):
     """What each rank times (``moe_step.measure.StepSpec``) for this policy and these flags."""
     from moepolicy.moe_step.measure import StepSpec
 
@@ -302,13 +314,14 @@ def _step_spec(args: argparse.Namespace, doc, kind: str, tokens, routings):
         doc.model.hidden_size,
         doc.model.num_experts,
         doc.model.top_k,
-        intermediate=32 if emulated else max(doc.model.hidden_size // 3, 128),
+        intermediate=experts.intermediate,
         tokens=tokens,
         routings=routings,
         rounds=args.rounds,
         reps=args.reps or (3 if emulated else 10),
         transport=kind,
         regime=None if emulated else (args.regime or doc.deepep.regime),  # no GPU timing emulated
+        experts=experts.stage,
     )
 
 

@@ -24,7 +24,7 @@ import importlib
 import importlib.util
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 
@@ -93,6 +93,32 @@ def _col_major(scale: torch.Tensor) -> torch.Tensor:
     return to_col_major_tma(scale)
 
 
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where each local expert's rows sit in DeepGEMM's contiguous layout, from the rows each expert
+    received (DeepEP's per-expert counts): each expert's rows padded to the M alignment."""
+
+    per_expert: tuple[int, ...]
+    layout_rows: int  # M_sum: the contiguous layout's rows
+    expert_ends: torch.Tensor  # [local experts] int32: DeepGEMM's psum layout (start + rows)
+    shift: torch.Tensor  # [local experts] int64: layout offset minus pair offset of each expert
+
+
+class Routed(Protocol):
+    """What the stage needs besides the rows: each row's local experts, their weights, the layout."""
+
+    topk_local: torch.Tensor  # [R, top_k] int64, -1 for other ranks' experts
+    topk_weights: torch.Tensor  # [R, top_k] float32
+    layout: ExpertLayout
+
+
+@dataclass
+class ReceivedRouting:
+    topk_local: torch.Tensor
+    topk_weights: torch.Tensor
+    layout: ExpertLayout
+
+
 @dataclass
 class StageInputs:
     """One bucket's received rows on the device, in both wire formats, and the sender's own tokens."""
@@ -103,10 +129,11 @@ class StageInputs:
     rows_scale: torch.Tensor  # [R, hidden / 128] float32, row-major, as DeepEP delivers it
     topk_local: torch.Tensor  # [R, top_k] int64, -1 for other ranks' experts
     topk_weights: torch.Tensor  # [R, top_k] float32
-    per_expert: tuple[int, ...]
-    layout_rows: int  # M_sum: the contiguous layout's rows, each expert's padded to the alignment
-    expert_ends: torch.Tensor  # [local experts] int32: DeepGEMM's psum layout (start + rows)
-    shift: torch.Tensor  # [local experts] int64: layout offset minus pair offset of each expert
+    layout: ExpertLayout
+
+    @property
+    def per_expert(self) -> tuple[int, ...]:
+        return self.layout.per_expert
 
 
 def aligned_offsets(per_expert: Sequence[int], align: int) -> tuple[list[int], int]:
@@ -118,6 +145,19 @@ def aligned_offsets(per_expert: Sequence[int], align: int) -> tuple[list[int], i
     return offsets, at
 
 
+def expert_layout(per_expert: Sequence[int], align: int, device) -> ExpertLayout:
+    offsets, total = aligned_offsets(per_expert, align)
+    starts = [sum(per_expert[:e]) for e in range(len(per_expert))]
+    ends = [o + n for o, n in zip(offsets, per_expert)]
+    shift = [o - s0 for o, s0 in zip(offsets, starts)]
+    return ExpertLayout(
+        tuple(per_expert),
+        max(total, align),
+        torch.tensor(ends, dtype=torch.int32, device=device),
+        torch.tensor(shift, dtype=torch.int64, device=device),
+    )
+
+
 def stage_inputs(view: RankView, shape: ExpertShape, device, align: int, seed: int = 0):
     g = torch.Generator(device=device).manual_seed(seed)
     rows = max(view.rows, 1)
@@ -126,10 +166,6 @@ def stage_inputs(view: RankView, shape: ExpertShape, device, align: int, seed: i
     topk = torch.tensor(view.topk_local or [[-1] * shape.top_k], dtype=torch.int64)
     weights = torch.rand(topk.shape, generator=g, device=device)
     q, s = _quant(rows_bf16)
-    offsets, total = aligned_offsets(view.per_expert, align)
-    starts = [sum(view.per_expert[:e]) for e in range(len(view.per_expert))]
-    ends = [o + n for o, n in zip(offsets, view.per_expert)]
-    shift = [o - s0 for o, s0 in zip(offsets, starts)]
     return StageInputs(
         sent,
         rows_bf16,
@@ -137,10 +173,7 @@ def stage_inputs(view: RankView, shape: ExpertShape, device, align: int, seed: i
         s,
         topk.to(device),
         weights,
-        view.per_expert,
-        max(total, align),
-        torch.tensor(ends, dtype=torch.int32, device=device),
-        torch.tensor(shift, dtype=torch.int64, device=device),
+        expert_layout(view.per_expert, align, device),
     )
 
 
@@ -175,36 +208,77 @@ class DeepGemmExperts:
     def inputs(self, view: RankView, seed: int = 0) -> StageInputs:
         return stage_inputs(view, self.shape, self.device, self.align, seed)
 
-    def _gemm(self, a, scale, w, w_scale, out, inp: StageInputs) -> None:
+    def _gemm(self, a, scale, w, w_scale, out, layout: ExpertLayout) -> None:
         self.dg.m_grouped_fp8_gemm_nt_contiguous(
-            (a, _col_major(scale)), (w, w_scale), out, inp.expert_ends, use_psum_layout=True
+            (a, _col_major(scale)), (w, w_scale), out, layout.expert_ends, use_psum_layout=True
         )
 
-    def run(self, x: torch.Tensor, scale: torch.Tensor, inp: StageInputs) -> torch.Tensor:
+    def run(self, x: torch.Tensor, scale: torch.Tensor, routed: Routed) -> torch.Tensor:
         """The stage on fp8 rows ``x`` with row-major 1x128 scales: [R, hidden] bf16 out."""
         from moepolicy.measure.moe_glue import weighted_gather
 
-        flat = inp.topk_local.reshape(-1)
-        pairs = sum(inp.per_expert)
+        layout = routed.layout
+        flat = routed.topk_local.reshape(-1)
+        pairs = sum(layout.per_expert)
         key = torch.where(flat >= 0, flat, torch.full_like(flat, self.shape.local_experts))
         order = torch.argsort(key, stable=True)[:pairs]  # the (row, expert) pairs by expert
-        dest = torch.arange(pairs, device=x.device) + inp.shift[flat[order]]
-        source = torch.zeros(inp.layout_rows, dtype=torch.int64, device=x.device)
-        source[dest] = order // inp.topk_local.shape[1]  # padding rows read row 0: never computed
+        dest = torch.arange(pairs, device=x.device) + layout.shift[flat[order]]
+        source = torch.zeros(layout.layout_rows, dtype=torch.int64, device=x.device)
+        source[dest] = (
+            order // routed.topk_local.shape[1]
+        )  # padding rows read row 0: never computed
         a = x.view(torch.uint8).index_select(0, source).view(FP8)
         h = torch.empty(
-            (inp.layout_rows, self.w13.shape[1]), dtype=torch.bfloat16, device=x.device
+            (layout.layout_rows, self.w13.shape[1]), dtype=torch.bfloat16, device=x.device
         )
-        self._gemm(a, scale.index_select(0, source), self.w13, self.s13, h, inp)
+        self._gemm(a, scale.index_select(0, source), self.w13, self.s13, h, layout)
         inter = self.shape.intermediate
         a2, s2 = _quant(torch.nn.functional.silu(h[:, :inter]) * h[:, inter:])
         y = torch.empty(
-            (inp.layout_rows, self.shape.hidden), dtype=torch.bfloat16, device=x.device
+            (layout.layout_rows, self.shape.hidden), dtype=torch.bfloat16, device=x.device
         )
-        self._gemm(a2, s2, self.w2, self.s2, y, inp)
+        self._gemm(a2, s2, self.w2, self.s2, y, layout)
         pos = torch.full_like(flat, -1)
         pos[order] = dest
-        return weighted_gather(y, pos.view_as(inp.topk_local), inp.topk_weights)
+        return weighted_gather(y, pos.view_as(routed.topk_local), routed.topk_weights)
+
+
+class ReceivedRowsStage:
+    """DeepGEMM's expert stage on what DeepEP's dispatch delivered, called as ``moepolicy bench``
+    calls its experts: fp8 rows with row-major 1x128 float32 scales (quantized before dispatch, or by
+    the receiver after it), or bf16 rows (bf16 on the wire), which it quantizes 1x128 first, as
+    vLLM's DeepGEMM experts do. The contiguous layout follows the per-expert counts dispatch handed
+    the host, kept per count tuple (a bench feeds the same routing every repetition), so the stage
+    never makes the host wait."""
+
+    def __init__(self, experts: DeepGemmExperts):
+        self.experts = experts
+        self._layouts: dict[tuple[int, ...], ExpertLayout] = {}
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        scales: Optional[torch.Tensor],
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        tokens_per_expert: Sequence[int],
+    ) -> torch.Tensor:
+        counts = tuple(int(n) for n in tokens_per_expert)
+        if not sum(counts):  # nothing routed here: every received row's experts are elsewhere
+            return torch.zeros(
+                x.shape[0], self.experts.shape.hidden, dtype=torch.bfloat16, device=x.device
+            )
+        if x.dtype == torch.bfloat16 or scales is None:
+            x, scales = _quant(x.to(torch.bfloat16))
+        elif scales.dtype != torch.float32:
+            raise ValueError(
+                f"DeepGEMM's SM90 stage takes float32 1x128 scales, got {scales.dtype} (UE8M0 is SM100's)"
+            )
+        layout = self._layouts.get(counts)
+        if layout is None:
+            layout = self._layouts[counts] = expert_layout(counts, self.experts.align, x.device)
+        routed = ReceivedRouting(topk_idx, topk_weights.float(), layout)
+        return self.experts.run(x, scales, routed)
 
 
 def step_arms(experts: DeepGemmExperts, inp: StageInputs) -> dict[str, Callable[[], object]]:

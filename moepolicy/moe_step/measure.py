@@ -1,8 +1,11 @@
 """The MoE step ``moepolicy bench`` times, per arm (``moe_step.arms``) and token bucket.
 
 For each kind of MoE layer an arm runs: prepare (quantize then dispatch, or dispatch then quantize,
-as the arm decides) → an expert GEMM stand-in on the received rows (two grouped matmuls per local
-expert, the same for every arm that feeds the experts the same format) → finalize (combine). The
+as the arm decides) → the expert stage on the received rows → finalize (combine). The expert stage
+is DeepGEMM's (``measure.expert_stage.ReceivedRowsStage``: the w13 and w2 grouped fp8 GEMMs with
+their quantizations, at the model's expert shapes) where it runs for the policy; elsewhere (CPUs, no
+DeepGEMM, a wire it does not take) a stand-in of two matmuls per local expert, which the CLI names
+and gives no ratio for (its hundreds of small ops per layer dilute every ratio toward 1). The
 arm's step is the sum over its layer kinds of (layers of that kind) × (the kind's median time). Each
 repetition counts its slowest rank (an EP step ends when its last rank does). Rounds take the arms in
 carry-over-balanced orders (``rounds.balanced_rounds``, after a warm-up pass whose timings are
@@ -20,13 +23,14 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from moepolicy.names import LAUNCH_MODE, Order
 from moepolicy.errors import MeasurementError
 from moepolicy.moe_step.arms import Arm, LayerKind
+from moepolicy.moe_step.experts import DEEPGEMM, STAND_IN
 
 
 STAND_IN_STATIC_SCALE = 0.05
@@ -37,7 +41,7 @@ class StepSpec:
     hidden: int
     num_experts: int
     top_k: int
-    intermediate: int  # the stand-in experts' intermediate size
+    intermediate: int  # one expert's intermediate size (the model's with DeepGEMM's stage)
     tokens: tuple[int, ...]
     routings: tuple[str, ...]  # uniform | zipf
     rounds: int
@@ -47,6 +51,7 @@ class StepSpec:
     regime: Optional[str] = "host"
     zipf_s: float = 1.2
     seed: int = 0
+    experts: str = STAND_IN  # DEEPGEMM: DeepGEMM's expert stage; STAND_IN: the named stand-in
 
 
 def routing(tokens: int, num_experts: int, top_k: int, kind: str, seed: int, s: float = 1.2):
@@ -131,6 +136,26 @@ class StandInExperts:
         return out
 
 
+Experts = Callable[..., torch.Tensor]  # (rows, scales, topk_idx, topk_weights, tokens_per_expert)
+
+
+def _experts(spec: StepSpec, world: int, device) -> Experts:
+    """The rank's expert stage: DeepGEMM's at the model's shapes, or the stand-in."""
+    if spec.experts == DEEPGEMM:
+        from moepolicy.measure.expert_stage import DeepGemmExperts, ReceivedRowsStage
+        from moepolicy.measure.routing import ExpertShape
+
+        shape = ExpertShape(spec.hidden, spec.intermediate, spec.num_experts, spec.top_k, world)
+        return ReceivedRowsStage(DeepGemmExperts(shape, device))
+    return StandInExperts(
+        spec.num_experts // world,
+        spec.hidden,
+        spec.intermediate,
+        device,
+        torch.bfloat16 if device.type == "cuda" else torch.float32,
+    )
+
+
 def _dequant(x: torch.Tensor, scales: Optional[torch.Tensor]) -> torch.Tensor:
     if x.dtype == torch.bfloat16 or scales is None or scales.dtype != torch.float32:
         return x.float()  # bf16, or packed UE8M0 (the stand-in only needs the shapes and the work)
@@ -199,7 +224,7 @@ def _transport(arm: Arm, tokens: int, spec: StepSpec, buffer):
     )
 
 
-def _kind_step(kind: LayerKind, transport, experts: StandInExperts, inputs, backend: str):
+def _kind_step(kind: LayerKind, transport, experts: Experts, inputs, backend: str):
     from moepolicy.reference.prepare_finalize import PrepareFinalize, QuantSpec
 
     order = (
@@ -240,13 +265,7 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
         )
         device = torch.device("cpu")
     buffer = _buffer(arms, spec, world) if gpu else None
-    experts = StandInExperts(
-        spec.num_experts // world,
-        spec.hidden,
-        spec.intermediate,
-        device,
-        torch.bfloat16 if gpu else torch.float32,
-    )
+    experts = _experts(spec, world, device)
     clock = _Clock(device, spec.regime)
     results: dict = {}
     done = 0

@@ -43,6 +43,9 @@ def test_bench_runs_every_arm_and_compares_only_with_a_gpu_per_rank(tmp_path, re
     asked = "host" if regime == "policy's" else regime
     assert f"{asked} regime" in done.stderr
     raw = json.loads((tmp_path / "bench.json").read_text())
+    # the real expert stage runs between dispatch and combine, at the model's shapes, and is named
+    assert "the expert stage is DeepGEMM's" in done.stderr and "stand-in" not in done.stderr
+    assert raw["spec"]["experts"] == "deepgemm" and raw["spec"]["intermediate"] == 768
     assert raw["spec"]["regime"] == asked and all(
         len(xs) == 9 and min(xs) > 0 for xs in raw["times_us"]["uniform"]["128"].values()
     )

@@ -151,3 +151,30 @@ def test_tune_live_on_one_gpu_measures_the_expert_stage_and_models_deepep(tmp_pa
     assert doc.deepep.provenance.source == "modelled"
     assert "communication modelled" in doc.experts.basis
     assert len(doc.experts.orders) == 2
+
+
+def test_bench_stage_on_received_rows_is_the_stage(small):
+    """What ``moepolicy bench`` runs between dispatch and combine (``ReceivedRowsStage``, called with
+    DeepEP's outputs) gives the stage's own bits: on fp8 rows with their scales, and on bf16 rows,
+    which it quantizes 1x128 itself as the experts do with bf16 on the wire; a second call (the
+    layout kept per count tuple) makes no host sync."""
+    import torch
+
+    es, experts, inp = small
+    stage = es.ReceivedRowsStage(experts)
+    want = experts.run(inp.rows_fp8, inp.rows_scale, inp)
+    counts = list(inp.per_expert)
+    fp8 = stage(inp.rows_fp8, inp.rows_scale, inp.topk_local, inp.topk_weights, counts)
+    bf16 = stage(inp.rows_bf16, None, inp.topk_local, inp.topk_weights, counts)
+    assert torch.equal(fp8, want) and torch.equal(bf16, want)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        stage(inp.rows_bf16, None, inp.topk_local, inp.topk_weights, counts)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    nothing = stage(
+        inp.rows_fp8, inp.rows_scale, inp.topk_local, inp.topk_weights, [0] * len(counts)
+    )
+    assert nothing.shape == want.shape and not nothing.any()
