@@ -20,17 +20,28 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 
-from moepolicy.names import LAUNCH_MODE, Order
+from moepolicy.deepep.buffers import ht_buffer_bytes
 from moepolicy.errors import MeasurementError
+from moepolicy.measure.expert_stage import DeepGemmExperts, ReceivedRowsStage
+from moepolicy.measure.ranks import START_TIMEOUT_S, RanksFailed, join_group, spawn_ranks, tell
+from moepolicy.measure.rounds import balanced_rounds
+from moepolicy.measure.routing import ExpertShape
+from moepolicy.measure.timing import Timer, step_times
 from moepolicy.moe_step.arms import Arm, LayerKind
 from moepolicy.moe_step.experts import DEEPGEMM, STAND_IN
+from moepolicy.names import LAUNCH_MODE, Order
+from moepolicy.reference.prepare_finalize import PrepareFinalize, QuantSpec
+from moepolicy.reference.transport import DeepEPTransport, GatherTransport
 
 
 STAND_IN_STATIC_SCALE = 0.05
@@ -75,8 +86,6 @@ def routing(tokens: int, num_experts: int, top_k: int, kind: str, seed: int, s: 
 
 def _wire(flat: tuple) -> "object":
     """A wire (as the policy writes it) from its flattened form, for ``QuantSpec.from_wire``."""
-    from types import SimpleNamespace
-
     fields = dict(flat)
     scale = {k.split(".", 1)[1]: v for k, v in fields.items() if k.startswith("scale.")}
     return SimpleNamespace(
@@ -142,9 +151,6 @@ Experts = Callable[..., torch.Tensor]  # (rows, scales, topk_idx, topk_weights, 
 def _experts(spec: StepSpec, world: int, device) -> Experts:
     """The rank's expert stage: DeepGEMM's at the model's shapes, or the stand-in."""
     if spec.experts == DEEPGEMM:
-        from moepolicy.measure.expert_stage import DeepGemmExperts, ReceivedRowsStage
-        from moepolicy.measure.routing import ExpertShape
-
         shape = ExpertShape(spec.hidden, spec.intermediate, spec.num_experts, spec.top_k, world)
         return ReceivedRowsStage(DeepGemmExperts(shape, device))
     return StandInExperts(
@@ -174,14 +180,9 @@ class _Clock:
         self.device, self.regime = device, regime
         self.timer = None
         if device.type == "cuda":
-            from moepolicy.measure.timing import Timer
-
             self.timer = Timer(device)
 
     def median_us(self, fn, reps: int) -> float:
-        from moepolicy.measure.ranks import tell
-        from moepolicy.measure.timing import step_times
-
         if self.timer is not None:
             assert self.regime is not None, "a GPU rank times DeepEP, in its regime"
             us = self.timer.step_us(fn, reps, warmup=2, mode=LAUNCH_MODE[self.regime])["median_us"]
@@ -193,8 +194,6 @@ class _Clock:
 
 def _host_samples(fn, reps: int) -> list[float]:
     """Wall-clock microseconds of ``fn`` per repetition, each started after a barrier (CPUs)."""
-    import torch.distributed as dist
-
     fn()  # warm-up
     xs = []
     for _ in range(reps):
@@ -207,12 +206,8 @@ def _host_samples(fn, reps: int) -> list[float]:
 
 def _transport(arm: Arm, tokens: int, spec: StepSpec, buffer):
     if spec.transport == "emulated":
-        from moepolicy.reference.transport import GatherTransport
-
         return GatherTransport(None, spec.num_experts)
     import deep_ep
-
-    from moepolicy.reference.transport import DeepEPTransport
 
     bucket = arm.deepep.bucket_for(tokens)
     return DeepEPTransport(
@@ -225,8 +220,6 @@ def _transport(arm: Arm, tokens: int, spec: StepSpec, buffer):
 
 
 def _kind_step(kind: LayerKind, transport, experts: Experts, inputs, backend: str):
-    from moepolicy.reference.prepare_finalize import PrepareFinalize, QuantSpec
-
     order = (
         kind.order
         if kind.order in (Order.QUANT_THEN_DISPATCH, Order.DISPATCH_THEN_QUANT)
@@ -249,15 +242,8 @@ def _kind_step(kind: LayerKind, transport, experts: Experts, inputs, backend: st
 
 def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir: str) -> None:
     """One rank: every (routing, bucket), rounds rotating over the arms; rank 0 writes the times."""
-    import torch.distributed as dist
-
-    from moepolicy.measure.ranks import tell
-    from moepolicy.measure.rounds import balanced_rounds
-
     gpu = spec.transport == "deepep"
     if gpu:  # a GPU per rank (NCCL), or ranks sharing the GPUs visible (gloo): measure.placement
-        from moepolicy.measure.ranks import join_group
-
         device = join_group(rank, world, f"{outdir}/rendezvous")
     else:
         dist.init_process_group(
@@ -316,16 +302,11 @@ def worker(rank: int, world: int, arms: tuple[Arm, ...], spec: StepSpec, outdir:
 
 def _progress(line: str) -> None:
     """A progress line on the CLI's standard error (rank 0 of a spawned group writes it directly)."""
-    import sys
-
     print(line, file=sys.stderr, flush=True)
 
 
 def _buffer(arms: tuple[Arm, ...], spec: StepSpec, world: int):
     import deep_ep
-    import torch.distributed as dist
-
-    from moepolicy.deepep.buffers import ht_buffer_bytes
 
     nvl = max(
         ht_buffer_bytes(
@@ -343,8 +324,6 @@ def run(arms: tuple[Arm, ...], spec: StepSpec, world: int, outdir: str, watchdog
     """Spawn ``world`` ranks, run the benchmark, return {routing: {tokens: {arm: [us per round]}}}.
     A rank that dies or raises, or sends nothing for ``watchdog_s`` (a hung collective), ends every
     rank and the run in one line; the ranks ignore Ctrl-C, which ends them here and is raised again."""
-    from moepolicy.measure.ranks import START_TIMEOUT_S, RanksFailed, spawn_ranks
-
     os.makedirs(outdir, exist_ok=True)
     # quiet: Ctrl-C is the bench's; it ends the ranks (group.kill) and says nothing was written
     group = spawn_ranks(worker, [(world, arms, spec, outdir)] * world, quiet=True)
