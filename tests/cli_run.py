@@ -12,7 +12,8 @@ What a command leaves behind in the process is put back after each call, so that
 another's: the environment, the folder, the standard streams, the signal handlers and the
 unraisable-exception hook the CLI installs, the root logger's handlers and level and the CLI's
 logging settings (``cli._logging.Settings``, its ``--log-file`` handler), ``tempfile``'s folder
-(read from ``TMPDIR`` once per process) and the warning filters.
+(read from ``TMPDIR`` once per process), what a module says once per process (the runtime
+loader's warnings) and the warning filters.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ from typing import Optional
 _PROCESS_WARNING_FILTERS = list(warnings.filters)
 _SHOW_WARNING = warnings.showwarning
 _SHOW_WARNING_IMPL = getattr(warnings, "_showwarnmsg_impl", None)
+
+# what a module says once per process (a warning), emptied for each call and put back after it
+_ONCE_PER_PROCESS = (
+    ("moepolicy.runtime.loader", "_WARNED"),
+    ("moepolicy.integrations.vllm.report", "_SAID"),
+)
 
 _SIGNALS = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
 
@@ -122,6 +129,11 @@ def run_in_process(
     )
     saved_argv = sys.argv
     saved_tempdir = tempfile.tempdir  # read from TMPDIR once per process, then kept
+    said_once = [
+        (said, set(said))
+        for module, name in _ONCE_PER_PROCESS
+        if (said := getattr(sys.modules.get(module), name, None)) is not None
+    ]
     saved_handlers = {s: signal.getsignal(s) for s in _SIGNALS}
     saved_unraisable = sys.unraisablehook
     root = logging.getLogger()
@@ -144,6 +156,8 @@ def run_in_process(
                 os.chdir(cwd)
             sys.argv = ["moepolicy", *argv]
             tempfile.tempdir = None
+            for said, _ in said_once:
+                said.clear()
             sys.stdin = sys.__stdin__ = stdin
             sys.stdout = sys.__stdout__ = out
             sys.stderr = sys.__stderr__ = err
@@ -187,6 +201,9 @@ def run_in_process(
             ) = saved_streams
             sys.argv = saved_argv
             tempfile.tempdir = saved_tempdir
+            for said, before in said_once:
+                said.clear()
+                said.update(before)
             for signum, handler in saved_handlers.items():
                 signal.signal(signum, handler)
             sys.unraisablehook = saved_unraisable
