@@ -6,18 +6,24 @@ exit code (``SystemExit``'s too: argparse's 2, ``--help``'s 0), standard output 
 as text a pipe would have given (UTF-8, universal newlines, not a terminal), with the call's
 environment, current folder and standard input. Starting an interpreter for each command was most of
 the fast profile's time; the tests whose point is the process (signals, exit codes the interpreter
-sets, pipes, start-up and import isolation) still run it as one (``conftest.run_cli_process``).
+sets, pipes, terminals, start-up and import isolation) still run it as one
+(``conftest.run_cli_process``), and ``tests/cli/test_in_process.py`` runs each command both ways.
+
+Standard output and standard error are files for the call, at both levels: ``sys.stdout`` /
+``sys.stderr`` and descriptors 1 and 2 (what a process the command starts, as bench's ranks, writes
+there lands in the same place, in order, as it does in a subprocess's pipe).
 
 What a command leaves behind in the process is put back after each call, so that no call sees
-another's: the environment, the folder, the standard streams, the signal handlers and the
-unraisable-exception hook the CLI installs, the root logger's handlers and level and the CLI's
-logging settings (``cli._logging.Settings``, its ``--log-file`` handler), ``tempfile``'s folder
-(read from ``TMPDIR`` once per process), what a module says once per process (the runtime
-loader's warnings) and the warning filters.
+another's: the environment, the folder, the standard streams and descriptors, the signal handlers
+and the unraisable-exception hook the CLI installs, ``sys.argv``, the root logger's handlers and
+level, a library's stderr handler (optuna's), the CLI's logging settings (``cli._logging.Settings``,
+its ``--log-file`` handler), ``tempfile``'s folder (read from ``TMPDIR`` once per process), what a
+module says once per process (the runtime loader's warnings) and the warning filters.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -28,7 +34,7 @@ import tempfile
 import traceback
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 # what a fresh interpreter starts with (this module is imported by conftest.py, before pytest's
 # per-test warning capture replaces the filters and the way a warning is shown)
@@ -45,65 +51,6 @@ _ONCE_PER_PROCESS = (
 _SIGNALS = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
 
 
-def _pipe(errors: str) -> io.TextIOWrapper:
-    """A text stream over an unnamed temporary file: a real descriptor (``fileno()`` works, as the
-    CLI's broken-pipe and full-disk handling uses it), not a terminal, UTF-8 as the pipe of a test's
-    subprocess is."""
-    return io.TextIOWrapper(
-        tempfile.TemporaryFile(), encoding="utf-8", errors=errors, line_buffering=False
-    )
-
-
-def _read_back(stream: io.TextIOWrapper) -> str:
-    """What was written, decoded as ``subprocess.run(text=True)`` decodes a pipe (universal
-    newlines: ``\\r\\n`` and ``\\r`` read as ``\\n``)."""
-    try:
-        stream.flush()
-    except (OSError, ValueError):
-        pass
-    raw = stream.buffer.raw if hasattr(stream.buffer, "raw") else stream.buffer
-    raw.seek(0)
-    data = raw.read()
-    stream.close()
-    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
-
-
-def _stdin(text: Optional[str]) -> io.TextIOBase:
-    if text is None:  # as a test's subprocess, which reads nothing a person types
-        return open(os.devnull, encoding="utf-8")
-    return io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), encoding="utf-8")
-
-
-def _exit_code(exc: SystemExit, stderr) -> int:
-    """The code the interpreter would exit with for ``SystemExit(exc.code)``."""
-    code = exc.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=stderr)
-    return 1
-
-
-def _run_main(argv: list[str], fake_deepep: int, model_bench_delay: float) -> int:
-    if not fake_deepep and not model_bench_delay:
-        from moepolicy.cli.main import main
-
-        return main(argv)
-    from moepolicy.testing.cli import main as testing_main
-
-    return testing_main(
-        [
-            "--fake-deepep",
-            str(fake_deepep),
-            "--model-bench-delay",
-            str(model_bench_delay),
-            "--",
-            *argv,
-        ]
-    )
-
-
 def run_in_process(
     *args: str,
     cwd: Path | str | None = None,
@@ -113,37 +60,144 @@ def run_in_process(
     model_bench_delay: float = 0.0,
 ) -> subprocess.CompletedProcess:
     """Run ``moepolicy ARGS`` in this process; the result as ``subprocess.run(..., text=True,
-    capture_output=True)`` would give it (``args`` is the command line the test asked for)."""
-    from moepolicy.cli import _logging
-
+    capture_output=True)`` gives it, ``env`` added to this process's environment as
+    ``conftest.run_cli_process`` adds it."""
     argv = [str(a) for a in args]
-    saved_environ = dict(os.environ)
-    saved_cwd = os.getcwd()
-    saved_streams = (
-        sys.stdin,
-        sys.stdout,
-        sys.stderr,
-        sys.__stdin__,
-        sys.__stdout__,
-        sys.__stderr__,
+    out, err = _pipe("strict"), _pipe("backslashreplace")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_environment(env, cwd))
+        stack.enter_context(_process_state(argv))
+        stack.enter_context(_logging_state(err))
+        stack.enter_context(_standard_streams(out, err, input))
+        code = _exit_status(argv, fake_deepep, model_bench_delay, err)
+    return subprocess.CompletedProcess(
+        ["moepolicy", *argv], code, stdout=_read_back(out), stderr=_read_back(err)
     )
-    saved_argv = sys.argv
-    saved_tempdir = tempfile.tempdir  # read from TMPDIR once per process, then kept
+
+
+def _exit_status(argv: list[str], fake_deepep: int, model_bench_delay: float, err) -> int:
+    """The code the process would exit with; what the interpreter prints on stderr where it would."""
+    try:
+        code = _run_main(argv, fake_deepep, model_bench_delay)
+        code = 0 if code is None else int(code) & 0xFF
+    except SystemExit as exc:
+        code = _system_exit_code(exc, err)
+    except KeyboardInterrupt:
+        traceback.print_exc(file=err)
+        code = 130
+    except BaseException:  # noqa: BLE001 (what the interpreter does: a traceback, exit 1)
+        traceback.print_exc(file=err)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):  # the interpreter's last flush
+        try:
+            stream.flush()
+        except Exception as exc:  # noqa: BLE001
+            print(f"Exception ignored on flushing sys.stdout: {exc!r}", file=err)
+            code = code or 120
+    return code
+
+
+def _run_main(argv: list[str], fake_deepep: int, model_bench_delay: float) -> Optional[int]:
+    if not fake_deepep and not model_bench_delay:
+        from moepolicy.cli.main import main
+
+        return main(argv)
+    from moepolicy.testing.cli import main as testing_main
+
+    fakes = ["--fake-deepep", str(fake_deepep), "--model-bench-delay", str(model_bench_delay)]
+    return testing_main([*fakes, "--", *argv])
+
+
+def _system_exit_code(exc: SystemExit, stderr) -> int:
+    """The code the interpreter exits with for ``SystemExit(exc.code)`` (a message: printed, 1)."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=stderr)
+    return 1
+
+
+# ------------------------------------------------------------------------------------ standard streams
+def _pipe(errors: str) -> io.TextIOWrapper:
+    """A text stream over an unnamed temporary file, written through (no buffer of its own, so that
+    what this process and its children write to it stays in order): a real descriptor, not a
+    terminal, UTF-8 as the pipe of a test's subprocess is."""
+    raw = tempfile.TemporaryFile(buffering=0)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors=errors, write_through=True)
+
+
+def _read_back(stream: io.TextIOWrapper) -> str:
+    """What was written, decoded as ``subprocess.run(text=True)`` decodes a pipe (universal
+    newlines: ``\\r\\n`` and ``\\r`` read as ``\\n``)."""
+    with contextlib.suppress(OSError, ValueError):
+        stream.flush()
+    raw = stream.buffer
+    raw.seek(0)
+    data = raw.read()
+    stream.close()
+    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+
+
+@contextlib.contextmanager
+def _standard_streams(out: io.TextIOWrapper, err: io.TextIOWrapper, text: Optional[str]):
+    """``out`` and ``err`` as sys.stdout / sys.stderr (and ``sys.__stdout__`` / ``__stderr__``,
+    which the CLI points at /dev/null when a reader left) and as descriptors 1 and 2; ``text`` (or
+    nothing) on standard input."""
+    saved = (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__)
+    for stream in saved[1:3]:
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    saved_fds = os.dup(1), os.dup(2)
+    if text is None:  # as a test's subprocess, which reads nothing a person types
+        stdin = open(os.devnull, encoding="utf-8")
+    else:
+        stdin = io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), encoding="utf-8")
+    try:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdin = sys.__stdin__ = stdin
+        sys.stdout = sys.__stdout__ = out
+        sys.stderr = sys.__stderr__ = err
+        yield
+    finally:
+        (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__) = saved
+        os.dup2(saved_fds[0], 1)
+        os.dup2(saved_fds[1], 2)
+        os.close(saved_fds[0])
+        os.close(saved_fds[1])
+        stdin.close()
+
+
+# ---------------------------------------------------------------------------------- process state
+@contextlib.contextmanager
+def _environment(env: Optional[dict], cwd) -> Iterator[None]:
+    """This process's environment with ``env`` (and offline, as every test's CLI), in ``cwd``."""
+    saved_environ, saved_cwd = dict(os.environ), os.getcwd()
+    try:
+        os.environ.update({"MOEPOLICY_OFFLINE": "1", **(env or {})})
+        if cwd is not None:
+            os.chdir(cwd)
+        yield
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_environ)
+
+
+@contextlib.contextmanager
+def _process_state(argv: list[str]) -> Iterator[None]:
+    """``sys.argv``, the signal handlers and the unraisable hook the CLI installs, ``tempfile``'s
+    folder, the once-per-process sayings and the warning filters, fresh for the call and put back."""
+    saved_argv, saved_tempdir = sys.argv, tempfile.tempdir
+    saved_handlers = {s: signal.getsignal(s) for s in _SIGNALS}
+    saved_unraisable = sys.unraisablehook
     said_once = [
         (said, set(said))
         for module, name in _ONCE_PER_PROCESS
         if (said := getattr(sys.modules.get(module), name, None)) is not None
     ]
-    saved_handlers = {s: signal.getsignal(s) for s in _SIGNALS}
-    saved_unraisable = sys.unraisablehook
-    root = logging.getLogger()
-    saved_root = (root.handlers[:], root.level)
-    # a library's own stderr handler (optuna's) holds the stderr of when it was made: this call's
-    saved_handler_streams = {h: h.stream for h in _stream_handlers()}
-
-    out, err = _pipe("strict"), _pipe("backslashreplace")
-    stdin = _stdin(input)
-    code = 1
     with warnings.catch_warnings():
         warnings.filters[:] = _PROCESS_WARNING_FILTERS
         warnings.showwarning = _SHOW_WARNING
@@ -151,69 +205,48 @@ def run_in_process(
             warnings._showwarnmsg_impl = _SHOW_WARNING_IMPL
         warnings._filters_mutated()
         try:
-            os.environ.update({"MOEPOLICY_OFFLINE": "1", **(env or {})})
-            if cwd is not None:
-                os.chdir(cwd)
             sys.argv = ["moepolicy", *argv]
-            tempfile.tempdir = None
+            tempfile.tempdir = None  # read from TMPDIR again, as a new process does
             for said, _ in said_once:
                 said.clear()
-            sys.stdin = sys.__stdin__ = stdin
-            sys.stdout = sys.__stdout__ = out
-            sys.stderr = sys.__stderr__ = err
-            for handler in saved_handler_streams:
-                handler.stream = err
-            root.handlers = []  # pytest's capture handlers: the CLI installs its stderr handler
-            _reset_logging_settings(_logging)
-            try:
-                code = _run_main(argv, fake_deepep, model_bench_delay)
-                code = 0 if code is None else int(code) & 0xFF
-            except SystemExit as exc:
-                code = _exit_code(exc, err)
-            except KeyboardInterrupt:
-                traceback.print_exc(file=err)
-                code = 130
-            except BaseException:  # noqa: BLE001 (what the interpreter prints: a traceback, exit 1)
-                traceback.print_exc(file=err)
-                code = 1
-            for stream in (sys.stdout, sys.stderr):  # the interpreter's last flush
-                try:
-                    stream.flush()
-                except Exception as exc:  # noqa: BLE001
-                    print(f"Exception ignored on flushing: {exc!r}", file=err)
-                    code = code or 120
+            yield
         finally:
-            _reset_logging_settings(_logging)
-            for handler in root.handlers:
-                if handler not in saved_root[0]:
-                    handler.close()
-            root.handlers = saved_root[0]
-            root.setLevel(saved_root[1])
-            for handler in _stream_handlers():  # one made during the call held this call's stderr
-                handler.stream = saved_handler_streams.get(handler, saved_streams[5])
-            (
-                sys.stdin,
-                sys.stdout,
-                sys.stderr,
-                sys.__stdin__,
-                sys.__stdout__,
-                sys.__stderr__,
-            ) = saved_streams
-            sys.argv = saved_argv
-            tempfile.tempdir = saved_tempdir
-            for said, before in said_once:
-                said.clear()
-                said.update(before)
+            sys.argv, tempfile.tempdir = saved_argv, saved_tempdir
             for signum, handler in saved_handlers.items():
                 signal.signal(signum, handler)
             sys.unraisablehook = saved_unraisable
-            os.chdir(saved_cwd)
-            os.environ.clear()
-            os.environ.update(saved_environ)
-    stdin.close()
-    return subprocess.CompletedProcess(
-        ["moepolicy", *argv], code, stdout=_read_back(out), stderr=_read_back(err)
-    )
+            for said, before in said_once:
+                said.clear()
+                said.update(before)
+
+
+# ------------------------------------------------------------------------------------------ logging
+@contextlib.contextmanager
+def _logging_state(err) -> Iterator[None]:
+    """No root handler (pytest's capture handlers stand aside, so the CLI installs its stderr
+    handler as in a new process), every library stderr handler writing to ``err``, the CLI's
+    logging settings fresh; all put back after the call."""
+    from moepolicy.cli import _logging
+
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    stderr = sys.__stderr__  # the process's, for a handler made during the call
+    saved_streams = {h: h.stream for h in _stream_handlers()}
+    try:
+        for handler in saved_streams:
+            handler.stream = err
+        root.handlers = []
+        _reset_logging_settings(_logging)
+        yield
+    finally:
+        _reset_logging_settings(_logging)
+        for handler in root.handlers:
+            if handler not in saved_handlers:
+                handler.close()
+        root.handlers = saved_handlers
+        root.setLevel(saved_level)
+        for handler in _stream_handlers():  # one made during the call held this call's stderr
+            handler.stream = saved_streams.get(handler, stderr)
 
 
 def _stream_handlers() -> list[logging.StreamHandler]:
