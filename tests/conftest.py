@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_run import run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,10 +42,32 @@ def run_cli(
     *args: str,
     cwd: Path | None = None,
     env: dict | None = None,
+    input: str | None = None,
     fake_deepep: int = 0,
     model_bench_delay: float = 0.0,
 ) -> subprocess.CompletedProcess:
-    """Run the installed CLI as a user would, in a separate process."""
+    """Run the CLI as a user would, in this process (``cli_run.run_in_process``): the exit code,
+    stdout and stderr as a subprocess's, with ``env`` added to this process's environment."""
+    return run_in_process(
+        *args,
+        cwd=cwd,
+        env=env,
+        input=input,
+        fake_deepep=fake_deepep,
+        model_bench_delay=model_bench_delay,
+    )
+
+
+def run_cli_process(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    input: str | None = None,
+    fake_deepep: int = 0,
+    model_bench_delay: float = 0.0,
+) -> subprocess.CompletedProcess:
+    """Run the installed CLI in a separate process (``python -m moepolicy``): for the tests whose
+    point is the process (its start, its exit, the modules it imports) and one smoke test per command."""
     full_env = {**os.environ, "MOEPOLICY_OFFLINE": "1", **(env or {})}
     return subprocess.run(
         cli_command(*args, fake_deepep=fake_deepep, model_bench_delay=model_bench_delay),
@@ -52,6 +75,7 @@ def run_cli(
         text=True,
         cwd=cwd,
         env=full_env,
+        input=input,
         timeout=120,
     )
 

@@ -8,6 +8,8 @@ import sys
 import pytest
 import yaml
 
+from conftest import run_cli
+
 import moepolicy
 from moepolicy.errors import MoePolicyError, UsageError
 
@@ -32,25 +34,18 @@ def test_plan_and_write_match_the_cli(tmp_path):
     target = moepolicy.TargetSpec(gpu="h200", ep_size=8, deep_ep_version="1.2.1")
     plan = moepolicy.plan(MODEL, target)
     written = moepolicy.write_policy(plan, tmp_path / "api.yaml")
-    cli = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "moepolicy",
-            "plan",
-            "--model",
-            MODEL,
-            "--gpu",
-            "h200",
-            "--ep-size",
-            "8",
-            "--deep-ep-version",
-            "1.2.1",
-            "-o",
-            str(tmp_path / "cli.yaml"),
-        ],
-        capture_output=True,
-        text=True,
+    cli = run_cli(
+        "plan",
+        "--model",
+        MODEL,
+        "--gpu",
+        "h200",
+        "--ep-size",
+        "8",
+        "--deep-ep-version",
+        "1.2.1",
+        "-o",
+        str(tmp_path / "cli.yaml"),
     )
     assert cli.returncode == 0, cli.stderr
     from_cli = yaml.safe_load((tmp_path / "cli.yaml").read_text())

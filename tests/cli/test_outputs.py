@@ -294,53 +294,41 @@ def test_an_os_error_names_what_failed_and_only_stdout_says_standard_output(caps
 
 
 # --------------------------------------------------------------------- a finished result is kept
-FAIL_WRITES_UNDER = textwrap.dedent("""
-    import errno, os, sys
-    folder, argv = sys.argv[1], sys.argv[2:]
-    real = os.replace
-    def full(src, dst, *args, **kwargs):  # the output's disk is full: nothing can be renamed into it
-        if os.path.abspath(dst).startswith(folder + os.sep):
-            raise OSError(errno.ENOSPC, "No space left on device", dst)
-        return real(src, dst, *args, **kwargs)
-    os.replace = full
-    from moepolicy.cli.main import main
-    sys.exit(main(argv))
-""")
-
-
-def test_a_tune_whose_final_write_fails_keeps_the_result_and_says_where(tmp_path):
+def test_a_tune_whose_final_write_fails_keeps_the_result_and_says_where(tmp_path, monkeypatch):
     """The output folder fills up while the tune runs: the policy is kept elsewhere, one line says
     where and how to put it in place, exit non-zero."""
     out_dir, spare = tmp_path / "out", tmp_path / "spare"
     out_dir.mkdir()
     spare.mkdir()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            FAIL_WRITES_UNDER,
-            str(out_dir),
-            "tune",
-            "--model",
-            MODEL,
-            "--ep-size",
-            "2",
-            "--bench",
-            "model",
-            "--trials",
-            "1",
-            "--tokens",
-            "128",
-            "--storage",
-            f"sqlite:///{tmp_path}/s.db",
-            "-o",
-            str(out_dir / "p.yaml"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "MOEPOLICY_OFFLINE": "1", "TMPDIR": str(spare)},
+    real = os.replace
+
+    def full(
+        src, dst, *args, **kwargs
+    ):  # the output's disk is full: nothing can be renamed into it
+        if os.path.abspath(dst).startswith(str(out_dir) + os.sep):
+            raise OSError(errno.ENOSPC, "No space left on device", dst)
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", full)
+    result = run_cli(
+        "tune",
+        "--model",
+        MODEL,
+        "--ep-size",
+        "2",
+        "--bench",
+        "model",
+        "--trials",
+        "1",
+        "--tokens",
+        "128",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "-o",
+        str(out_dir / "p.yaml"),
+        env={"TMPDIR": str(spare)},
     )
+    monkeypatch.undo()
     line = _one_line_refusal(result, 8, "No space left on device")
     kept = list(spare.glob("p.unsaved-*.yaml"))
     assert (
