@@ -22,6 +22,9 @@ FREE_FORM = "x-free-form"  # an object whose keys are not checked (provenance de
 # the file as written, never the tree: the layer_facts table and a layer's facts named in it, which
 # reading resolves (document.facts_table) before validating, so this validator leaves them out
 AS_WRITTEN = "x-as-written"
+STRICT = (
+    "x-strict"  # a value taken only as its own type (an SM count never a bool, a float or text)
+)
 
 
 @lru_cache(maxsize=1)
@@ -45,8 +48,14 @@ def _core(node: dict[str, Any]):
     from pydantic_core import core_schema as cs
 
     node = _resolve(node)
+    if "oneOf" in node:  # the one tagged union: a bucket's ``measured``, in its forms by name
+        forms = {o["$ref"].rsplit("/", 1)[-1]: _core(o) for o in node["oneOf"]}
+        assert set(forms) == set(rules.MEASURED_FORMS), f"an untagged oneOf: {sorted(forms)}"
+        return cs.tagged_union_schema(forms, discriminator=rules.measured_form)
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o.get("type") != "null" and not o.get(AS_WRITTEN)]
+        if {o.get("type") for o in options} == {"integer", "number"}:  # a figure: a number is both
+            options = [o for o in options if o.get("type") == "number"]
         inner = (
             _core(options[0])
             if len(options) == 1
@@ -61,14 +70,23 @@ def _core(node: dict[str, Any]):
         return cs.str_schema(pattern=node.get("pattern"), max_length=node.get("maxLength"))
     if kind == "integer":
         return cs.int_schema(
-            ge=node.get("minimum"), le=node.get("maximum"), gt=node.get("exclusiveMinimum")
+            ge=node.get("minimum"),
+            le=node.get("maximum"),
+            gt=node.get("exclusiveMinimum"),
+            strict=node.get(STRICT),
         )
     if kind == "number":
-        return cs.float_schema(ge=node.get("minimum"), le=node.get("maximum"))
+        return cs.float_schema(
+            ge=node.get("minimum"), le=node.get("maximum"), gt=node.get("exclusiveMinimum")
+        )
     if kind == "boolean":
         return cs.bool_schema()
     if kind == "array":
-        return cs.list_schema(_core(node.get("items", {})), min_length=node.get("minItems"))
+        return cs.list_schema(
+            _core(node.get("items", {})),
+            min_length=node.get("minItems"),
+            max_length=node.get("maxItems"),
+        )
     if kind == "object" and "properties" in node:
         required = set(node.get("required", ()))
         fields = {}
@@ -82,8 +100,9 @@ def _core(node: dict[str, Any]):
         return cs.typed_dict_schema(fields, extra_behavior="allow")
     if kind == "object":
         values = node.get("additionalProperties")
+        names = node.get("propertyNames")  # integer keys (``overlap.splits_us``: SM counts)
         return cs.dict_schema(
-            keys_schema=cs.str_schema(),
+            keys_schema=_core(names) if isinstance(names, dict) else cs.str_schema(),
             values_schema=_core(values) if isinstance(values, dict) else cs.any_schema(),
         )
     return cs.any_schema()
@@ -98,7 +117,7 @@ def _validator():
 
 def _known(node: dict[str, Any], shape: str, out: dict[str, set[str]]) -> None:
     node = _resolve(node)
-    for option in node.get("anyOf", ()):
+    for option in (*node.get("anyOf", ()), *node.get("oneOf", ())):
         _known(option, shape, out)
     if node.get("type") == "array":
         _known(node.get("items", {}), shape + "[]", out)
@@ -203,7 +222,10 @@ def error_message(err: Mapping[str, Any]) -> str:
             f"must be a name, never a path (letters, digits, '_', '+', '-' and single dots, at most "
             f"{rules.NAME_MAX_LENGTH} characters; no '/', no '..'), got {seen}"
         )
-    return str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    said = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if kind == "value_error" or "input" not in err:  # our own rules name what they saw
+        return said
+    return f"{said}, got {repr(err['input'])[:80]}"  # repr escapes control characters
 
 
 def validate(raw: dict[str, Any], source: str) -> dict[str, Any]:
