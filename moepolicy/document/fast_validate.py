@@ -18,7 +18,8 @@ from moepolicy.document import constraints as rules
 from moepolicy.schema.locations import yaml_path
 
 SCHEMA_FILE = "policy.schema.json"  # generated from the Pydantic models (tools/gen_schema.py)
-FREE_FORM = "x-free-form"  # an object whose keys are not checked (provenance details, facts, ...)
+# an object whose unknown keys a reader does not report (the evidence: document/evidence.py)
+FREE_FORM = "x-free-form"
 # the file as written, never the tree: the layer_facts table and a layer's facts named in it, which
 # reading resolves (document.facts_table) before validating, so this validator leaves them out
 AS_WRITTEN = "x-as-written"
@@ -48,21 +49,10 @@ def _core(node: dict[str, Any]):
     from pydantic_core import core_schema as cs
 
     node = _resolve(node)
-    if "oneOf" in node:  # the one tagged union: a bucket's ``measured``, in its forms by name
-        forms = {o["$ref"].rsplit("/", 1)[-1]: _core(o) for o in node["oneOf"]}
-        assert set(forms) == set(rules.MEASURED_FORMS), f"an untagged oneOf: {sorted(forms)}"
-        return cs.tagged_union_schema(forms, discriminator=rules.measured_form)
+    if "oneOf" in node:
+        return _measured_forms(node["oneOf"])
     if "anyOf" in node:
-        options = [o for o in node["anyOf"] if o.get("type") != "null" and not o.get(AS_WRITTEN)]
-        if {o.get("type") for o in options} == {"integer", "number"}:  # a figure: a number is both
-            options = [o for o in options if o.get("type") == "number"]
-        inner = (
-            _core(options[0])
-            if len(options) == 1
-            else cs.union_schema([_core(o) for o in options])
-        )
-        nullable = any(o.get("type") == "null" for o in node["anyOf"])
-        return cs.nullable_schema(inner) if nullable else inner
+        return _any_of(node["anyOf"])
     if "enum" in node:
         return cs.literal_schema(list(node["enum"]))
     kind = node.get("type")
@@ -108,6 +98,26 @@ def _core(node: dict[str, Any]):
     return cs.any_schema()
 
 
+def _measured_forms(forms: list[dict[str, Any]]):
+    """The one tagged union: a bucket's ``measured``, in its forms by their models' names."""
+    from pydantic_core import core_schema as cs
+
+    choices = {form["$ref"].rsplit("/", 1)[-1]: _core(form) for form in forms}
+    assert set(choices) == set(rules.MEASURED_FORMS), f"an untagged oneOf: {sorted(choices)}"
+    return cs.tagged_union_schema(choices, discriminator=rules.measured_form)
+
+
+def _any_of(options: list[dict[str, Any]]):
+    from pydantic_core import core_schema as cs
+
+    kept = [o for o in options if o.get("type") != "null" and not o.get(AS_WRITTEN)]
+    if {o.get("type") for o in kept} == {"integer", "number"}:  # a figure: a number is both
+        kept = [o for o in kept if o.get("type") == "number"]
+    inner = _core(kept[0]) if len(kept) == 1 else cs.union_schema([_core(o) for o in kept])
+    nullable = any(o.get("type") == "null" for o in options)
+    return cs.nullable_schema(inner) if nullable else inner
+
+
 @lru_cache(maxsize=1)
 def _validator():
     from pydantic_core import SchemaValidator
@@ -137,8 +147,9 @@ def known_keys() -> dict[str, set[str]]:
 
 
 def unknown_keys(node: Any, shape: str = "", path: str = "") -> list[str]:
-    """YAML paths of keys the schema does not know; free-form objects (``facts``, ``measured``,
-    ``provenance``, ``generated``, ``low_latency``, ``overlap``) are not checked."""
+    """YAML paths of keys the schema does not know; inside the evidence (``measured``, ``modelled``,
+    ``search``, ``overlap``, ``provenance``) and mappings (``facts``, ``generated``,
+    ``low_latency``) they are not checked."""
     known = known_keys().get(shape)
     found: list[str] = []
     if isinstance(node, dict) and known is not None:
