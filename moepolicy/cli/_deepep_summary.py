@@ -9,10 +9,18 @@ labelled as such; figures a schema 2.1 tune wrote from the rounds that also deci
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
 from moepolicy.deepep.settings import source_words
+from moepolicy.document.evidence import (
+    FigureDoc,
+    MeasuredDoc,
+    ModelledDoc,
+    OverlapRowDoc,
+    V2EvidenceDoc,
+)
+from moepolicy.document.model import BucketDoc, DeepEPDoc
 from moepolicy.measure.rounds import interval_words, speedup_words
 from moepolicy.tuning.overlap_report import OverlapBucketRow
 
@@ -34,10 +42,9 @@ def _bucket_name(max_tokens, previous) -> str:
     return f"<= {max_tokens} tokens"
 
 
-def deepep_lines(deepep) -> list[str]:
+def deepep_lines(deepep: DeepEPDoc) -> list[str]:
     prov = deepep.provenance
-    extra = prov.model_extra or {}
-    where = ", ".join(str(extra[k]) for k in ("bench", "date") if extra.get(k))
+    where = ", ".join(part for part in (prov.bench, prov.date) if part)
     lines = [
         f"DeepEP: {deepep.num_sms} SMs, NVLink buffer {_mib(deepep.num_nvl_bytes)}, RDMA buffer "
         f"{_mib(deepep.num_rdma_bytes)}; {source_words(prov.source)}"
@@ -45,8 +52,8 @@ def deepep_lines(deepep) -> list[str]:
     ]
     if prov.note:
         lines.append(f"  {prov.note}")
-    if extra.get("why"):
-        lines.append(f"  why: {extra['why']}")
+    if prov.why:
+        lines.append(f"  why: {prov.why}")
     lines.append(
         f"  chosen for the {deepep.schedule} schedule, timed in the {deepep.regime} regime"
     )
@@ -54,14 +61,14 @@ def deepep_lines(deepep) -> list[str]:
         lines.append(
             f"  PARTIAL: {deepep.partial.reason}; load_policy uses DeepEP's defaults for it"
         )
-    lines += _v2_lines(extra.get("v2"))
-    overlap = deepep.overlap or {}
-    if overlap:
+    lines += _v2_lines(prov.v2)
+    overlap = deepep.overlap
+    if overlap is not None:
         lines.append(
-            f"  overlap split: {overlap.get('comm_sms')} communication SMs, expert GEMM on "
-            f"{overlap.get('gemm_sms')}, chosen for the {overlap.get('order', 'gemm-first')} launch order"
+            f"  overlap split: {overlap.comm_sms} communication SMs, expert GEMM on "
+            f"{overlap.gemm_sms}, chosen for the {overlap.order} launch order"
         )
-        lines.append(f"  GEMM stand-in: {overlap.get('gemm')}")
+        lines.append(f"  GEMM stand-in: {overlap.gemm}")
     if deepep.low_latency:  # low-latency mode: no chunk settings, sized by tokens per rank
         ll = deepep.low_latency
         lines.append(
@@ -78,13 +85,13 @@ def deepep_lines(deepep) -> list[str]:
     return lines + order_lines(deepep.measured_orders or ())
 
 
-def _v2_lines(v2: Optional[dict]) -> list[str]:
-    if not isinstance(v2, dict):
+def _v2_lines(v2: Optional[V2EvidenceDoc]) -> list[str]:
+    if v2 is None:
         return []
-    out = [f"  DeepEP v2: {v2.get('why', '')}"]
-    for tokens, r in (v2.get("report") or {}).items():
-        if isinstance(r, dict) and r.get("vs_default"):
-            out.append(f"    T={tokens}, report rounds: {_claim(r['vs_default'])}")
+    out = [f"  DeepEP v2: {v2.why}"]
+    for tokens, r in v2.report.items():
+        if r.vs_default is not None:
+            out.append(f"    T={tokens}, report rounds: {_claim(r.vs_default)}")
     return out
 
 
@@ -112,135 +119,111 @@ def order_lines(timings) -> list[str]:
     return out
 
 
-# what a hand-edited (free-form) ``measured`` can raise while it is rendered
-_MALFORMED = (
-    KeyError,
-    TypeError,
-    ValueError,
-    IndexError,
-    AttributeError,
-    ZeroDivisionError,
-    OverflowError,
-)
-
-
-def _bucket_lines(name: str, bucket, source: str) -> list[str]:
-    """A bucket's chunks and what was measured for it; ``measured`` is free-form in the schema, so one
-    not in the form ``tune`` writes is said to be so instead of rendered."""
-    try:
-        return _measured_lines(name, bucket, source)
-    except _MALFORMED as exc:
-        chunks = (
-            f"send chunks {bucket.dispatch.num_max_nvl_chunked_send_tokens}/"
-            f"{bucket.combine.num_max_nvl_chunked_send_tokens}"
-        )
-        return [
-            f"  {name}: {chunks}; measured: not in the form tune writes, not shown ({type(exc).__name__}: "
-            f"{' '.join(str(exc).split())[:80]})"
-        ]
-
-
-def _measured_lines(name: str, bucket, source: str) -> list[str]:
+def _bucket_lines(name: str, bucket: BucketDoc, source: str) -> list[str]:
+    """A bucket's chunks and what backs them: an overlap tune's row, a modelled tune's answers,
+    the report rounds (schema 2.2) or a schema 2.1 re-measurement, and the search's minima."""
     chunks = (
         f"send chunks {bucket.dispatch.num_max_nvl_chunked_send_tokens}/"
         f"{bucket.combine.num_max_nvl_chunked_send_tokens}"
     )
-    m = bucket.measured or {}
-    if "overlapped_us" in m:
-        return [f"  {name}: {chunks}", *overlap_lines(OverlapBucketRow.from_doc(m))]
+    m = bucket.measured
+    if isinstance(m, OverlapRowDoc):
+        row = OverlapBucketRow.from_doc(m.model_dump(exclude_unset=True))
+        return [f"  {name}: {chunks}", *overlap_lines(row)]
     lines = [f"  {name}: {chunks}"]
-    if bucket.modelled:
+    if bucket.modelled is not None:
         lines += modelled_lines(bucket.modelled)
-    elif "report" in m:
+    elif m is not None and m.report is not None:
         lines += measured_lines(m)
-    elif m:
+    elif m is not None:
         lines += legacy_lines(m, source)
-    if bucket.search:
+    if bucket.search is not None:
         s = bucket.search
         lines.append(
-            f"    search (selected minima, not a claim): best {s.get('best_us')} us at {s.get('num_sms')} SMs"
-            + (
-                f", DeepEP's default {s['default_us']} us"
-                if s.get("default_us") is not None
-                else ""
-            )
+            f"    search (selected minima, not a claim): best {s.best_us} us at {s.num_sms} SMs"
+            + (f", DeepEP's default {s.default_us} us" if s.default_us is not None else "")
         )
     return lines
 
 
-def _claim(r: dict[str, Any]) -> str:
+def _claim(r: FigureDoc) -> str:
     """One stored comparison in the convention's words: a report figure (``protocol.Figure``: the
     estimate and its interval, no verdict) or, from older files, a tested one (``Speedup.to_doc``)."""
-    low, high = r["ci95"] if r.get("ci95") else (None, None)
+    low, high = r.ci95 if r.ci95 else (None, None)
     interval = interval_words(low, high)
-    if r.get("rounds_from") == "report":
-        together = r.get("interval", "").partition(", ")[2]
+    if r.rounds_from == "report":
+        together = (r.interval or "").partition(", ")[2]
         return (
-            f"{speedup_words(r['speedup'])} than {r['baseline']} ({interval}"
-            f"{', ' + together if together else ''}, {r['rounds']} report rounds)"
+            f"{speedup_words(r.speedup)} than {r.baseline} ({interval}"
+            f"{', ' + together if together else ''}, {r.rounds} report rounds)"
         )
-    verdict = r.get("verdict", "")
+    verdict = r.verdict or ""
     tail = {"faster": "", "slower": ": a loss beyond noise"}.get(verdict, f", {verdict}")
-    family = f", {r['correction']}" if r.get("correction") else ""
+    family = f", {r.correction}" if r.correction else ""
     return (
-        f"{speedup_words(r['speedup'])} than {r['baseline']}{tail} "
-        f"({interval}, {r['rounds']} rounds{family})"
+        f"{speedup_words(r.speedup)} than {r.baseline}{tail} "
+        f"({interval}, {r.rounds} rounds{family})"
     )
 
 
-def measured_lines(m: dict[str, Any]) -> list[str]:
+def measured_lines(m: MeasuredDoc) -> list[str]:
     """A bucket of a schema 2.2 live tune: the config kept, then the report rounds' figures."""
-    report = m["report"]
-    out = [f"    kept {m.get('kept')} at {m.get('num_sms')} SMs: {m.get('selection', '')}"]
-    times = ", ".join(f"{k} {v} us" for k, v in (report.get("median_us") or {}).items())
+    report = m.report
+    out = [f"    kept {m.kept} at {m.num_sms} SMs: {m.selection or ''}"]
+    if report is None:
+        return out
+    times = ", ".join(f"{k} {v} us" for k, v in report.median_us.items())
     out.append(
-        f"    report rounds ({report.get('rounds')}, fresh workers, they decided nothing): {times}"
+        f"    report rounds ({report.rounds}, fresh workers, they decided nothing): {times}"
     )
-    for key in ("vs_engine", "vs_default"):
-        if report.get(key):
-            out.append(f"    {_claim(report[key])}")
+    for figure in (report.vs_engine, report.vs_default):
+        if figure is not None:
+            out.append(f"    {_claim(figure)}")
     return out
 
 
-def modelled_lines(m: dict[str, Any]) -> list[str]:
+def modelled_lines(m: ModelledDoc) -> list[str]:
     """A bucket of a modelled tune: the model's answers, labelled so; no interval, no noise test."""
-    us = ", ".join(f"{k} {v} us" for k, v in (m.get("us") or {}).items())
+    us = ", ".join(f"{k} {v} us" for k, v in m.us.items())
     out = [
-        f"    kept {m.get('kept')} at {m.get('num_sms')} SMs; modelled (the model bench's answers, not "
+        f"    kept {m.kept} at {m.num_sms} SMs; modelled (the model bench's answers, not "
         f"measurements): {us}"
     ]
-    c = m.get("chosen_vs_engine")
-    if c:
-        err = "unknown" if c.get("model_error") is None else f"{c['model_error']:.1%}"
+    c = m.chosen_vs_engine
+    if c is not None:
+        err = "unknown" if c.model_error is None else f"{c.model_error:.1%}"
         out.append(
-            f"    {c.get('num_sms')} SMs vs the engine's default: {speedup_words(c['speedup'])}, modelled; "
-            f"{c.get('claim')} (held-out error {err})"
+            f"    {c.num_sms} SMs vs the engine's default: {speedup_words(c.speedup)}, modelled; "
+            f"{c.claim} (held-out error {err})"
         )
     return out
 
 
-def legacy_lines(m: dict[str, Any], source: str) -> list[str]:
+def legacy_lines(m: MeasuredDoc, source: str) -> list[str]:
     """A bucket written before schema 2.2: search samples, and the re-measurement (``confirm``) whose
     figures came from the rounds that also decided; on the model bench, modelled, whatever it says."""
-    timed = ", ".join(f"{k[:-3]} {m[k]} us" for k in ("dispatch_us", "combine_us") if k in m)
+    timed = ", ".join(
+        f"{what} {us} us"
+        for what, us in (("dispatch", m.dispatch_us), ("combine", m.combine_us))
+        if us is not None
+    )
     out = [f"    search (selected minima, not a claim): {timed}"] if timed else []
-    confirm = m.get("confirm")
-    if not confirm:
+    confirm = m.confirm
+    if confirm is None:
         return out
-    out.append(f"    kept {confirm['kept']}: {confirm['selection']}")
-    for key in ("vs_engine", "vs_default"):
-        r = confirm[key]
+    out.append(f"    kept {confirm.kept}: {confirm.selection}")
+    for r in (confirm.vs_engine, confirm.vs_default):
         if source == "modelled":
             out.append(
-                f"    vs {r['baseline']}: {speedup_words(r['speedup'])}, modelled (no interval; the "
+                f"    vs {r.baseline}: {speedup_words(r.speedup)}, modelled (no interval; the "
                 "model's error is not in it)"
             )
             continue
-        low, high = r["ci95"]
-        verdict = "beyond noise" if r.get("beyond_noise") else "within noise"
+        low, high = r.ci95 if r.ci95 else (None, None)
+        verdict = "beyond noise" if r.beyond_noise else "within noise"
         out.append(
-            f"    vs {r['baseline']}: {speedup_words(r['speedup'])}, {verdict} "
-            f"({interval_words(low, high)}, {r['rounds']} rounds; schema 2.1: the rounds that also decided)"
+            f"    vs {r.baseline}: {speedup_words(r.speedup)}, {verdict} "
+            f"({interval_words(low, high)}, {r.rounds} rounds; schema 2.1: the rounds that also decided)"
         )
     return out
 
@@ -288,10 +271,11 @@ def overlap_lines(row: OverlapBucketRow) -> list[str]:
             f"    vs vLLM's split ({VLLM_DBO_COMM_SMS} SMs): {_us(v.overlapped_us)} us "
             f"{_spread(v.spread_us)}{parts}: {claim}"
         )
-    out.append(
-        f"    vs its floor max({comm}, GEMM alone) = {_us(row.floor_us)} us: "
-        f"{_time_ratio_words(row.vs_floor)}; serial {_us(row.serial_us)} us"
-    )
+    if row.floor_us > 0:  # rows before the floor was recorded have neither time alone
+        out.append(
+            f"    vs its floor max({comm}, GEMM alone) = {_us(row.floor_us)} us: "
+            f"{_time_ratio_words(row.vs_floor)}; serial {_us(row.serial_us)} us"
+        )
     for order, label, tail in (
         ("gemm_first", "gemm-first", ""),
         ("comm_first", "comm-first", COMM_FIRST_NOTE),
@@ -305,7 +289,7 @@ def overlap_lines(row: OverlapBucketRow) -> list[str]:
             )
     # each ratio is set only where what it divides by is (OverlapBucketRow)
     alone, by_sms = row.gemm_alone_vs_vllm_split, row.gemm_sm_ratio_vs_vllm_split
-    if alone is not None and by_sms is not None and v is not None:
+    if alone and by_sms and v is not None:  # no ratio where a time alone was not recorded
         out.append(
             f"    GEMM alone on {c.gemm_sms} SMs: {_time_ratio_words(alone)} than on "
             f"vLLM's {v.gemm_sms} ({_time_ratio_words(by_sms)} if its time followed "

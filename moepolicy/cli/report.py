@@ -68,17 +68,12 @@ def run(args: argparse.Namespace) -> int:
             f"{args.policy}: a partial result ({partial.reason}): the figures show what was found "
             "before it stopped, marked PARTIAL; not a complete tune"
         )
-    notes: list[str] = []
-    written = draw(loaded.raw, folder, notes)
-    for line in notes:
-        note(f"{args.policy}: {line}")
+    written = draw(loaded.doc, folder)
     if not written:
         from moepolicy.errors import MoePolicyError
 
         raise MoePolicyError(
             f"{args.policy}: {nothing_to_draw(loaded.doc.deepep.provenance)}; no folder made"
-            if not notes
-            else f"{args.policy}: nothing drawn; no folder made"
         )
     for path in written:
         note(f"wrote {path}")

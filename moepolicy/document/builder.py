@@ -23,12 +23,13 @@ from moepolicy.document.model import (
     ModelDoc,
     PackRefDoc,
     PolicyDoc,
-    ProvenanceDoc,
     RulesDoc,
     TargetDoc,
-    unknown_keys,
+    unknown_fields,
 )
+from moepolicy.document.fast_validate import error_message
 from moepolicy.errors import PolicyError
+from moepolicy.schema.locations import yaml_path
 
 
 def section(kind: type[BaseModel], where: str, /, **fields: Any) -> Any:
@@ -39,23 +40,21 @@ def section(kind: type[BaseModel], where: str, /, **fields: Any) -> Any:
         value = kind(**fields)
     except ValidationError as exc:
         raise _internal(exc, where) from None
-    unknown = _not_defined(value, where)
+    unknown = unknown_fields(value, where)
     if unknown:
+        field, seen = unknown[0]
         raise PolicyError(
-            f"internal error: the document built has a field its schema does not define at "
-            f"{unknown[0]}; please report it"
+            f"internal error: the document built has a field its schema does not define: {field} "
+            f"= {_shown(seen)} (a writer's misspelling, or a field to add to "
+            f"moepolicy/document/model.py or evidence.py); please report it"
         )
     return value
 
 
-def _not_defined(value: BaseModel, where: str) -> list[str]:
-    """The paths of ``value``'s keys the document does not define: the reader's unknown keys, and
-    the DeepEP provenance's details moepolicy does not write (free-form to a reader)."""
-    found = unknown_keys(value, where)
-    provenance = getattr(value, "provenance", None)
-    if isinstance(provenance, ProvenanceDoc):
-        found += [f"{where}.provenance.{key}" for key in provenance.unknown_details()]
-    return found
+def _shown(value: Any) -> str:
+    """A value in an error line: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def tree(value: BaseModel) -> dict[str, Any]:
@@ -108,10 +107,8 @@ def assemble(
 
 def _internal(exc: ValidationError, where: str) -> PolicyError:
     first = exc.errors()[0]
-    path = ".".join([where] if where else [])
-    for part in first.get("loc", ()):
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    loc = ((where,) if where else ()) + tuple(first.get("loc", ()))
     return PolicyError(
-        f"internal error: the document built does not pass its own schema at {path or 'its root'}: "
-        f"{first.get('msg', exc)}; please report it"
+        f"internal error: the document built does not pass its own schema at "
+        f"{yaml_path(loc) if loc else 'its root'}: {error_message(first)}; please report it"
     )

@@ -7,9 +7,10 @@ the broken rule as one sentence.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from moepolicy import names
+from moepolicy.schema.locations import UNION_TAGS
 
 SCHEMA_VERSION = "2.4"
 READABLE_MAJORS = (
@@ -56,6 +57,19 @@ CHUNK_FIELDS = (
     "num_max_rdma_chunked_recv_tokens",
 )
 CHUNK_DEFAULTS = {"num_max_rdma_chunked_send_tokens": 6, "num_max_rdma_chunked_recv_tokens": 256}
+
+
+# a bucket's ``measured`` is in one of two forms, by the name of its model: a serial tune's
+# (``MeasuredDoc``), or an overlap tune's row (``OverlapRowDoc``), which has ``overlapped_us``
+MEASURED_FORMS = UNION_TAGS
+
+
+def measured_form(value: Any) -> str:
+    """Which form a bucket's ``measured`` is in (both validators' discriminator)."""
+    if isinstance(value, Mapping):
+        return MEASURED_FORMS[1] if "overlapped_us" in value else MEASURED_FORMS[0]
+    name = type(value).__name__
+    return name if name in MEASURED_FORMS else MEASURED_FORMS[0]
 
 
 def layer_problem(kind: str, order: str, wire_dtype: str) -> Optional[str]:

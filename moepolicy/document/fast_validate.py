@@ -18,10 +18,14 @@ from moepolicy.document import constraints as rules
 from moepolicy.schema.locations import yaml_path
 
 SCHEMA_FILE = "policy.schema.json"  # generated from the Pydantic models (tools/gen_schema.py)
-FREE_FORM = "x-free-form"  # an object whose keys are not checked (provenance details, facts, ...)
+# an object whose unknown keys a reader does not report (the evidence: document/evidence.py)
+FREE_FORM = "x-free-form"
 # the file as written, never the tree: the layer_facts table and a layer's facts named in it, which
 # reading resolves (document.facts_table) before validating, so this validator leaves them out
 AS_WRITTEN = "x-as-written"
+STRICT = (
+    "x-strict"  # a value taken only as its own type (an SM count never a bool, a float or text)
+)
 
 
 @lru_cache(maxsize=1)
@@ -45,15 +49,10 @@ def _core(node: dict[str, Any]):
     from pydantic_core import core_schema as cs
 
     node = _resolve(node)
+    if "oneOf" in node:
+        return _measured_forms(node["oneOf"])
     if "anyOf" in node:
-        options = [o for o in node["anyOf"] if o.get("type") != "null" and not o.get(AS_WRITTEN)]
-        inner = (
-            _core(options[0])
-            if len(options) == 1
-            else cs.union_schema([_core(o) for o in options])
-        )
-        nullable = any(o.get("type") == "null" for o in node["anyOf"])
-        return cs.nullable_schema(inner) if nullable else inner
+        return _any_of(node["anyOf"])
     if "enum" in node:
         return cs.literal_schema(list(node["enum"]))
     kind = node.get("type")
@@ -61,14 +60,23 @@ def _core(node: dict[str, Any]):
         return cs.str_schema(pattern=node.get("pattern"), max_length=node.get("maxLength"))
     if kind == "integer":
         return cs.int_schema(
-            ge=node.get("minimum"), le=node.get("maximum"), gt=node.get("exclusiveMinimum")
+            ge=node.get("minimum"),
+            le=node.get("maximum"),
+            gt=node.get("exclusiveMinimum"),
+            strict=node.get(STRICT),
         )
     if kind == "number":
-        return cs.float_schema(ge=node.get("minimum"), le=node.get("maximum"))
+        return cs.float_schema(
+            ge=node.get("minimum"), le=node.get("maximum"), gt=node.get("exclusiveMinimum")
+        )
     if kind == "boolean":
         return cs.bool_schema()
     if kind == "array":
-        return cs.list_schema(_core(node.get("items", {})), min_length=node.get("minItems"))
+        return cs.list_schema(
+            _core(node.get("items", {})),
+            min_length=node.get("minItems"),
+            max_length=node.get("maxItems"),
+        )
     if kind == "object" and "properties" in node:
         required = set(node.get("required", ()))
         fields = {}
@@ -82,11 +90,32 @@ def _core(node: dict[str, Any]):
         return cs.typed_dict_schema(fields, extra_behavior="allow")
     if kind == "object":
         values = node.get("additionalProperties")
+        names = node.get("propertyNames")  # integer keys (``overlap.splits_us``: SM counts)
         return cs.dict_schema(
-            keys_schema=cs.str_schema(),
+            keys_schema=_core(names) if isinstance(names, dict) else cs.str_schema(),
             values_schema=_core(values) if isinstance(values, dict) else cs.any_schema(),
         )
     return cs.any_schema()
+
+
+def _measured_forms(forms: list[dict[str, Any]]):
+    """The one tagged union: a bucket's ``measured``, in its forms by their models' names."""
+    from pydantic_core import core_schema as cs
+
+    choices = {form["$ref"].rsplit("/", 1)[-1]: _core(form) for form in forms}
+    assert set(choices) == set(rules.MEASURED_FORMS), f"an untagged oneOf: {sorted(choices)}"
+    return cs.tagged_union_schema(choices, discriminator=rules.measured_form)
+
+
+def _any_of(options: list[dict[str, Any]]):
+    from pydantic_core import core_schema as cs
+
+    kept = [o for o in options if o.get("type") != "null" and not o.get(AS_WRITTEN)]
+    if {o.get("type") for o in kept} == {"integer", "number"}:  # a figure: a number is both
+        kept = [o for o in kept if o.get("type") == "number"]
+    inner = _core(kept[0]) if len(kept) == 1 else cs.union_schema([_core(o) for o in kept])
+    nullable = any(o.get("type") == "null" for o in options)
+    return cs.nullable_schema(inner) if nullable else inner
 
 
 @lru_cache(maxsize=1)
@@ -98,7 +127,7 @@ def _validator():
 
 def _known(node: dict[str, Any], shape: str, out: dict[str, set[str]]) -> None:
     node = _resolve(node)
-    for option in node.get("anyOf", ()):
+    for option in (*node.get("anyOf", ()), *node.get("oneOf", ())):
         _known(option, shape, out)
     if node.get("type") == "array":
         _known(node.get("items", {}), shape + "[]", out)
@@ -118,8 +147,9 @@ def known_keys() -> dict[str, set[str]]:
 
 
 def unknown_keys(node: Any, shape: str = "", path: str = "") -> list[str]:
-    """YAML paths of keys the schema does not know; free-form objects (``facts``, ``measured``,
-    ``provenance``, ``generated``, ``low_latency``, ``overlap``) are not checked."""
+    """YAML paths of keys the schema does not know; inside the evidence (``measured``, ``modelled``,
+    ``search``, ``overlap``, ``provenance``) and mappings (``facts``, ``generated``,
+    ``low_latency``) they are not checked."""
     known = known_keys().get(shape)
     found: list[str] = []
     if isinstance(node, dict) and known is not None:
@@ -203,7 +233,10 @@ def error_message(err: Mapping[str, Any]) -> str:
             f"must be a name, never a path (letters, digits, '_', '+', '-' and single dots, at most "
             f"{rules.NAME_MAX_LENGTH} characters; no '/', no '..'), got {seen}"
         )
-    return str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    said = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if kind == "value_error" or "input" not in err:  # our own rules name what they saw
+        return said
+    return f"{said}, got {repr(err['input'])[:80]}"  # repr escapes control characters
 
 
 def validate(raw: dict[str, Any], source: str) -> dict[str, Any]:

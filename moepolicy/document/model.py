@@ -14,12 +14,21 @@ section: the expert kernel a tune compared with the engine's pick, with its figu
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from moepolicy import names
 from moepolicy.document import constraints as rules
+from moepolicy.document.evidence import (
+    Evidence,
+    Measured,
+    MeasuredDoc,
+    ModelledDoc,
+    OverlapDoc,
+    ProvenanceDoc,
+    SearchDoc,
+)
 
 
 SCHEMA_VERSION = rules.SCHEMA_VERSION
@@ -188,47 +197,17 @@ class BucketDoc(_Doc):
     max_tokens: Optional[int] = Field(default=None, gt=0, le=10_000_000)
     dispatch: ChunkDoc
     combine: ChunkDoc
-    measured: Optional[dict[str, Any]] = None  # measurements of the config kept (live benches)
-    modelled: Optional[dict[str, Any]] = (
-        None  # 2.2: the model bench's answers for it (never ``measured``)
-    )
-    search: Optional[dict[str, Any]] = (
-        None  # 2.2: the search's selected minima (what proposed, not a claim)
+    measured: Optional[Measured] = None  # measurements of the config kept (live benches)
+    modelled: Optional[ModelledDoc] = None  # 2.2: the model bench's answers (never ``measured``)
+    search: Optional[SearchDoc] = (
+        None  # 2.2: the search's selected minima (what proposed, no claim)
     )
 
-
-class ProvenanceDoc(_Doc):
-    """Where the DeepEP numbers came from; free-form details (study, trials, command, date) allowed."""
-
-    model_config = ConfigDict(json_schema_extra={"x-free-form": True})
-
-    source: Literal["measured", "modelled", "extrapolated", "default"]
-    note: str = ""
-    # the details moepolicy's tuners write: any other is a writer's typo, refused on write
-    # (document.builder); a reader takes any detail (a newer writer's, or a hand's)
-    details: ClassVar[frozenset[str]] = frozenset(
-        {
-            "bench",
-            "timed_region",
-            "study",
-            "storage",
-            "searched_num_sms",
-            "kept_num_sms",
-            "why",
-            "search",
-            "gpu",
-            "ep_size",
-            "deepep",
-            "command",
-            "date",
-            "protocol",
-            "v2",
-        }
-    )
-
-    def unknown_details(self) -> list[str]:
-        """The details moepolicy does not write (a writer's typo)."""
-        return [key for key in self.model_extra or {} if key not in self.details]
+    def kept_name(self) -> Optional[str]:
+        """The config kept, as the protocol named it (``default``, ``engine``, a candidate), where
+        the evidence says."""
+        evidence = self.modelled or self.measured
+        return evidence.kept if isinstance(evidence, (MeasuredDoc, ModelledDoc)) else None
 
 
 class PartialDoc(_Doc):
@@ -274,7 +253,7 @@ class DeepEPDoc(_Doc):
     num_rdma_bytes: int = Field(ge=0, le=2**40)
     buckets: list[BucketDoc] = Field(min_length=1)
     provenance: ProvenanceDoc
-    overlap: Optional[dict[str, Any]] = None  # tune --overlap: the communication/GEMM SM split
+    overlap: Optional[OverlapDoc] = None  # tune --overlap: the communication/GEMM SM split
     # 2.0: the engine schedule the configs were chosen for (serial: DeepEP then the experts' GEMM on
     # every SM; overlapped: beside it, as DBO/TBO), the timing regime (host: the host's launch and
     # waits included, as eager engines run; gpu: GPU time, as CUDA-graph engines run), both orders'
@@ -410,17 +389,42 @@ class PolicyDoc(_Doc):
 
 
 def unknown_keys(model: BaseModel, path: str = "") -> list[str]:
-    """YAML paths of keys this reader does not know (a newer minor version, or a typo)."""
-    found = [f"{path}.{key}" if path else key for key in (model.model_extra or {})]
+    """YAML paths of keys this reader does not know (a newer minor version, or a typo); evidence
+    (:mod:`moepolicy.document.evidence`) a reader keeps without a word, so it is not searched."""
+    return [where for where, _ in unknown_fields(model, path, evidence=False)]
+
+
+def unknown_fields(
+    model: BaseModel, path: str = "", evidence: bool = True
+) -> list[tuple[str, Any]]:
+    """(YAML path, value) of each field the document does not define, inside the evidence too
+    unless ``evidence`` is false (the writer's check: every level)."""
+    if isinstance(model, Evidence) and not evidence:
+        return []
+    found = [
+        (f"{path}.{key}" if path else key, value)
+        for key, value in (model.model_extra or {}).items()
+    ]
     for name in type(model).model_fields:
-        if name in ("facts", "generated", "provenance"):
-            continue
-        value = getattr(model, name)
-        child = f"{path}.{name}" if path else name
-        if isinstance(value, BaseModel):
-            found += unknown_keys(value, child)
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, BaseModel):
-                    found += unknown_keys(item, f"{child}[{i}]")
+        if name not in ("facts", "generated"):
+            child = f"{path}.{name}" if path else name
+            found += _unknown_below(getattr(model, name), child, evidence)
+    return found
+
+
+def _unknown_below(value: Any, path: str, evidence: bool) -> list[tuple[str, Any]]:
+    if isinstance(value, BaseModel):
+        return unknown_fields(value, path, evidence)
+    items = (
+        enumerate(value)
+        if isinstance(value, list)
+        else value.items()
+        if isinstance(value, dict)
+        else ()
+    )
+    found: list[tuple[str, Any]] = []
+    for key, item in items:
+        found += _unknown_below(
+            item, f"{path}[{key}]" if isinstance(value, list) else f"{path}.{key}", evidence
+        )
     return found

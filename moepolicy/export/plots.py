@@ -8,20 +8,22 @@ extra, matplotlib). Each figure draws only what the document records:
 - ``orders.png``: both orders per bucket, where a live tune timed them;
 - ``overlap.png``: the overlap split scan, where the policy has one.
 
-The fields drawn (``provenance.scan``, ``buckets[].measured.confirm``, ``overlap.splits_us``) are
-free-form in the schema: a row that is not in the form ``tune`` writes (a hand edit, another tool)
-is left out, a figure with nothing well-formed left is skipped with a note, never a crash.
+The figures read the typed document (:mod:`moepolicy.document.evidence`): evidence not in the form
+``tune`` writes is refused by the reader, in one line, before anything is drawn. A point that is not
+finite is left out (an axis cannot hold it); a figure with nothing left to draw is not drawn.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Mapping, Optional, Sequence
 
 from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
 from moepolicy.deepep.settings import source_words
-from moepolicy.text import is_digits
+from moepolicy.document.evidence import FigureDoc, MeasuredDoc, ScanRowDoc
+from moepolicy.document.model import BucketDoc, DeepEPDoc, PolicyDoc
 
 
 def _pyplot():
@@ -38,33 +40,15 @@ MAX_PANELS = 16  # token buckets side by side in one figure
 MAX_POINTS = 1000  # rows drawn per figure
 
 
-def draw(doc: dict[str, Any], folder: Path, notes: Optional[list[str]] = None) -> list[Path]:
+def draw(doc: PolicyDoc, folder: Path) -> list[Path]:
     """Write every figure the document has data for into ``folder`` (made only if one is drawn);
-    returns the files written. A figure whose data is malformed is skipped, and why is appended to
-    ``notes``."""
-    deepep = doc["deepep"]
-    label = str((deepep.get("provenance") or {}).get("source", "?"))
+    returns the files written."""
+    deepep = doc.deepep
+    label = deepep.provenance.source
     context = _context(doc, label)
     figures = []
     for name, fn in zip(FIGURES, (_sms, _kept, _orders, _overlap)):
-        try:
-            fig = fn(deepep, label)
-        except (
-            KeyError,
-            TypeError,
-            ValueError,
-            IndexError,
-            AttributeError,
-            ZeroDivisionError,
-            OverflowError,
-        ) as exc:
-            _pyplot().close("all")
-            if notes is not None:
-                notes.append(
-                    f"{name}.png not drawn: its data is not in the form tune writes ({type(exc).__name__}: "
-                    f"{' '.join(str(exc).split())[:120]})"
-                )
-            continue
+        fig = fn(deepep, label)
         if fig is not None:
             _caption(fig, context)
             figures.append((name, fig))
@@ -89,73 +73,52 @@ def _caption(fig, context: str) -> None:
     )
 
 
-def _context(doc: dict[str, Any], label: str) -> str:
+def _context(doc: PolicyDoc, label: str) -> str:
     """The line under every figure: which model, target and tune it shows."""
-    model = (doc.get("model") or {}).get("name", "?")
-    target = doc.get("target") or {}
-    regime = (doc.get("deepep") or {}).get("regime", "host")
-    words = source_words(label)
-    partial = (doc.get("deepep") or {}).get("partial")
+    target = doc.target
     return (
-        ("PARTIAL (not for serving): " if partial else "")
-        + f"{model} on {target.get('gpu', '?')} EP{target.get('ep_size', '?')} ({target.get('backend', '?')}); "
-        f"{words}; {regime} regime; 'vLLM' = what vLLM runs today (20 SMs, DeepEP's config table)"
+        ("PARTIAL (not for serving): " if doc.deepep.partial is not None else "")
+        + f"{doc.model.name} on {target.gpu} EP{target.ep_size} ({target.backend}); "
+        f"{source_words(label)}; {doc.deepep.regime} regime; 'vLLM' = what vLLM runs today (20 SMs, "
+        "DeepEP's config table)"
     )
 
 
-def _number(x: Any) -> Optional[float]:
-    """A finite number (not a bool), or None."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    try:
-        value = float(x)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) and abs(value) < 1e15 else None
+def _finite(*values: Optional[float]) -> bool:
+    """Every value a number an axis can hold."""
+    return all(v is not None and math.isfinite(v) and abs(v) < 1e15 for v in values)
 
 
-def _rows(items: Any, fields: tuple[str, ...]) -> list[dict[str, float]]:
-    """The mappings of ``items`` whose ``fields`` are all finite numbers (those fields, as floats)."""
-    out = []
-    for item in items if isinstance(items, list) else ():
-        if isinstance(item, dict) and all(_number(item.get(f)) is not None for f in fields):
-            out.append(
-                {f: _number(item[f]) for f in fields}
-                | {k: v for k, v in item.items() if k not in fields}
-            )
-        if len(out) >= MAX_POINTS:
-            break
-    return out
+def _scan(deepep: DeepEPDoc) -> list[ScanRowDoc]:
+    """The search's scan rows that can be drawn (at most ``MAX_POINTS``)."""
+    rows = deepep.provenance.scan_rows()
+    return [r for r in rows if _finite(r.best_us, r.tokens, r.num_sms)][:MAX_POINTS]
 
 
-def _sms(deepep: dict, label: str):
-    prov = deepep.get("provenance") or {}
-    scan = _rows(
-        prov.get("scan") or (prov.get("search") or {}).get("scan"),  # 2.2: under provenance.search
-        ("tokens", "num_sms", "best_us"),
-    )
+def _sms(deepep: DeepEPDoc, label: str):
+    scan = _scan(deepep)
     if not scan:
         return None
     plt = _pyplot()
-    tokens = sorted({row["tokens"] for row in scan})[:MAX_PANELS]
+    tokens = sorted({row.tokens for row in scan})[:MAX_PANELS]
     fig, axes = plt.subplots(
         1, len(tokens), figsize=(4.4 * len(tokens), 3.6), squeeze=False, constrained_layout=True
     )
-    chosen = deepep["num_sms"]
+    chosen = deepep.num_sms
     for ax, t in zip(axes[0], tokens):
-        rows = sorted((r for r in scan if r["tokens"] == t), key=lambda r: r["num_sms"])
-        sms = [r["num_sms"] for r in rows]
+        rows = sorted((r for r in scan if r.tokens == t), key=lambda r: r.num_sms)
+        sms = [r.num_sms for r in rows]
         ax.plot(
             sms,
-            [r["best_us"] for r in rows],
+            [r.best_us for r in rows],
             "o-",
             color="tab:blue",
             label="search's best (selected minimum)",
         )
-        with_default = [r for r in rows if _number(r.get("default_us")) is not None]
+        with_default = [r for r in rows if _finite(r.default_us)]
         ax.plot(
-            [r["num_sms"] for r in with_default],
-            [r["default_us"] for r in with_default],
+            [r.num_sms for r in with_default],
+            [r.default_us for r in with_default],
             "s--",
             color="tab:orange",
             markerfacecolor="none",
@@ -181,26 +144,40 @@ def _sms(deepep: dict, label: str):
     return fig
 
 
-def _evidence(bucket: dict):
+@dataclass(frozen=True)
+class _Bars:
+    """A bucket's bars: the kept config's, DeepEP's default chunks' and the engine's times, and the
+    kept config's speed-up over the engine's (with its interval where measured)."""
+
+    median_us: Mapping[str, float]
+    vs_engine: Optional[float]
+    ci95: Optional[Sequence[float]] = None
+
+
+def _evidence(bucket: BucketDoc) -> Optional[_Bars]:
     """A bucket's figures: the report rounds (2.2), the re-measurement of a 2.1 tune, or a modelled
     tune's answers (2.2: ``modelled``, no interval)."""
-    modelled = bucket.get("modelled")
-    if modelled:
-        us = modelled.get("us") or {}
-        chosen = modelled.get("chosen_vs_engine")
-        return {
-            "median_us": {
-                "engine": us.get("engine", us["kept"]),
-                "default": us.get("chosen", us["kept"]),
-                "kept": us["kept"],
-            },
-            "vs_engine": {"speedup": us.get("engine", us["kept"]) / us["kept"]}
-            if chosen
-            else None,
-        }
-    m = bucket.get("measured") or {}
-    report = m.get("report") or m.get("confirm")
-    return report if report and (report.get("median_us") or {}).get("engine") is not None else None
+    modelled = bucket.modelled
+    if modelled is not None:
+        us = modelled.us
+        kept = us.get("kept")
+        if kept is None:
+            return None
+        engine = us.get("engine", kept)
+        return _Bars(
+            {"engine": engine, "default": us.get("chosen", kept), "kept": kept},
+            engine / kept if modelled.chosen_vs_engine is not None else None,
+        )
+    m = bucket.measured
+    report = (m.report or m.confirm) if isinstance(m, MeasuredDoc) else None
+    if report is None or report.median_us.get("engine") is None:
+        return None
+    figure: Optional[FigureDoc] = report.vs_engine
+    return _Bars(
+        report.median_us,
+        None if figure is None else figure.speedup,
+        None if figure is None else figure.ci95,
+    )
 
 
 _ARMS = {
@@ -210,32 +187,32 @@ _ARMS = {
 }
 
 
-def _kept(deepep: dict, label: str):
+def _kept(deepep: DeepEPDoc, label: str):
     from moepolicy.measure.rounds import speedup_words
 
-    buckets = [b for b in deepep["buckets"] if _evidence(b)][:MAX_PANELS]
-    if not buckets:
+    drawn = [(b, bars) for b in deepep.buckets if (bars := _evidence(b)) is not None]
+    drawn = [(b, bars) for b, bars in drawn if _finite(*bars.median_us.values())][:MAX_PANELS]
+    if not drawn:
         return None
+    buckets = [b for b, _ in drawn]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
     for i, name in enumerate(_ARMS):
-        xs = [j + (i - 1) * 0.27 for j in range(len(buckets))]
-        ys = [
-            _evidence(b)["median_us"].get(name, _evidence(b)["median_us"]["engine"])
-            for b in buckets
-        ]
+        xs = [j + (i - 1) * 0.27 for j in range(len(drawn))]
+        ys = [bars.median_us.get(name, bars.median_us["engine"]) for _, bars in drawn]
         ax.bar(xs, ys, width=0.25, label=_ARMS[name])
-    top = max(max(_evidence(b)["median_us"].values()) for b in buckets)
-    for j, b in enumerate(buckets):
-        r = _evidence(b).get("vs_engine")
+    top = max(max(bars.median_us.values()) for _, bars in drawn)
+    for j, (_, bars) in enumerate(drawn):
         words = (
-            "kept = vLLM's settings" if not r else f"kept vs vLLM: {speedup_words(r['speedup'])}"
+            "kept = vLLM's settings"
+            if bars.vs_engine is None
+            else f"kept vs vLLM: {speedup_words(bars.vs_engine)}"
         )
-        if r and label != "modelled" and r.get("ci95"):
-            words += f" [{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}]"
+        if bars.vs_engine is not None and label != "modelled" and bars.ci95:
+            words += f" [{bars.ci95[0]:.2f}-{bars.ci95[1]:.2f}]"
         ax.annotate(words, (j, top * 1.02), ha="center", fontsize=7)
     ax.set_ylim(0, top * 1.12)
-    ax.set_xticks(range(len(buckets)), [_bucket_name(b, buckets) + " tokens" for b in buckets])
+    ax.set_xticks(range(len(drawn)), [_bucket_name(b, buckets) + " tokens" for b in buckets])
     ylabel = (
         "µs (the model's answer)" if label == "modelled" else "µs (median of the report rounds)"
     )
@@ -247,15 +224,19 @@ def _kept(deepep: dict, label: str):
     return fig
 
 
-def _bucket_name(bucket: dict, buckets: list) -> str:
-    if bucket["max_tokens"] is not None:
-        return f"<= {bucket['max_tokens']}"
-    bounds = [b["max_tokens"] for b in buckets if b["max_tokens"] is not None]
+def _bucket_name(bucket: BucketDoc, buckets: list[BucketDoc]) -> str:
+    if bucket.max_tokens is not None:
+        return f"<= {bucket.max_tokens}"
+    bounds = [b.max_tokens for b in buckets if b.max_tokens is not None]
     return f"> {bounds[-1]}" if bounds else "all"
 
 
-def _orders(deepep: dict, label: str):
-    timed = deepep.get("measured_orders") or []
+def _orders(deepep: DeepEPDoc, label: str):
+    timed = [
+        t
+        for t in deepep.measured_orders or ()
+        if _finite(t.quant_then_dispatch_us, t.dispatch_then_quant_us)
+    ]
     if not timed:
         return None
     plt = _pyplot()
@@ -264,26 +245,26 @@ def _orders(deepep: dict, label: str):
     xs = range(len(timed))
     ax.bar(
         [x - 0.2 for x in xs],
-        [t["quant_then_dispatch_us"] for t in timed],
+        [t.quant_then_dispatch_us for t in timed],
         width=0.4,
         label="quantize first",
     )
     ax.bar(
         [x + 0.2 for x in xs],
-        [t["dispatch_then_quant_us"] for t in timed],
+        [t.dispatch_then_quant_us for t in timed],
         width=0.4,
         label="dispatch bf16 first",
     )
-    ax.set_xticks(list(xs), [str(t["tokens"]) for t in timed])
+    ax.set_xticks(list(xs), [str(t.tokens) for t in timed])
     from moepolicy.measure.rounds import speedup_words
 
-    top = max(max(t["quant_then_dispatch_us"], t["dispatch_then_quant_us"]) for t in timed)
+    top = max(max(t.quant_then_dispatch_us, t.dispatch_then_quant_us) for t in timed)
     for x, t in zip(
         xs, timed
     ):  # 2.2: the paired test over rotated rounds; before, one sample each
-        if t.get("quant_first_speedup"):
-            verdict = "within noise" if t.get("faster") == "neither" else "beyond noise"
-            words = f"quantizing first:\n{speedup_words(t['quant_first_speedup'])}, {verdict}"
+        if t.quant_first_speedup:
+            verdict = "within noise" if t.faster == "neither" else "beyond noise"
+            words = f"quantizing first:\n{speedup_words(t.quant_first_speedup)}, {verdict}"
         else:
             words = "one sample each:\nno test"
         ax.annotate(words, (x, top * 1.03), ha="center", fontsize=7)
@@ -297,19 +278,13 @@ def _orders(deepep: dict, label: str):
     return fig
 
 
-def _object(value: Any) -> dict[Any, Any]:
-    """``value`` where it is an object of the document, else an empty one."""
-    return value if isinstance(value, dict) else {}
-
-
-def _overlap(deepep: dict, label: str):
-    overlap = _object(deepep.get("overlap"))
-    splits = _object(overlap.get("splits_us"))
-    points = sorted(
-        (int(k), us)
-        for k, v in splits.items()
-        if is_digits(str(k).strip()) and len(str(k)) < 7 and (us := _number(v)) is not None
-    )[:MAX_POINTS]
+def _overlap(deepep: DeepEPDoc, label: str):
+    overlap = deepep.overlap
+    if overlap is None:
+        return None
+    points = sorted((sms, us) for sms, us in overlap.splits_us.items() if _finite(sms, us))[
+        :MAX_POINTS
+    ]
     if not points:
         return None
     plt = _pyplot()
@@ -329,11 +304,10 @@ def _overlap(deepep: dict, label: str):
         markersize=9,
         label=f"the scan's fastest ({best[0]} SMs)",
     )
-    chosen = _number(overlap.get("comm_sms"))
-    chosen = chosen if chosen is not None else deepep["num_sms"]
+    chosen = overlap.comm_sms if overlap.comm_sms is not None else deepep.num_sms
     how = (  # a gate in fresh rounds from schema 2.2; older files kept what the scan chose
         "decided on fresh rounds, not on this scan"
-        if isinstance(overlap.get("gate"), dict)
+        if overlap.gate is not None
         else "chosen from these samples: no fresh rounds"
     )
     ax.axvline(chosen, color="green", label=f"kept ({chosen:g} SMs: {how})")

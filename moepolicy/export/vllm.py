@@ -340,15 +340,15 @@ def _high_throughput(doc: PolicyDoc, env: dict, args: list, applied: list, canno
             else ""
         )
     )
-    kept = [(b.measured or b.modelled or {}).get("kept") for b in deepep.buckets]
+    kept = [b.kept_name() for b in deepep.buckets]
     applied.append(actions.configs_line(deepep.provenance.source, len(deepep.buckets), kept))
     applied.append(
         f"DeepEP buffers: NVLink {deepep.num_nvl_bytes} bytes, RDMA {deepep.num_rdma_bytes} bytes"
     )
     overlap = deepep.overlap
-    if overlap:
-        comm = overlap.get("comm_sms", deepep.num_sms)
-        if isinstance(comm, bool) or not isinstance(comm, int) or not 0 < comm <= deepep.num_sms:
+    if overlap is not None:
+        comm = overlap.comm_sms
+        if not 0 < comm <= deepep.num_sms:
             raise PolicyError(
                 f"deepep.overlap.comm_sms must be a whole number of SMs from 1 to num_sms "
                 f"({deepep.num_sms}), got {comm!r}: edited or damaged; run the overlap tune again"

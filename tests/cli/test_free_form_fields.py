@@ -1,6 +1,8 @@
-"""The crash sites the every-command fuzzer (tests/test_fuzz.py) found, fixed: a policy's free-form
-fields (provenance, measured, overlap) hand-edited are shown as far as they are readable, and stored
-facts the rules cannot replay are refused by validate and by every command that replays them."""
+"""The crash sites the every-command fuzzer (tests/test_fuzz.py) found, fixed: a policy's evidence
+(provenance, measured, overlap; typed since issue 45) hand-edited out of its form is refused by the
+reader in one line naming the field and the value seen, never rendered half-way; evidence in its form
+is shown; and stored facts the rules cannot replay are refused by validate and by every command that
+replays them."""
 
 import pytest
 import yaml
@@ -53,31 +55,54 @@ def _write(tmp_path, doc, edit):
     return path
 
 
+# hand edits of the evidence, and what the reader says of each (None: it is in its form)
 FREE_FORM_EDITS = {
-    "modelled without its times": lambda d: d["deepep"]["buckets"][0]["modelled"].pop("us"),
-    "a 2.1 confirm without rounds": lambda d: d["deepep"]["buckets"][0].update(
-        measured={"confirm": {"vs_engine": {"speedup": 1.1}, "median_us": {"engine": 1}}}
+    "modelled without its times": (
+        lambda d: d["deepep"]["buckets"][0]["modelled"].pop("us"),
+        "deepep.buckets[0].modelled.us: missing",
     ),
-    "an overlap row of strings": lambda d: d["deepep"]["buckets"][0].update(
-        measured={"overlapped_us": "fast"}
+    "a 2.1 confirm without rounds": (
+        lambda d: d["deepep"]["buckets"][0].update(
+            measured={"confirm": {"vs_engine": {"speedup": 1.1}, "median_us": {"engine": 1}}}
+        ),
+        "deepep.buckets[0].measured.confirm.kept: missing",
     ),
-    "an overlap row dividing by zero": lambda d: d["deepep"]["buckets"][0].update(
-        measured={"overlapped_us": 1.0, "comm_us": 0, "gemm_us": 0}
+    "an overlap row of strings": (
+        lambda d: d["deepep"]["buckets"][0].update(measured={"overlapped_us": "fast"}),
+        "deepep.buckets[0].measured.overlapped_us: Input should be a number above 0, got 'fast'",
     ),
-    "a scan of strings": lambda d: d["deepep"]["provenance"].update(
-        scan=[{"tokens": "x", "num_sms": [], "best_us": {}}]
+    "an overlap row dividing by zero": (
+        lambda d: d["deepep"]["buckets"][0].update(
+            measured={"overlapped_us": 1.0, "comm_us": 0, "gemm_us": 0}
+        ),
+        "deepep.buckets[0].measured.comm_us: Input should be a number above 0, got 0",
     ),
-    "a scan of huge numbers": lambda d: d["deepep"]["provenance"].update(
-        scan=[
-            {"tokens": 128, "num_sms": 1e308, "best_us": float("inf")},
-            {"tokens": 10**30, "num_sms": 8, "best_us": 1},
-        ]
+    "a scan of strings": (
+        lambda d: d["deepep"]["provenance"].update(
+            scan=[{"tokens": "x", "num_sms": [], "best_us": {}}]
+        ),
+        "deepep.provenance.scan[0].num_sms: Input should be a valid integer, got []",
     ),
-    "ten thousand token buckets in the scan": lambda d: d["deepep"]["provenance"].update(
-        scan=[{"tokens": t, "num_sms": 8, "best_us": 1.0} for t in range(1, 10_001)]
+    "a scan of huge numbers": (
+        lambda d: d["deepep"]["provenance"].update(
+            scan=[
+                {"tokens": 128, "num_sms": 1e308, "best_us": float("inf")},
+                {"tokens": 10**30, "num_sms": 8, "best_us": 1},
+            ]
+        ),
+        "deepep.provenance.scan[0].num_sms: ",
     ),
-    "overlap splits of garbage": lambda d: d["deepep"].update(
-        overlap={"splits_us": {"x": "y", "-3": None, "24": 1e400}, "comm_sms": "many"}
+    "ten thousand token buckets in the scan": (
+        lambda d: d["deepep"]["provenance"].update(
+            scan=[{"tokens": t, "num_sms": 8, "best_us": 1.0} for t in range(1, 10_001)]
+        ),
+        None,
+    ),
+    "overlap splits of garbage": (
+        lambda d: d["deepep"].update(
+            overlap={"splits_us": {"x": "y", "-3": None, "24": 1e400}, "comm_sms": "many"}
+        ),
+        "deepep.overlap.comm_sms: Input should be a valid integer, got 'many'",
     ),
 }
 
@@ -86,11 +111,23 @@ FREE_FORM_EDITS = {
 def test_audit_and_report_show_what_they_can_of_a_hand_edited_free_form_field(
     tuned, tmp_path, edit
 ):
-    path = _write(tmp_path, tuned, FREE_FORM_EDITS[edit])
-    assert run_cli("validate", str(path)).returncode == 0  # free-form: validate accepts it
-    for args in (("audit", str(path)), ("report", str(path), "--plots", str(tmp_path / "plots"))):
+    change, said = FREE_FORM_EDITS[edit]
+    path = _write(tmp_path, tuned, change)
+    commands = (("audit", str(path)), ("report", str(path), "--plots", str(tmp_path / "plots")))
+    if said is None:  # in its form: validate accepts it, audit and report show it
+        assert run_cli("validate", str(path)).returncode == 0
+        for args in commands:
+            result = run_cli(*args)
+            assert result.returncode == 0 and "Traceback" not in result.stderr, (
+                args,
+                result.stderr,
+            )
+        return
+    for args in (("validate", str(path)), *commands):  # out of its form: one line, the field named
         result = run_cli(*args)
-        assert result.returncode == 0 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert result.returncode == 6 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert result.stderr.count("\n") == 1 and said in result.stderr, (args, result.stderr)
+    assert not (tmp_path / "plots").exists()  # nothing drawn half-way
 
 
 @pytest.mark.parametrize(

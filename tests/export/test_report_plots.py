@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from conftest import run_cli
+from moepolicy.document.yaml_io import parse_text
 
 pytest.importorskip("matplotlib", reason="report --plots needs the [plots] extra")
 
@@ -49,9 +50,10 @@ def test_a_tuned_policy_draws_its_sm_scan_and_kept_vs_defaults(tuned, tmp_path):
 
 
 def test_every_figure_the_document_has_data_for(tuned, tmp_path):
+    from moepolicy.document.model import PolicyDoc
     from moepolicy.export.plots import draw
 
-    doc = copy.deepcopy(yaml.safe_load(tuned.read_text()))
+    doc = copy.deepcopy(parse_text(tuned.read_text()))  # the layer facts' table resolved
     doc["deepep"]["measured_orders"] = [
         {"tokens": 1024, "quant_then_dispatch_us": 300.0, "dispatch_then_quant_us": 320.0},
         {"tokens": 4096, "quant_then_dispatch_us": 1100.0, "dispatch_then_quant_us": 900.0},
@@ -60,7 +62,7 @@ def test_every_figure_the_document_has_data_for(tuned, tmp_path):
         "comm_sms": 32,
         "splits_us": {12: 900.0, 20: 850.0, 32: 800.0, 48: 870.0},
     }
-    written = draw(doc, tmp_path / "all")
+    written = draw(PolicyDoc.model_validate(doc), tmp_path / "all")
     assert sorted(p.name for p in written) == [
         "kept_vs_default.png",
         "orders.png",
@@ -105,11 +107,12 @@ def test_every_figure_says_which_model_target_and_tune_it_shows(tuned, tmp_path)
     import matplotlib
 
     matplotlib.use("Agg")
+    from moepolicy.document.model import PolicyDoc
     from moepolicy.export import plots
 
-    doc = yaml.safe_load(tuned.read_text())
+    doc = PolicyDoc.model_validate(parse_text(tuned.read_text()))
     for fn in (plots._sms, plots._kept):
-        fig = fn(doc["deepep"], "modelled")
+        fig = fn(doc.deepep, "modelled")
         plots._caption(fig, plots._context(doc, "modelled"))
         texts = [fig._suptitle.get_text()] + [
             t.get_text() for ax in fig.axes for t in (ax.title, ax.yaxis.label)
@@ -127,12 +130,15 @@ def test_every_figure_says_which_model_target_and_tune_it_shows(tuned, tmp_path)
 )
 def test_the_overlap_legend_says_how_the_split_was_kept(gate, words):
     """A 2.1-era overlap policy kept what its scan chose; from 2.2 a gate in fresh rounds decides."""
+    from moepolicy.document.evidence import OverlapDoc
+    from moepolicy.document.model import DeepEPDoc
     from moepolicy.export.plots import _overlap
 
     overlap = {"comm_sms": 32, "splits_us": {20: 850.0, 32: 800.0}}
     if gate is not None:
         overlap["gate"] = gate
-    fig = _overlap({"num_sms": 20, "overlap": overlap}, "measured")
+    deepep = DeepEPDoc.model_construct(num_sms=20, overlap=OverlapDoc.model_validate(overlap))
+    fig = _overlap(deepep, "measured")
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any("kept (32 SMs: " in t and words in t for t in labels), labels
 
@@ -159,6 +165,7 @@ def test_a_partial_result_is_said_and_drawn_as_partial(tuned, tmp_path):
 
     matplotlib.use("Agg")
     from moepolicy.document.keys import compute_keys
+    from moepolicy.document.model import PolicyDoc
     from moepolicy.export import plots
 
     doc = yaml.safe_load(tuned.read_text())
@@ -169,4 +176,5 @@ def test_a_partial_result_is_said_and_drawn_as_partial(tuned, tmp_path):
     result = run_cli("report", str(partial))
     assert result.returncode == 0, result.stderr
     assert "a partial result (interrupted after 3 of 12 trials)" in result.stderr
-    assert plots._context(doc, "modelled").startswith("PARTIAL (not for serving): ")
+    context = plots._context(PolicyDoc.model_validate(parse_text(partial.read_text())), "modelled")
+    assert context.startswith("PARTIAL (not for serving): ")

@@ -125,18 +125,65 @@ def test_a_section_the_builder_cannot_write_is_named_by_its_place_in_one_line():
     assert "\n" not in str(info.value) and "please report it" in str(info.value)
 
 
+_SEARCH = {"note": "", "num_sms": 20, "best_us": 100.0}
+_FIGURE = {"contender": "kept", "baseline": "the engine's default", "rounds": 9, "speedup": 1.1}
+
+
 @pytest.mark.parametrize(
-    "change, where",
+    "change, where, seen",
     [
-        ({"provenance": {"source": "default", "nte": "a typo"}}, r"deepep\.provenance\.nte"),
-        ({"evidence": ({"mesured": {"p50_us": 1.0}},)}, r"deepep\.buckets\[0\]\.mesured"),
+        (
+            {"provenance": {"source": "default", "nte": "a typo"}},
+            r"deepep\.provenance\.nte",
+            "'a typo'",
+        ),
+        (
+            {"evidence": ({"mesured": {"p50_us": 1.0}},)},
+            r"deepep\.buckets\[0\]\.mesured",
+            "{'p50_us': 1.0}",
+        ),
+        (
+            {"evidence": ({"search": {**_SEARCH, "bset_us": 99.0}},)},
+            r"deepep\.buckets\[0\]\.search\.bset_us",
+            "99.0",
+        ),
+        (
+            {
+                "evidence": (
+                    {"measured": {"report": {"rounds": 9, "median_us": {}, "vs_engin": _FIGURE}}},
+                )
+            },
+            r"deepep\.buckets\[0\]\.measured\.report\.vs_engin",
+            r"\{'contender'",
+        ),
+        (
+            {"overlap": {"comm_sms": 24, "gate": {"why": "", "loses": {}}}},
+            r"deepep\.overlap\.gate\.loses",
+            r"\{\}",
+        ),
+        (
+            {"provenance": {"source": "measured", "protocol": {"gate": {"smss": None}}}},
+            r"deepep\.provenance\.protocol\.gate\.smss",
+            "None",
+        ),
+        (
+            {
+                "provenance": {
+                    "source": "measured",
+                    "v2": {"report": {"128": {"median_us": {}, "vs_defualt": None}}},
+                }
+            },
+            r"deepep\.provenance\.v2\.report\.128\.vs_defualt",
+            "None",
+        ),
     ],
 )
 def test_a_misspelled_provenance_or_evidence_key_is_refused_on_write_and_read_on_load(
-    change, where
+    change, where, seen
 ):
-    """The builder refuses a key the document does not define (a writer's typo, in the tuner's
-    free-form provenance or a bucket's evidence); a reader still takes it (a newer writer's)."""
+    """The builder refuses a key the document does not define, at any level of the evidence (a
+    writer's typo, in the tuner's provenance, a bucket's evidence or the overlap split), in one line
+    naming the field and its value; a reader still takes it (a newer writer's)."""
     import dataclasses
 
     from moepolicy.document.model import PolicyDoc, unknown_keys
@@ -144,8 +191,9 @@ def test_a_misspelled_provenance_or_evidence_key_is_refused_on_write_and_read_on
 
     plan = _plan("Qwen3-30B-A3B-FP8", 2)
     typo = dataclasses.replace(compose.default_deepep(plan), **change)
-    with pytest.raises(PolicyError, match=f"does not define at {where}; please report it"):
+    with pytest.raises(PolicyError, match=f"does not define: {where} = {seen}") as info:
         compose.build_document(plan, typo)
+    assert "\n" not in str(info.value) and "please report it" in str(info.value)
     doc = compose.build_document(plan)
     doc["deepep"]["provenance"]["newer"] = "a detail"
     doc["deepep"]["buckets"][0]["newer"] = {"p50_us": 1.0}

@@ -125,6 +125,6 @@ def test_a_22_tune_validates_strictly_with_its_new_keys(tmp_path):
         doc.schema_version == "2.4"
         and doc.deepep.measured_orders[0].faster == "quant_then_dispatch"
     )
-    assert doc.deepep.buckets[0].search["note"].startswith("selected minima")
+    assert doc.deepep.buckets[0].search.note.startswith("selected minima")
     policy = load_policy(path, ep_size=2, model="Qwen3-30B-A3B-FP8", strict=True)
     assert not policy.is_fallback and policy.deepep.num_sms == 32

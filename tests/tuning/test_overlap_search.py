@@ -14,18 +14,31 @@ from moepolicy.deepep.configs import ChunkConfig  # noqa: E402
 from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS  # noqa: E402
 from moepolicy.tuning.overlap_search import OverlapSettings, search_overlap, with_send_chunks  # noqa: E402
 from moepolicy.tuning.overlap_report import OverlapBucketRow, SplitTimes  # noqa: E402
+from moepolicy.document.evidence import OverlapDoc, OverlapRowDoc  # noqa: E402
+from moepolicy.document.model import unknown_fields  # noqa: E402
 
 DEFAULT = (ChunkConfig(24, 256, 6, 128), ChunkConfig(10, 256, 6, 128))
 
 
 def _rows(found) -> dict:
-    """Each bucket's row as the policy document stores it (and ``audit`` reads it back)."""
+    """Each bucket's row as the policy document stores it (and ``audit`` reads it back); the row and
+    the split's summary are what the document's typed evidence defines, written as given."""
     rows = {t: row.to_doc() for t, row in found.rows.items()}
     for t in found.rows:
         assert (
             OverlapBucketRow.from_doc(rows[t]).to_doc() == rows[t]
         )  # the stored form round-trips
+        assert _as_typed(OverlapRowDoc, rows[t]) == list(rows[t].items())
+    assert _as_typed(OverlapDoc, found.summary()) == list(found.summary().items())
     return rows
+
+
+def _as_typed(kind, plain: dict) -> list:
+    """``plain`` through the document's model ``kind``: no field it does not define, and the
+    items it writes (in order, an int an int)."""
+    typed = kind.model_validate(plain)
+    assert unknown_fields(typed) == []
+    return list(typed.model_dump(exclude_unset=True).items())
 
 
 PLAN = SimpleNamespace(
