@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
         return explain_from_file(args.policy, args.layer, args.rules, args.format)
     if not args.model:
         raise UsageError("give a policy file, or --model with target flags")
-    from moepolicy.cli.plan import build_plan
+    from moepolicy.cli._plan import build_plan
 
     plan = build_plan(args)
     matches = [lp for lp in plan.layers if lp.layer.index == args.layer]

@@ -9,12 +9,12 @@ which first. Outside the model's measured envelope the policy keeps DeepEP's def
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-
+from pathlib import Path
 from typing import Any, Optional
 
 from moepolicy import api
-from moepolicy.measure.placement import SHARED_LABEL
 from moepolicy.cli._deepep_summary import overlap_lines
 from moepolicy.cli._output import (
     Input,
@@ -28,17 +28,25 @@ from moepolicy.cli._output import (
     table,
     write_result,
 )
+from moepolicy.cli._plan import build_plan, vllm_difference
 from moepolicy.cli._target import add_target_flags
 from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
+from moepolicy.document.reader import read_policy
 from moepolicy.document.yaml_io import dumps
 from moepolicy.errors import MoePolicyError, TuningError, UsageError, carry
+from moepolicy.measure.placement import SHARED_LABEL
+from moepolicy.measure.ranks import safe_environment
+from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS, interval_words, speedup_words
+from moepolicy.redact import redact_command
+from moepolicy.target import TargetSpec, resolve_target
+from moepolicy.tuning.bench import REGIMES
 from moepolicy.tuning.bench_source import (
     FUNCTIONAL_REPS,
     SHARED_RANKS_ENV,
     BenchChoice,
     BenchSource,
 )
-from moepolicy.tuning.overlap_report import OverlapBucketRow
+from moepolicy.tuning.coordinate import CoordinatedBench, join_group, serve
 from moepolicy.tuning.options import (
     DEFAULT_STORAGE,
     OVERLAP_CONFINES,
@@ -46,10 +54,9 @@ from moepolicy.tuning.options import (
     OverlapOptions,
     TuneOptions,
 )
-from moepolicy.redact import redact_command
-from moepolicy.tuning.bench import REGIMES
-from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
-from moepolicy.tuning.storage import StorageFailed, check_storage
+from moepolicy.tuning.overlap_report import OverlapBucketRow
+from moepolicy.tuning.space import load_objective, load_space
+from moepolicy.tuning.storage import StorageFailed, check_storage, storage_file
 
 DEFAULT_OUTPUT = "policy.yaml"
 
@@ -223,8 +230,6 @@ def _add_overlap_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _default_buckets() -> str:
-    from moepolicy.tuning.space import load_objective
-
     try:
         return ",".join(str(b["tokens"]) for b in load_objective()["buckets"])
     except Exception:  # noqa: BLE001 (help text only)
@@ -268,10 +273,6 @@ def engine_regime(engine: str, backend: str) -> str:
 
 def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
     """Rank 0 tunes as usual with a coordinated bench; the other ranks serve measurements."""
-    import os
-
-    from moepolicy.measure.ranks import safe_environment
-
     safe_environment()  # torchrun started this process: NVLink multicast off before NCCL starts
     import torch.distributed as dist
 
@@ -290,9 +291,6 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
         )
     args.ep_size = world
     api.require_tuner()  # every rank: rank 0 runs the study, the model bench's ranks fit with numpy
-    from moepolicy.target import TargetSpec, resolve_target
-    from moepolicy.tuning.coordinate import CoordinatedBench, join_group, serve
-
     shared = False
     if args.bench == "live":
         inner, shared = _rank_bench(args, source, world)
@@ -327,12 +325,9 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
 def _rank_bench(args: argparse.Namespace, source: BenchSource, world: int):
     """This torchrun rank's live bench, joined to the job: on a GPU of its own (NCCL), or, as the
     test-only functional run, on a GPU its node's ranks share (gloo). Returns (bench, shared)."""
-    import os
-
     import torch
     import torch.distributed as dist
 
-    from moepolicy.tuning.coordinate import join_group
     from moepolicy.tuning.live_bench import RankBench
 
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -396,9 +391,6 @@ def _tune_and_write(
             "size themselves by num_max_dispatch_tokens_per_rank); 'moepolicy plan --backend deepep_ll' "
             "writes its decisions and buffer size"
         )
-    from moepolicy.cli.plan import build_plan
-    from moepolicy.tuning.space import load_objective, load_space
-
     note(f"bench: {choice.kind} ({choice.why})")
     _warn_unfitted_trials(args.trials, choice)
     objective, space = load_objective(), load_space()
@@ -426,7 +418,7 @@ def _tune_and_write(
     result = _tune(args, (plan, choice, options, objective, space), bench, experts)
     if choice.shared:  # api.tune_with marked the result partial: not for serving
         note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
-    document = api.policy_document(result)
+    decided, document = api.decided_policy(result)  # the layers decided again once, as written
     if v2:
         _render_v2(result)
         write_result(_output_for(result, output), dumps(document))
@@ -434,7 +426,7 @@ def _tune_and_write(
     render(result, document)
     if getattr(result, "experts", None) is not None:
         render_experts(result.experts, document["experts"]["kernel"])
-    _closing_line(api.decided_plan(result), result)
+    _closing_line(decided, result)
     write_result(
         _output_for(result, output),
         dumps(document),
@@ -493,8 +485,6 @@ def _render_v2(result) -> None:
 
 def render_experts(choice, kernel: str) -> None:
     """The expert kernels' MoE steps compared, per bucket, and what the policy runs (stderr)."""
-    from moepolicy.measure.rounds import interval_words, speedup_words
-
     label = "modelled" if choice.source == "modelled" else "measured"
     note(f"expert kernels ({label}): {choice.basis}")
     for k in choice.kernels:
@@ -525,8 +515,6 @@ def render_experts(choice, kernel: str) -> None:
 
 def _closing_line(plan, result) -> None:
     """How the policy differs from what vLLM runs today: its decisions, then its DeepEP settings."""
-    from moepolicy.cli.plan import vllm_difference
-
     kept = {getattr(b.confirmed.kept, "name", "") if b.confirmed else "" for b in result.buckets}
     if result.overlap is not None:  # --overlap keeps its split and chunks, never DeepEP's defaults
         deepep = _overlap_words(result.overlap, result.label)
@@ -587,8 +575,6 @@ def _after_interrupt(result) -> int:
 
 def tune_inputs(args: argparse.Namespace, storage: str) -> list[Input]:
     """What a tune reads, which its ``-o`` must not name: the checkpoint, the rule packs, the study database."""
-    from moepolicy.tuning.storage import storage_file
-
     return [
         *model_inputs(args.model),
         *rules_inputs(args.rules),
@@ -600,12 +586,8 @@ def _output_for(result, output: Optional[str]) -> Optional[str]:
     """Where the result goes: ``output``, unless the result is partial (an interrupted tune, a
     functional run on shared ranks) and ``output`` holds a complete policy, which a partial result
     never replaces (it goes beside it, ``*.partial.yaml``)."""
-    from pathlib import Path
-
     if output is None or result.deepep.partial is None or not Path(output).exists():
         return output
-    from moepolicy.document.reader import read_policy
-
     try:
         previous = read_policy(output)
     except MoePolicyError:
