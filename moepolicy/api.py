@@ -180,17 +180,11 @@ def tune_with(
         return _tune_v2(plan, choice, options, bench)
     optuna = require_tuner()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from moepolicy.tuning.runner import tune_plan
+    from moepolicy.tuning.runner import tune_plan  # optuna's study: imported when a tune runs
 
     check_storage(options.storage)
     if bench is None:
-        bench = BenchSource().build(
-            choice,
-            plan.target.gpu,
-            options.max_buffer_bytes,
-            options.trial_timeout_s,
-            int(objective.get("reps", 20)),
-        )
+        bench = build_bench(plan, choice, options, objective)
     try:
         result = tune_plan(plan, bench, options, space, objective)
     except Exception as exc:  # noqa: BLE001 (the study database failing: one line; anything else re-raised)
@@ -202,6 +196,24 @@ def tune_with(
         experts = compare_experts(plan, choice, options, experts_bench)
         result = dataclasses.replace(result, experts=experts)
     return functional(result, choice) if getattr(choice, "shared", False) else result
+
+
+def build_bench(
+    plan: Plan,
+    choice,
+    options: TuneOptions,
+    objective: dict,
+    source: Optional[BenchSource] = None,
+):
+    """The bench ``choice`` names for ``plan``, built by ``source`` (the CLI's, a test's; by default
+    this machine's): DeepEP's legacy Buffer timed, or on DeepEP v2 its own live bench."""
+    source = source or BenchSource()
+    if plan.target.deepep.api == "v2":
+        return source.build_v2(choice, options.trial_timeout_s, V2_REPS)
+    reps = int(objective.get("reps", 20))
+    return source.build(
+        choice, plan.target.gpu, options.max_buffer_bytes, options.trial_timeout_s, reps
+    )
 
 
 def require_tuner():
@@ -217,9 +229,8 @@ def require_tuner():
     return optuna
 
 
-EXPERT_ROUNDS = (
-    12  # balanced rounds per phase of the expert-stage comparison (gate, report; selection)
-)
+# balanced rounds per phase of the expert-stage comparison (gate, report; selection)
+EXPERT_ROUNDS = 12
 
 
 def compare_experts(plan: Plan, choice, options: TuneOptions, bench=None):
@@ -268,7 +279,7 @@ def _tune_v2(plan: Plan, choice, options: TuneOptions, bench=None):
             "machines), not with the model bench; 'moepolicy plan' writes DeepEP's defaults as deepep.v2"
         )
     if bench is None:
-        bench = BenchSource().build_v2(choice, options.trial_timeout_s, V2_REPS)
+        bench = build_bench(plan, choice, options, {})
     result = tune_v2_plan(plan, bench, options)
     return functional(result, choice) if getattr(choice, "shared", False) else result
 

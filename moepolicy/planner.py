@@ -40,12 +40,10 @@ class LayerPlan:
     facts: dict[str, Any]
     execution: Execution
     decision: Decision
-    unmeasured: Optional[Decision] = (
-        None  # the rules' decision without measured facts, where it differs
-    )
-    bucket_decisions: tuple[
-        tuple[Optional[int], Decision], ...
-    ] = ()  # per bucket, where they differ
+    # the rules' decision without measured facts, where it differs
+    unmeasured: Optional[Decision] = None
+    # per bucket, where they differ
+    bucket_decisions: tuple[tuple[Optional[int], Decision], ...] = ()
     kernel_choice: Optional[KernelChoice] = None  # the expert-kernel rule that chose (MoE layers)
 
 

@@ -11,7 +11,7 @@ from moepolicy import api
 from moepolicy.checkpoint import catalog
 from moepolicy.checkpoint.hub import parse_id, real_config_words
 from moepolicy.cli._output import note
-from moepolicy.cli._target import default_ep_size, target_spec
+from moepolicy.cli._target import target_spec
 from moepolicy.names import Order
 from moepolicy.planner import Plan, vllm_plan
 from moepolicy.rules.engine import Decision
@@ -30,6 +30,14 @@ def build_plan(args: argparse.Namespace, default_ep: Optional[int] = None) -> Pl
     if fits:
         note(f"warning: {fits}")
     return plan
+
+
+def default_ep_size(args: argparse.Namespace) -> int:
+    """The EP size a plan (or a tune that counts no GPUs) is made for without --ep-size: one full
+    node, said on stderr."""
+    ep = args.gpus_per_node or api.DEFAULT_NODE_GPUS
+    note(f"no --ep-size: planning for one full node, EP {ep} (pass --ep-size to choose)")
+    return ep
 
 
 def _say_catalog_copy(spec: str, source: str) -> None:

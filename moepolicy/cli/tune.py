@@ -49,6 +49,7 @@ from moepolicy.tuning.bench_source import (
 from moepolicy.tuning.coordinate import CoordinatedBench, join_group, serve
 from moepolicy.tuning.options import (
     DEFAULT_STORAGE,
+    ENGINE_REGIME,
     OVERLAP_CONFINES,
     OVERLAP_GEMMS,
     OverlapOptions,
@@ -258,17 +259,10 @@ def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
         seed=args.seed,
         command="moepolicy " + redact_command(sys.argv[1:]),
         overlap=overlap,
-        regime=args.regime or engine_regime(args.engine, args.backend),
+        regime=args.regime or ENGINE_REGIME,
         confirm_rounds=args.confirm_rounds,
         trial_timeout_s=args.trial_timeout,
     )
-
-
-def engine_regime(engine: str, backend: str) -> str:
-    """The timing regime the engine runs DeepEP high-throughput in: vLLM runs it eager (CUDA graphs
-    are off for DeepEP HT with DP > 1) with a dispatch that blocks the host on its receive counts;
-    SGLang's normal (high-throughput) mode likewise runs its prefill eager."""
-    return "host"
 
 
 def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
@@ -314,7 +308,7 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
             if shared:
                 why += f" ({SHARED_RANKS_ENV}=1): a functional run, not for serving"
             choice = BenchChoice(args.bench, why, world, shared=shared)
-            return _tune_and_write(args, choice, lambda plan, objective: bench)
+            return _tune_and_write(args, choice, None, coordinated=bench)
         finally:
             bench.close()
     finally:
@@ -349,9 +343,7 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
         return _torchrun(args, source)
     try:
         choice = source.choose(args.bench, args.ep_size)
-    except (
-        TuningError
-    ) as exc:  # the tuner cannot go on here (no GPU, no DeepEP): exit 7, not usage
+    except TuningError as exc:  # no GPU, no DeepEP: the tuner cannot go on (exit 7, not usage)
         raise TuningError(f"--bench {args.bench}: {exc}") from None
     if args.overlap and choice.kind != "live":
         raise UsageError(
@@ -359,32 +351,17 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
             f"(bench: {choice.kind}, {choice.why})"
         )
     api.check_bench_fits(choice, args.ep_size)
-
-    def build(plan, objective):
-        return source.build(
-            choice,
-            plan.target.gpu,
-            args.max_buffer_mb * 1024 * 1024 // 128 * 128,
-            args.trial_timeout,
-            int(objective.get("reps", 20)),
-        )
-
-    return _tune_and_write(
-        args,
-        choice,
-        build,
-        lambda: source.build_v2(choice, args.trial_timeout, api.V2_REPS),
-        lambda plan, regime: source.build_experts(choice, plan.target.gpu, regime),
-    )
+    return _tune_and_write(args, choice, source)
 
 
 def _tune_and_write(
     args: argparse.Namespace,
     choice: BenchChoice,
-    build_bench,
-    build_v2_bench=None,
-    build_experts=None,
+    source: Optional[BenchSource],
+    coordinated: Optional[Any] = None,
 ) -> int:
+    """Plan, tune with the benches ``source`` builds (or, on torchrun's rank 0, the ``coordinated``
+    bench; the expert stage then the library's own), render and write the policy."""
     if args.backend == "deepep_ll":
         raise UsageError(
             "--backend deepep_ll: low-latency mode has no SM count or chunk sizes to tune (its kernels "
@@ -400,8 +377,10 @@ def _tune_and_write(
     v2 = plan.target.deepep.api == "v2"
     if not v2:
         api.require_tuner()  # before the bench: the model bench's fit needs numpy, which optuna brings
-        bench = build_bench(plan, objective)
-    elif build_v2_bench is None:  # torchrun's ranks time DeepEP's legacy Buffer only
+        bench = coordinated
+        if bench is None:
+            bench = api.build_bench(plan, choice, options, objective, source)
+    elif coordinated is not None:  # torchrun's ranks time DeepEP's legacy Buffer only
         raise UsageError(
             f"{plan.target.deepep.name}: DeepEP v2's settings are measured by its own live bench, "
             "not with --launcher torchrun; run 'moepolicy tune' on the GPUs with DeepEP v2"
@@ -411,10 +390,10 @@ def _tune_and_write(
             "DeepEP v2: measuring its SM count and prefer-overlap option (unverified on this "
             "project's machines)"
         )
-        bench = build_v2_bench()
+        bench = api.build_bench(plan, choice, options, objective, source)
     else:
         bench = None  # api.tune_with refuses DeepEP v2 off the live bench, in one line
-    experts = build_experts(plan, options.regime) if build_experts else None
+    experts = source.build_experts(choice, plan.target.gpu, options.regime) if source else None
     result = _tune(args, (plan, choice, options, objective, space), bench, experts)
     if choice.shared:  # api.tune_with marked the result partial: not for serving
         note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
