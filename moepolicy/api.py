@@ -15,13 +15,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
-from moepolicy.errors import TuningError, UsageError
+from moepolicy.checkpoint import RawCheckpoint, resolve
+from moepolicy.checkpoint.reader import facts_from_raw
+from moepolicy.deepep.configs import default_configs, default_num_sms
 from moepolicy.document.compose import build_document
+from moepolicy.document.yaml_io import write_document
+from moepolicy.errors import TuningError, UsageError
+from moepolicy.measure.placement import SHARED_LABEL
 from moepolicy.planner import Plan, make_plan
+from moepolicy.planner import decided_plan as decide_again
+from moepolicy.rules.packs import pack_stack
 from moepolicy.target import TargetSpec, resolve_target
+from moepolicy.tuning.bench_source import BenchSource
 from moepolicy.tuning.options import TuneOptions, refuse
+from moepolicy.tuning.space import load_objective, load_space
+from moepolicy.tuning.storage import check_storage, storage_failure
+from moepolicy.weights_memory import fit_warning_for
 
 DEFAULT_NODE_GPUS = 8  # the EP size the CLI plans for without --ep-size (one full node)
 
@@ -35,17 +46,39 @@ def plan(
 ) -> Plan:
     """Decide every layer of ``model`` (catalog name, Hugging Face id, ``config.json`` or folder) for
     ``target``; ``rules`` are extra rule packs (files or built-in names), above the built-in pack."""
-    from moepolicy.checkpoint import read_model
-    from moepolicy.rules.packs import pack_stack
+    return read_plan(model, target, rules=rules, default_ep=default_ep).plan
 
+
+@dataclasses.dataclass(frozen=True)
+class ReadPlan:
+    """A plan and the checkpoint it was decided from, read once (the CLI's plan and tune also say
+    whether the checkpoint's weights fit the target's GPUs)."""
+
+    plan: Plan
+    checkpoint: RawCheckpoint
+
+    def fit_warning(self) -> Optional[str]:
+        """Why the weights do not fit one GPU of the target at its EP size; None when they do."""
+        target = self.plan.target
+        return fit_warning_for(self.checkpoint, self.plan.model, target.gpu, target.ep_size)
+
+
+def read_plan(
+    model: str,
+    target: Optional[TargetSpec] = None,
+    *,
+    rules: Sequence[str] = (),
+    default_ep: Optional[int] = None,
+) -> ReadPlan:
+    """:func:`plan`, with the checkpoint it read."""
     resolved = resolve_target(target or TargetSpec(), default_ep=default_ep)
-    return make_plan(read_model(model, engine=resolved.engine), resolved, pack_stack(list(rules)))
+    checkpoint = resolve(model)
+    facts = facts_from_raw(checkpoint, engine=resolved.engine)
+    return ReadPlan(make_plan(facts, resolved, pack_stack(list(rules))), checkpoint)
 
 
 def choose_bench(kind: str = "auto", ep_size: Optional[int] = None):
     """The bench ``kind`` resolves to here (``tuning.bench_source.BenchChoice``), or a one-line error."""
-    from moepolicy.tuning.bench_source import BenchSource
-
     if kind not in ("auto", "live", "model"):
         raise UsageError(f"bench: expected auto, live or model, got {kind!r}")
     try:
@@ -71,8 +104,6 @@ def tune(
     ``sms``, ``max_buffer_mb``, ``confirm_rounds``, ``trial_timeout_s``: ``moepolicy tune``'s flags),
     checked before anything runs (one line naming the option and its flag); ``options`` (a full
     :class:`TuneOptions`) replaces them all."""
-    from moepolicy.tuning.space import load_objective, load_space
-
     objective, space = load_objective(), load_space()
     options = options or tune_options(buckets(tokens, objective), settings)
     choice = choose_bench(bench, plan.target.ep_size)
@@ -145,24 +176,15 @@ def tune_with(
     on DeepEP v2 its settings measured in turn. ``bench`` is a bench already built (the CLI's torchrun
     ranks, a test's; a ``v2_tune.V2Bench`` on v2); by default ``choice``'s. ``experts_bench`` times
     the expert stage (``tuning.expert_bench``); by default ``choice``'s."""
-    from moepolicy.tuning.bench_source import BenchSource
-    from moepolicy.tuning.storage import check_storage, storage_failure
-
     if plan.target.deepep.api == "v2":
         return _tune_v2(plan, choice, options, bench)
     optuna = require_tuner()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from moepolicy.tuning.runner import tune_plan
+    from moepolicy.tuning.runner import tune_plan  # optuna's study: imported when a tune runs
 
     check_storage(options.storage)
     if bench is None:
-        bench = BenchSource().build(
-            choice,
-            plan.target.gpu,
-            options.max_buffer_bytes,
-            options.trial_timeout_s,
-            int(objective.get("reps", 20)),
-        )
+        bench = build_bench(plan, choice, options, objective)
     try:
         result = tune_plan(plan, bench, options, space, objective)
     except Exception as exc:  # noqa: BLE001 (the study database failing: one line; anything else re-raised)
@@ -174,6 +196,24 @@ def tune_with(
         experts = compare_experts(plan, choice, options, experts_bench)
         result = dataclasses.replace(result, experts=experts)
     return functional(result, choice) if getattr(choice, "shared", False) else result
+
+
+def build_bench(
+    plan: Plan,
+    choice,
+    options: TuneOptions,
+    objective: dict,
+    source: Optional[BenchSource] = None,
+):
+    """The bench ``choice`` names for ``plan``, built by ``source`` (the CLI's, a test's; by default
+    this machine's): DeepEP's legacy Buffer timed, or on DeepEP v2 its own live bench."""
+    source = source or BenchSource()
+    if plan.target.deepep.api == "v2":
+        return source.build_v2(choice, options.trial_timeout_s, V2_REPS)
+    reps = int(objective.get("reps", 20))
+    return source.build(
+        choice, plan.target.gpu, options.max_buffer_bytes, options.trial_timeout_s, reps
+    )
 
 
 def require_tuner():
@@ -189,9 +229,8 @@ def require_tuner():
     return optuna
 
 
-EXPERT_ROUNDS = (
-    12  # balanced rounds per phase of the expert-stage comparison (gate, report; selection)
-)
+# balanced rounds per phase of the expert-stage comparison (gate, report; selection)
+EXPERT_ROUNDS = 12
 
 
 def compare_experts(plan: Plan, choice, options: TuneOptions, bench=None):
@@ -199,8 +238,6 @@ def compare_experts(plan: Plan, choice, options: TuneOptions, bench=None):
     expert stage from ``choice``'s expert bench, the communication from the DeepEP model bench
     (modelled; none outside its calibrated range). None where no kernel moepolicy can time runs
     the checkpoint's experts."""
-    from moepolicy.deepep.configs import default_configs, default_num_sms
-    from moepolicy.tuning.bench_source import BenchSource
     from moepolicy.tuning.expert_choice import (
         choice_inputs,
         choose_experts,
@@ -232,7 +269,6 @@ V2_REPS = 20  # timings per DeepEP v2 measurement (their median counts)
 
 def _tune_v2(plan: Plan, choice, options: TuneOptions, bench=None):
     """DeepEP v2: its SM count and prefer-overlap option, measured live (no model of v2 exists)."""
-    from moepolicy.tuning.bench_source import BenchSource
     from moepolicy.tuning.v2_tune import tune_v2_plan
 
     if choice.kind != "live":
@@ -243,7 +279,7 @@ def _tune_v2(plan: Plan, choice, options: TuneOptions, bench=None):
             "machines), not with the model bench; 'moepolicy plan' writes DeepEP's defaults as deepep.v2"
         )
     if bench is None:
-        bench = BenchSource().build_v2(choice, options.trial_timeout_s, V2_REPS)
+        bench = build_bench(plan, choice, options, {})
     result = tune_v2_plan(plan, bench, options)
     return functional(result, choice) if getattr(choice, "shared", False) else result
 
@@ -251,17 +287,11 @@ def _tune_v2(plan: Plan, choice, options: TuneOptions, bench=None):
 def functional(result, choice):
     """A tune whose ranks shared GPUs checked the live path's function only: its result is marked
     partial with why (the serving runtime uses DeepEP's defaults for a partial policy)."""
-    import dataclasses
-
     return dataclasses.replace(result, deepep=functional_deepep(result.deepep, choice))
 
 
 def functional_deepep(kept, choice):
     """``kept`` (a ``deepep.kept.KeptDeepEP``) marked partial: timed by ranks that share GPUs."""
-    import dataclasses
-
-    from moepolicy.measure.placement import SHARED_LABEL
-
     reason = (
         f"functional run, {SHARED_LABEL} ({choice.why}); its times measure no communication "
         "and its configs are not for serving"
@@ -276,13 +306,18 @@ def policy_document(result, command: str = "") -> dict:
     decided again with what the tune measured (:func:`decided_plan`), and what it kept."""
     if isinstance(result, Plan):
         return build_document(result, command=command)
-    return build_document(decided_plan(result), result.deepep, command or result.command)
+    return decided_policy(result, command)[1]
+
+
+def decided_policy(result: Any, command: str = "") -> tuple[Plan, dict]:
+    """A tune's result as the plan it writes (:func:`decided_plan`, decided once) and its policy
+    document."""
+    decided = decided_plan(result)
+    return decided, build_document(decided, result.deepep, command or result.command)
 
 
 def decided_plan(result) -> Plan:
     """The plan a tune's result writes: decided again with what the tune measured."""
-    from moepolicy.planner import decided_plan as decide_again
-
     return decide_again(result.plan, result.timings, getattr(result, "experts", None))
 
 
@@ -291,8 +326,6 @@ def write_policy(
 ) -> dict:
     """Write the policy of ``result`` (a :class:`Plan` or a tune's result) to ``path`` atomically
     (YAML, or JSON for a ``.json`` path or ``fmt='json'``); returns the document written."""
-    from moepolicy.document.yaml_io import write_document
-
     doc = policy_document(result, command=command)
     write_document(doc, path, fmt)
     return doc

@@ -22,6 +22,7 @@ from moepolicy.expert_kernel import (
 from moepolicy.feasibility import model_problems, wire_problem
 from moepolicy.rules.engine import Decision, KernelChoice, choose_kernel, decide
 from moepolicy.rules.grammar import RulePack
+from moepolicy.rules.packs import vllm_stack
 from moepolicy.rules.vocabulary import (
     UNMEASURED,
     kernel_choice_facts,
@@ -30,7 +31,7 @@ from moepolicy.rules.vocabulary import (
 )
 from moepolicy.schema.facts import LayerFacts, ModelFacts
 from moepolicy.schema.measured import ExpertChoice, OrderTiming, overall_faster
-from moepolicy.target import Target
+from moepolicy.target import Target, target_from_doc
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,10 @@ class LayerPlan:
     facts: dict[str, Any]
     execution: Execution
     decision: Decision
-    unmeasured: Optional[Decision] = (
-        None  # the rules' decision without measured facts, where it differs
-    )
-    bucket_decisions: tuple[
-        tuple[Optional[int], Decision], ...
-    ] = ()  # per bucket, where they differ
+    # the rules' decision without measured facts, where it differs
+    unmeasured: Optional[Decision] = None
+    # per bucket, where they differ
+    bucket_decisions: tuple[tuple[Optional[int], Decision], ...] = ()
     kernel_choice: Optional[KernelChoice] = None  # the expert-kernel rule that chose (MoE layers)
 
 
@@ -243,14 +242,21 @@ def replayed_decisions(
     return out
 
 
+def vllm_plan(plan: Plan) -> Optional[Plan]:
+    """What vLLM alone decides for ``plan``'s model and target: the :func:`vllm_stack` decided on
+    the facts the plan read (``plan`` and ``tune`` compare their policy with it); None when ``plan``
+    is vLLM's own (its stack holds the ``vllm`` pack)."""
+    if any(p.name == "vllm" for p in plan.packs):
+        return None
+    return make_plan(plan.model, plan.target, vllm_stack())
+
+
 def vllm_decisions(doc, kernel: str = "chosen") -> dict[int, Decision]:
     """What vLLM alone decides for each MoE layer of a policy document (a validated ``PolicyDoc``):
     the ``vllm`` pack replayed on the stored facts, on the kernel the policy's launch builds
-    (``chosen``: the export's comparison) or vLLM's own pick (``engine``: bench's vLLM arm). The one
-    home of "what vLLM does" for a written policy (``plan`` compares on the facts it just read)."""
-    from moepolicy.rules.packs import vllm_stack
-    from moepolicy.target import target_from_doc
-
+    (``chosen``: the export's comparison) or vLLM's own pick (``engine``: bench's vLLM arm). With
+    :func:`vllm_plan` (a plan's model, before it is written) the one home of "what vLLM does", on one
+    pack stack (:func:`moepolicy.rules.packs.vllm_stack`)."""
     return replayed_decisions(doc.layers, target_from_doc(doc.target), vllm_stack(), kernel)
 
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from typing import Optional
+
+from moepolicy.errors import OutputError
 
 LEVELS = ("debug", "info", "warning", "error")
 
@@ -56,9 +59,7 @@ def configure(args: argparse.Namespace) -> None:
     Settings.level = getattr(logging, name.upper()) if name else logging.WARNING
     root = logging.getLogger()
     for handler in root.handlers:
-        if isinstance(
-            handler, LastResortWithoutInterrupts
-        ):  # -q: stderr shows warnings and errors only
+        if isinstance(handler, LastResortWithoutInterrupts):  # -q: warnings and errors only
             handler.setLevel(
                 max(Settings.level, logging.WARNING) if Settings.quiet else Settings.level
             )
@@ -68,8 +69,6 @@ def configure(args: argparse.Namespace) -> None:
         Settings.file_handler = None
     path = getattr(args, "log_file", None)
     if path:
-        from moepolicy.errors import OutputError
-
         try:
             handler = logging.FileHandler(path, encoding="utf-8")
         except OSError as exc:
@@ -105,8 +104,6 @@ class LastResortWithoutInterrupts(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
             return
-        import sys
-
         try:
             sys.stderr.write(self.format(record) + "\n")
         except Exception:  # noqa: BLE001 (as logging's own handlers: never let a log line fail a command)

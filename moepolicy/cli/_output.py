@@ -12,9 +12,14 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from moepolicy.errors import carry
+from moepolicy.cli._logging import Settings
+from moepolicy.errors import MoePolicyError, OutputError, carry
+from moepolicy.files import atomic_write, same_file, write_target
+from moepolicy.text import printable
+from moepolicy.tuning.storage import storage_file
 
 STDOUT = "-"
 # a file a command reads, as (what it is, its path; None: not given)
@@ -23,8 +28,6 @@ Input = tuple[str, Union[str, "os.PathLike[str]", None]]
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out=None) -> None:
     """A plain-text table on ``out`` (stdout by default); a table on stderr is a note (``-q`` hides it)."""
-    from moepolicy.cli._logging import Settings
-
     out = out or sys.stdout
     if Settings.quiet and out is sys.stderr:
         return
@@ -57,8 +60,6 @@ def print_json(value) -> None:
 
 def note(message: str) -> None:
     """A line for the user on stderr (progress, the target used, warnings); with ``-q`` only warnings."""
-    from moepolicy.cli._logging import Settings
-
     if Settings.quiet and not message.startswith("warning"):
         return
     print(message, file=sys.stderr, flush=True)
@@ -73,8 +74,6 @@ class progress_to_stderr:
         self.verbose = verbose
 
     def __enter__(self):
-        from moepolicy.cli._logging import Settings
-
         self._loggers = []
         verbose = self.verbose or Settings.level <= logging.DEBUG
         if Settings.quiet:  # -q: no progress; warnings still reach stderr through the root logger
@@ -90,8 +89,6 @@ class progress_to_stderr:
         return self
 
     def _attach(self, name: str, handler, level: int, log_file: bool = True) -> None:
-        from moepolicy.cli._logging import Settings
-
         logger = logging.getLogger(name)
         self._loggers.append((logger, handler, logger.level, logger.propagate))
         logger.addHandler(handler)
@@ -106,8 +103,6 @@ class progress_to_stderr:
             self._loggers.append((logger, Settings.file_handler, logger.level, False))
 
     def __exit__(self, *exc) -> None:
-        from moepolicy.cli._logging import Settings
-
         for logger, handler, level, propagate in reversed(self._loggers):
             logger.removeHandler(handler)
             if handler is not Settings.file_handler:
@@ -134,8 +129,6 @@ class _Lines(logging.Handler):
         line = self.format(record)
         if self.bars is not None and self.bars.active:
             from tqdm import tqdm
-
-            from moepolicy.text import printable
 
             tqdm.write(printable(line), file=_terminal())
         else:
@@ -222,8 +215,6 @@ class SafeStream:
         self._name = name
 
     def write(self, text: str) -> int:
-        from moepolicy.text import printable
-
         try:
             return self._raw.write(printable(text))
         except BrokenPipeError:
@@ -245,8 +236,6 @@ class SafeStream:
     def _reader_left(self) -> None:
         """Point this stream's descriptor at /dev/null: later writes (and the interpreter's last
         flush) succeed and show nothing."""
-        import os
-
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), self._raw.fileno())
         except (OSError, AttributeError, ValueError):
@@ -300,9 +289,6 @@ def output_path(
     """``path`` checked before any work (None: standard output): a writable regular file or a new
     one, and none of the command's ``inputs`` ((what, path) pairs, None skipped), compared by
     resolved path and by device and inode, symbolic links followed."""
-    from moepolicy.errors import OutputError
-    from moepolicy.files import same_file, write_target
-
     if path is None or path == STDOUT:
         return None
     for what, given in inputs:
@@ -318,8 +304,6 @@ def command_inputs(args) -> list[Input]:
     """What a command reads, which its ``-o`` and ``--log-file`` must not name: the checkpoint
     (``--model``), rule packs (``--rules``), the policy or policies with the user rule packs beside
     them that they name, and the study database."""
-    from moepolicy.tuning.storage import storage_file
-
     found = [
         *model_inputs(getattr(args, "model", None)),
         *rules_inputs(getattr(args, "rules", ()) or ()),
@@ -338,10 +322,8 @@ def policy_inputs(policy: str) -> list[Input]:
     """The policy file and the user rule packs it names that lie beside it (what serving and the
     replaying commands read with it); the policy alone where it cannot be read (the command then
     refuses it)."""
-    from pathlib import Path
-
+    # a policy's own reading (the document model, YAML, the rule packs): for the commands given one
     from moepolicy.document.reader import find_user_pack, read_policy
-    from moepolicy.errors import MoePolicyError
     from moepolicy.rules.packs import builtin_names
 
     found: list[Input] = [("the policy", policy)]
@@ -364,8 +346,6 @@ def write_output(path: Optional[str], text: str, what: str = "") -> None:
     if path is None:
         sys.stdout.write(text)
         return
-    from moepolicy.files import atomic_write
-
     atomic_write(path, text)
     said = f"{path}" + (f" ({what})" if what else "")
     WRITTEN.append(said)
@@ -403,8 +383,6 @@ def write_result(path: Optional[str], text: str, what: str = "") -> None:
     """Write a result that took long to make (a tune's policy). Where ``path`` cannot be written
     (a full disk, a folder gone read-only meanwhile) the text is kept beside it or in the temporary
     folder, and the one-line error says where and how to put it in place; nothing is thrown away."""
-    from moepolicy.errors import OutputError
-
     try:
         write_output(path, text, what)
         return
@@ -430,11 +408,6 @@ def _keep_elsewhere(path: str, text: str) -> Optional[str]:
     """Write ``text`` beside ``path`` (``policy.unsaved-20261202-101500.yaml``) or into the temporary
     folder; the first that works, or None."""
     import tempfile
-    import time
-    from pathlib import Path
-
-    from moepolicy.errors import OutputError
-    from moepolicy.files import atomic_write
 
     p = Path(path)
     name = f"{p.stem}.unsaved-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}{p.suffix or '.yaml'}"

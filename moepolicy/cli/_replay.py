@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from moepolicy.document.reader import find_user_pack, read_policy
+from moepolicy.errors import MoePolicyError, PolicyError
 from moepolicy.rules.grammar import RulePack
+from moepolicy.rules.packs import builtin_names, builtin_pack, load_user_pack
+from moepolicy.rules.vocabulary import VOCABULARY
 
 
 @dataclass(frozen=True)
@@ -26,9 +30,6 @@ class FoundPack:
 
 def policy_packs(doc, policy_path: str, given: Sequence[str]) -> list[FoundPack]:
     """Each pack of ``doc.rules.packs``, in the policy's order."""
-    from moepolicy.document.reader import find_user_pack
-    from moepolicy.rules.packs import builtin_names, builtin_pack, load_user_pack
-
     places: list[str | Path] = [*given, Path(policy_path).absolute().parent]
     out = []
     for ref in doc.rules.packs:
@@ -63,12 +64,11 @@ def decisions_not_replayed(doc, policy_path: str, given: Sequence[str] = ()) -> 
     under the policy's own rule packs, as ``explain`` replays them, one line each; empty where a pack
     is missing or changed since the plan (nothing to replay faithfully). Layers with measured orders
     are left out (their order came from timings, which ``explain`` shows apart)."""
+    # the planner's replay, for validate alone (the other commands here only read)
     from moepolicy.feasibility import wire_problem
     from moepolicy.planner import replay_facts
     from moepolicy.rules.engine import decide
     from moepolicy.target import target_from_doc
-
-    from moepolicy.errors import MoePolicyError
 
     try:
         found = policy_packs(doc, policy_path, given)
@@ -97,17 +97,13 @@ def decisions_not_replayed(doc, policy_path: str, given: Sequence[str] = ()) -> 
     return out
 
 
-REPLAY_NEEDS = {
-    "layer.hidden_size": 1,
-    "layer.top_k": 0,
-}  # facts the replay cannot do without: their least
+# facts the replay cannot do without: their least
+REPLAY_NEEDS = {"layer.hidden_size": 1, "layer.top_k": 0}
 MAX_SIZE = 1 << 20
 
 
 def stored_facts_problem(doc) -> Optional[str]:
     """The first stored fact the rules could not replay (a wrong type, a value outside its enum), or None."""
-    from moepolicy.rules.vocabulary import VOCABULARY
-
     for n, layer in enumerate(doc.layers):
         facts = layer.facts
         for name, least in REPLAY_NEEDS.items():  # read directly when an order's wire is checked
@@ -153,9 +149,6 @@ def _fits(ftype, value: Any) -> bool:
 
 def read_for_replay(path: str):
     """``read_policy(path)``, refused in one line when its stored facts cannot be replayed."""
-    from moepolicy.errors import PolicyError
-    from moepolicy.document.reader import read_policy
-
     loaded = read_policy(path)
     problem = stored_facts_problem(loaded.doc)
     if problem:

@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from moepolicy.errors import CheckpointError
 from moepolicy.runtime.policy import ServedModel
+from moepolicy.settings import offline_reason
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,6 @@ def checked_model(spec: Optional[str]) -> CheckedModel:
 
     from moepolicy.checkpoint import catalog
     from moepolicy.checkpoint.hub import cached_snapshot, parse_id
-    from moepolicy.errors import CheckpointError
 
     if not spec or os.path.exists(os.path.expanduser(spec)):
         return CheckedModel(spec)
@@ -69,7 +70,6 @@ def _own_config(repo_id: str) -> str:
     """How to check the checkpoint's own config: download it into the cache (validate then reads it),
     or, offline, where no download can work, what can."""
     from moepolicy.checkpoint.hub import real_config_words
-    from moepolicy.settings import offline_reason
 
     if offline_reason():
         return f"pass {real_config_words(repo_id)}"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from typing import Optional
 
+from moepolicy import datasheets
 from moepolicy.names import Backend, Engine
-from moepolicy.target import OPT_INS, Target, TargetSpec, resolve_target
+from moepolicy.target import OPT_INS, TargetSpec
 
 
 def add_target_flags(
@@ -83,31 +83,10 @@ def target_spec(args: argparse.Namespace) -> TargetSpec:
     )
 
 
-def default_ep_size(args: argparse.Namespace) -> int:
-    """The EP size a plan (or a tune that counts no GPUs) is made for without --ep-size: one full
-    node, said on stderr."""
-    from moepolicy.api import DEFAULT_NODE_GPUS
-    from moepolicy.cli._output import note
-
-    ep = args.gpus_per_node or DEFAULT_NODE_GPUS
-    note(f"no --ep-size: planning for one full node, EP {ep} (pass --ep-size to choose)")
-    return ep
-
-
-def target_from_args(
-    args: argparse.Namespace, default_ep: Optional[int] = None, probe: bool = True
-) -> Target:
-    return resolve_target(target_spec(args), probe=probe, default_ep=default_ep)
-
-
 def _profiles() -> list[str]:
     """The GPU profiles of moepolicy/data/sheets/gpus.yaml (for --help)."""
-    from moepolicy import datasheets
-
     return sorted(datasheets.gpu_sheet().gpus)
 
 
 def _sheets() -> list[str]:
-    from moepolicy.datasheets import deepep_sheets
-
-    return sorted(deepep_sheets())
+    return sorted(datasheets.deepep_sheets())

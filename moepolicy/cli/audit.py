@@ -11,6 +11,7 @@ from typing import Any
 from moepolicy.names import Order
 from moepolicy.cli._deepep_summary import deepep_lines
 from moepolicy.cli._output import add_format_flag, print_json, table
+from moepolicy.document.reader import read_policy
 from moepolicy.text import index_ranges
 
 FALLBACK_ORDERS = (Order.DISPATCH_THEN_QUANT,)
@@ -50,8 +51,6 @@ def packs_for_lint(doc, policy_path: str, extra: list[str]) -> tuple[list, list[
 
 
 def run(args: argparse.Namespace) -> int:
-    from moepolicy.document.reader import read_policy
-
     doc = read_policy(args.policy).doc
     found = audit(doc)
     lint = lint_result(doc, args)
@@ -96,9 +95,8 @@ def audit(doc) -> dict:
     """The policy's layers grouped by (order, rule, reason), fallbacks first; what per-bucket orders
     there are; one headline."""
     groups: dict[tuple[str, str, str, str], list[int]] = defaultdict(list)  # + wire words
-    measured_choice: set[str] = (
-        set()
-    )  # rules that sent bf16 because it was measured faster: no fallback
+    # rules that sent bf16 because it was measured faster: no fallback
+    measured_choice: set[str] = set()
     for layer in doc.layers:
         groups[(layer.order, layer.rule, layer.reason, wire_words(layer))].append(layer.index)
         if layer.unmeasured is not None:

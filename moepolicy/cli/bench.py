@@ -141,7 +141,6 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 def _transport(asked: str, ep_size: int) -> tuple[str, int, str]:
     """(transport, ranks, why). DeepEP with a GPU per rank; asked for on fewer GPUs, DeepEP's ranks
     share them: a functional run (no times compared); else the emulated transport."""
-    from moepolicy.measure.placement import SHARED_LABEL
     from moepolicy.tuning.live_bench import deep_ep_importable, visible_gpus
 
     if asked == "emulated":

@@ -11,12 +11,13 @@ import sys
 from typing import Sequence
 
 from moepolicy.cli._output import add_format_flag, note, print_json
-from moepolicy.cli._replay import policy_packs
+from moepolicy.cli._replay import policy_packs, read_for_replay
 from moepolicy.cli._target import add_target_flags
 from moepolicy.errors import PolicyError, UsageError
 from moepolicy.feasibility import wire_problem
-from moepolicy.rules.engine import Decision, decide
+from moepolicy.rules.engine import Decision, choose_kernel, decide
 from moepolicy.rules.vocabulary import VOCABULARY
+from moepolicy.target import target_from_doc
 
 _MARK = {
     "fired": "=> fired",
@@ -147,8 +148,6 @@ def measured_lines(doc, layer) -> list[str]:
 def kernel_lines(doc, facts: dict, packs) -> list[str]:
     """The expert-kernel rule replayed on the layer's stored facts, every rule considered, and
     the figures it used (the policy's experts section)."""
-    from moepolicy.rules.engine import choose_kernel
-
     if facts.get("layer.kind") != "moe" or "kernel.default" not in facts:
         return []  # a dense layer, or a document written before the experts pack
     if not any(pack.decides == "expert_kernel" for pack in packs):
@@ -179,9 +178,6 @@ def kernel_lines(doc, facts: dict, packs) -> list[str]:
 
 
 def explain_from_file(path: str, index: int, rules: Sequence[str] = (), fmt: str = "table") -> int:
-    from moepolicy.cli._replay import read_for_replay
-    from moepolicy.target import target_from_doc
-
     loaded = read_for_replay(path)
     doc = loaded.doc
     layers = {layer.index: layer for layer in doc.layers}
@@ -196,7 +192,7 @@ def explain_from_file(path: str, index: int, rules: Sequence[str] = (), fmt: str
             note(found.note + "; replaying with the current version")
         packs.append(found.pack)
     target = target_from_doc(doc.target)
-    from moepolicy.planner import replay_facts
+    from moepolicy.planner import replay_facts  # not for --vocab or --help
 
     facts = replay_facts(layer.index, layer.facts)
     decision = decide(
@@ -249,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         return explain_from_file(args.policy, args.layer, args.rules, args.format)
     if not args.model:
         raise UsageError("give a policy file, or --model with target flags")
-    from moepolicy.cli.plan import build_plan
+    from moepolicy.cli._plan import build_plan  # the library's planner: for --model alone
 
     plan = build_plan(args)
     matches = [lp for lp in plan.layers if lp.layer.index == args.layer]

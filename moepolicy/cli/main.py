@@ -7,7 +7,9 @@ import signal as _signal
 import sys
 from typing import NoReturn, Optional, Sequence
 
-from moepolicy.errors import MoePolicyError, one_line
+from moepolicy import errors
+from moepolicy._version import __version__
+from moepolicy.errors import MoePolicyError, OutputError, one_line
 
 # name -> one-line help: the command index (as optuna's CLI keeps one). Only the command run is
 # imported; --version, --help and a usage error import none (tests/cli: each module's own help is
@@ -90,7 +92,7 @@ def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParse
     are listed by name and help), with ``argv=None`` every command is."""
     import importlib
 
-    from moepolicy.cli import _logging
+    from moepolicy.cli import _logging  # after main's signal handlers, as the commands are
 
     parser = _Parser(
         prog="moepolicy",
@@ -101,8 +103,6 @@ def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParse
         epilog=exit_codes(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from moepolicy._version import __version__
-
     parser.add_argument("--version", action="version", version=f"moepolicy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
@@ -121,8 +121,6 @@ def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParse
 
 def exit_codes() -> str:
     """The exit codes, from the error classes (one home)."""
-    from moepolicy import errors
-
     leaves = sorted(
         {
             cls.exit_code: cls
@@ -162,13 +160,13 @@ class HungUp(Terminated):
     """SIGHUP (the terminal or the ssh session closed), handled as SIGTERM is."""
 
 
-_RECEIVED: list[int] = []
+_RECEIVED: list[int] = []  # the signals this process's handlers received, first first
 # the exception each handled signal raises (SIGHUP where the platform has it)
 _EXCEPTION_OF: dict[int, type[BaseException]] = {
     _signal.SIGINT: Interrupted,
     _signal.SIGTERM: Terminated,
     **({_signal.SIGHUP: HungUp} if hasattr(_signal, "SIGHUP") else {}),
-}  # the signals this process's handlers received, first first
+}
 
 
 def install_signal_handlers() -> None:
@@ -323,7 +321,6 @@ def _run(args: argparse.Namespace, bench_source) -> int:
     try:
         if getattr(args, "log_file", None):  # never an input, and a file (a FIFO would hang)
             from moepolicy.cli._output import command_inputs, output_path
-            from moepolicy.errors import OutputError
 
             try:
                 output_path(args.log_file, command_inputs(args), flag="--log-file", what="the log")
@@ -347,10 +344,10 @@ def _run(args: argparse.Namespace, bench_source) -> int:
         if isinstance(exc, BrokenPipeError):
             _silence_stdout()
             return 0
-        if isinstance(exc, OSError):  # what really failed: standard output (a full disk, a closed
-            from moepolicy.cli._output import (
-                os_error_line,
-            )  # descriptor), or a file a command used
+        # what really failed: standard output (a full disk, a closed descriptor), or a file a
+        # command used
+        if isinstance(exc, OSError):
+            from moepolicy.cli._output import os_error_line
 
             if getattr(exc, "moepolicy_stream", None) == "standard output":
                 _silence_stdout()

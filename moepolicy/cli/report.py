@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from moepolicy.cli._output import note, output_path
-from moepolicy.errors import OutputError, UsageError
+from moepolicy.errors import MoePolicyError, OutputError, UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,9 +46,8 @@ def run(args: argparse.Namespace) -> int:
         raise OutputError(f"{folder}: is not a folder (the report's PNG files go into a folder)")
     if not folder.parent.is_dir():
         raise OutputError(f"{folder}: the folder {folder.parent} does not exist")
-    for name in (
-        FIGURES if folder.is_dir() else ()
-    ):  # before any work: the figures replace these files
+    # before any work: the figures replace these files
+    for name in FIGURES if folder.is_dir() else ():
         output_path(
             str(folder / f"{name}.png"),
             [("the policy being reported", args.policy)],
@@ -70,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
         )
     written = draw(loaded.doc, folder)
     if not written:
-        from moepolicy.errors import MoePolicyError
-
         raise MoePolicyError(
             f"{args.policy}: {nothing_to_draw(loaded.doc.deepep.provenance)}; no folder made"
         )

@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 
 from moepolicy.cli._output import add_format_flag, note, print_json, table
+from moepolicy.redact import redact_url
 from moepolicy.tuning.options import DEFAULT_STORAGE
+from moepolicy.tuning.studies import delete_study, list_studies
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,9 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moepolicy.api import require_tuner
-    from moepolicy.redact import redact_url
-    from moepolicy.tuning.studies import delete_study, list_studies
+    from moepolicy.api import require_tuner  # the library's front door imports the planner
 
     require_tuner()
     where = redact_url(args.storage)

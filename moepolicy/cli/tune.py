@@ -9,12 +9,12 @@ which first. Outside the model's measured envelope the policy keeps DeepEP's def
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-
+from pathlib import Path
 from typing import Any, Optional
 
 from moepolicy import api
-from moepolicy.measure.placement import SHARED_LABEL
 from moepolicy.cli._deepep_summary import overlap_lines
 from moepolicy.cli._output import (
     Input,
@@ -28,28 +28,36 @@ from moepolicy.cli._output import (
     table,
     write_result,
 )
+from moepolicy.cli._plan import build_plan, vllm_difference
 from moepolicy.cli._target import add_target_flags
 from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
+from moepolicy.document.reader import read_policy
 from moepolicy.document.yaml_io import dumps
 from moepolicy.errors import MoePolicyError, TuningError, UsageError, carry
+from moepolicy.measure.placement import SHARED_LABEL
+from moepolicy.measure.ranks import safe_environment
+from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS, interval_words, speedup_words
+from moepolicy.redact import redact_command
+from moepolicy.target import TargetSpec, resolve_target
+from moepolicy.tuning.bench import REGIMES
 from moepolicy.tuning.bench_source import (
     FUNCTIONAL_REPS,
     SHARED_RANKS_ENV,
     BenchChoice,
     BenchSource,
 )
-from moepolicy.tuning.overlap_report import OverlapBucketRow
+from moepolicy.tuning.coordinate import CoordinatedBench, join_group, serve
 from moepolicy.tuning.options import (
     DEFAULT_STORAGE,
+    ENGINE_REGIME,
     OVERLAP_CONFINES,
     OVERLAP_GEMMS,
     OverlapOptions,
     TuneOptions,
 )
-from moepolicy.redact import redact_command
-from moepolicy.tuning.bench import REGIMES
-from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
-from moepolicy.tuning.storage import StorageFailed, check_storage
+from moepolicy.tuning.overlap_report import OverlapBucketRow
+from moepolicy.tuning.space import load_objective, load_space
+from moepolicy.tuning.storage import StorageFailed, check_storage, storage_file
 
 DEFAULT_OUTPUT = "policy.yaml"
 
@@ -223,8 +231,6 @@ def _add_overlap_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _default_buckets() -> str:
-    from moepolicy.tuning.space import load_objective
-
     try:
         return ",".join(str(b["tokens"]) for b in load_objective()["buckets"])
     except Exception:  # noqa: BLE001 (help text only)
@@ -253,25 +259,14 @@ def tune_options(args: argparse.Namespace, objective: dict) -> TuneOptions:
         seed=args.seed,
         command="moepolicy " + redact_command(sys.argv[1:]),
         overlap=overlap,
-        regime=args.regime or engine_regime(args.engine, args.backend),
+        regime=args.regime or ENGINE_REGIME,
         confirm_rounds=args.confirm_rounds,
         trial_timeout_s=args.trial_timeout,
     )
 
 
-def engine_regime(engine: str, backend: str) -> str:
-    """The timing regime the engine runs DeepEP high-throughput in: vLLM runs it eager (CUDA graphs
-    are off for DeepEP HT with DP > 1) with a dispatch that blocks the host on its receive counts;
-    SGLang's normal (high-throughput) mode likewise runs its prefill eager."""
-    return "host"
-
-
 def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
     """Rank 0 tunes as usual with a coordinated bench; the other ranks serve measurements."""
-    import os
-
-    from moepolicy.measure.ranks import safe_environment
-
     safe_environment()  # torchrun started this process: NVLink multicast off before NCCL starts
     import torch.distributed as dist
 
@@ -290,9 +285,6 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
         )
     args.ep_size = world
     api.require_tuner()  # every rank: rank 0 runs the study, the model bench's ranks fit with numpy
-    from moepolicy.target import TargetSpec, resolve_target
-    from moepolicy.tuning.coordinate import CoordinatedBench, join_group, serve
-
     shared = False
     if args.bench == "live":
         inner, shared = _rank_bench(args, source, world)
@@ -316,7 +308,7 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
             if shared:
                 why += f" ({SHARED_RANKS_ENV}=1): a functional run, not for serving"
             choice = BenchChoice(args.bench, why, world, shared=shared)
-            return _tune_and_write(args, choice, lambda plan, objective: bench)
+            return _tune_and_write(args, choice, None, coordinated=bench)
         finally:
             bench.close()
     finally:
@@ -327,12 +319,9 @@ def _torchrun(args: argparse.Namespace, source: BenchSource) -> int:
 def _rank_bench(args: argparse.Namespace, source: BenchSource, world: int):
     """This torchrun rank's live bench, joined to the job: on a GPU of its own (NCCL), or, as the
     test-only functional run, on a GPU its node's ranks share (gloo). Returns (bench, shared)."""
-    import os
-
     import torch
     import torch.distributed as dist
 
-    from moepolicy.tuning.coordinate import join_group
     from moepolicy.tuning.live_bench import RankBench
 
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -354,9 +343,7 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
         return _torchrun(args, source)
     try:
         choice = source.choose(args.bench, args.ep_size)
-    except (
-        TuningError
-    ) as exc:  # the tuner cannot go on here (no GPU, no DeepEP): exit 7, not usage
+    except TuningError as exc:  # no GPU, no DeepEP: the tuner cannot go on (exit 7, not usage)
         raise TuningError(f"--bench {args.bench}: {exc}") from None
     if args.overlap and choice.kind != "live":
         raise UsageError(
@@ -364,41 +351,23 @@ def run(args: argparse.Namespace, source: Optional[BenchSource] = None) -> int:
             f"(bench: {choice.kind}, {choice.why})"
         )
     api.check_bench_fits(choice, args.ep_size)
-
-    def build(plan, objective):
-        return source.build(
-            choice,
-            plan.target.gpu,
-            args.max_buffer_mb * 1024 * 1024 // 128 * 128,
-            args.trial_timeout,
-            int(objective.get("reps", 20)),
-        )
-
-    return _tune_and_write(
-        args,
-        choice,
-        build,
-        lambda: source.build_v2(choice, args.trial_timeout, api.V2_REPS),
-        lambda plan, regime: source.build_experts(choice, plan.target.gpu, regime),
-    )
+    return _tune_and_write(args, choice, source)
 
 
 def _tune_and_write(
     args: argparse.Namespace,
     choice: BenchChoice,
-    build_bench,
-    build_v2_bench=None,
-    build_experts=None,
+    source: Optional[BenchSource],
+    coordinated: Optional[Any] = None,
 ) -> int:
+    """Plan, tune with the benches ``source`` builds (or, on torchrun's rank 0, the ``coordinated``
+    bench; the expert stage then the library's own), render and write the policy."""
     if args.backend == "deepep_ll":
         raise UsageError(
             "--backend deepep_ll: low-latency mode has no SM count or chunk sizes to tune (its kernels "
             "size themselves by num_max_dispatch_tokens_per_rank); 'moepolicy plan --backend deepep_ll' "
             "writes its decisions and buffer size"
         )
-    from moepolicy.cli.plan import build_plan
-    from moepolicy.tuning.space import load_objective, load_space
-
     note(f"bench: {choice.kind} ({choice.why})")
     _warn_unfitted_trials(args.trials, choice)
     objective, space = load_objective(), load_space()
@@ -408,8 +377,10 @@ def _tune_and_write(
     v2 = plan.target.deepep.api == "v2"
     if not v2:
         api.require_tuner()  # before the bench: the model bench's fit needs numpy, which optuna brings
-        bench = build_bench(plan, objective)
-    elif build_v2_bench is None:  # torchrun's ranks time DeepEP's legacy Buffer only
+        bench = coordinated
+        if bench is None:
+            bench = api.build_bench(plan, choice, options, objective, source)
+    elif coordinated is not None:  # torchrun's ranks time DeepEP's legacy Buffer only
         raise UsageError(
             f"{plan.target.deepep.name}: DeepEP v2's settings are measured by its own live bench, "
             "not with --launcher torchrun; run 'moepolicy tune' on the GPUs with DeepEP v2"
@@ -419,14 +390,14 @@ def _tune_and_write(
             "DeepEP v2: measuring its SM count and prefer-overlap option (unverified on this "
             "project's machines)"
         )
-        bench = build_v2_bench()
+        bench = api.build_bench(plan, choice, options, objective, source)
     else:
         bench = None  # api.tune_with refuses DeepEP v2 off the live bench, in one line
-    experts = build_experts(plan, options.regime) if build_experts else None
+    experts = source.build_experts(choice, plan.target.gpu, options.regime) if source else None
     result = _tune(args, (plan, choice, options, objective, space), bench, experts)
     if choice.shared:  # api.tune_with marked the result partial: not for serving
         note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
-    document = api.policy_document(result)
+    decided, document = api.decided_policy(result)  # the layers decided again once, as written
     if v2:
         _render_v2(result)
         write_result(_output_for(result, output), dumps(document))
@@ -434,7 +405,7 @@ def _tune_and_write(
     render(result, document)
     if getattr(result, "experts", None) is not None:
         render_experts(result.experts, document["experts"]["kernel"])
-    _closing_line(api.decided_plan(result), result)
+    _closing_line(decided, result)
     write_result(
         _output_for(result, output),
         dumps(document),
@@ -493,8 +464,6 @@ def _render_v2(result) -> None:
 
 def render_experts(choice, kernel: str) -> None:
     """The expert kernels' MoE steps compared, per bucket, and what the policy runs (stderr)."""
-    from moepolicy.measure.rounds import interval_words, speedup_words
-
     label = "modelled" if choice.source == "modelled" else "measured"
     note(f"expert kernels ({label}): {choice.basis}")
     for k in choice.kernels:
@@ -525,8 +494,6 @@ def render_experts(choice, kernel: str) -> None:
 
 def _closing_line(plan, result) -> None:
     """How the policy differs from what vLLM runs today: its decisions, then its DeepEP settings."""
-    from moepolicy.cli.plan import vllm_difference
-
     kept = {getattr(b.confirmed.kept, "name", "") if b.confirmed else "" for b in result.buckets}
     if result.overlap is not None:  # --overlap keeps its split and chunks, never DeepEP's defaults
         deepep = _overlap_words(result.overlap, result.label)
@@ -587,8 +554,6 @@ def _after_interrupt(result) -> int:
 
 def tune_inputs(args: argparse.Namespace, storage: str) -> list[Input]:
     """What a tune reads, which its ``-o`` must not name: the checkpoint, the rule packs, the study database."""
-    from moepolicy.tuning.storage import storage_file
-
     return [
         *model_inputs(args.model),
         *rules_inputs(args.rules),
@@ -600,12 +565,8 @@ def _output_for(result, output: Optional[str]) -> Optional[str]:
     """Where the result goes: ``output``, unless the result is partial (an interrupted tune, a
     functional run on shared ranks) and ``output`` holds a complete policy, which a partial result
     never replaces (it goes beside it, ``*.partial.yaml``)."""
-    from pathlib import Path
-
     if output is None or result.deepep.partial is None or not Path(output).exists():
         return output
-    from moepolicy.document.reader import read_policy
-
     try:
         previous = read_policy(output)
     except MoePolicyError:

@@ -6,7 +6,7 @@ import argparse
 from typing import Optional
 
 from moepolicy.cli._output import add_format_flag, note, print_json
-from moepolicy.errors import PolicyError
+from moepolicy.errors import MeasurementError, PolicyError, UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -82,9 +82,8 @@ def _rekey(path: str, strict: bool) -> None:
         ) from None
     fmt = "json" if path.endswith(".json") else "yaml"
     text = dumps(raw, fmt)
-    loaded = parse_policy(
-        text, f"{path} (rekeyed, not written)", strict=strict
-    )  # refuses before anything is written
+    # refuses before anything is written
+    loaded = parse_policy(text, f"{path} (rekeyed, not written)", strict=strict)
     problem = stored_facts_problem(loaded.doc)
     if problem:
         raise PolicyError(f"{path} (rekeyed, not written): {problem}")
@@ -131,8 +130,6 @@ def _checked_model(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     if args.rekey and len(args.policy) > 1:
-        from moepolicy.errors import UsageError
-
         raise UsageError("--rekey rewrites one policy at a time; name one file")
     results = []
     for path in args.policy:
@@ -213,7 +210,6 @@ def _validate(path: str, args: argparse.Namespace) -> dict:
 def _live(paths: list[str], show: bool = True) -> list[dict]:
     """``--live``: the preflight on the GPUs visible, the policies of one EP size in one group of
     ranks; one result per policy, in the order given (``failure``: its one line, or None)."""
-    from moepolicy.errors import MeasurementError
     from moepolicy.measure.ranks import gpu_placement
     from moepolicy.preflight import describe_failure, plan_preflight, render, run_preflight
     from moepolicy.tuning.live_bench import deep_ep_importable

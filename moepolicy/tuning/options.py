@@ -13,6 +13,10 @@ from moepolicy.measure.rounds import DEFAULT_ROUNDS, MIN_ROUNDS
 from moepolicy.names import TUNED_REGIMES
 
 DEFAULT_STORAGE = "sqlite:///moepolicy-studies.db"
+# The timing regime the engines run DeepEP high-throughput in: vLLM runs it eager (CUDA graphs are
+# off for DeepEP HT with DP > 1) with a dispatch that blocks the host on its receive counts; SGLang's
+# normal (high-throughput) mode likewise runs its prefill eager.
+ENGINE_REGIME = "host"
 DEFAULT_TRIALS = 24
 OVERLAP_GEMMS = ("auto", "persistent", "persistent-clustered", "grouped", "dense")
 OVERLAP_CONFINES = ("grid", "green")
@@ -105,7 +109,7 @@ class TuneOptions:
     seed: int = 0
     command: str = ""  # the command line, already redacted, recorded in the document
     overlap: Optional[OverlapOptions] = None
-    regime: str = "host"  # Workload.regime: what the timings include (tuning.bench.REGIMES)
+    regime: str = ENGINE_REGIME  # Workload.regime: what the timings include (tuning.bench.REGIMES)
     confirm_rounds: int = (
         DEFAULT_ROUNDS  # balanced rounds of each protocol phase (tuning.protocol)
     )
