@@ -184,7 +184,6 @@ def _require_torch() -> None:
 def run(args: argparse.Namespace) -> int:
     import tempfile
 
-    from moepolicy.moe_step.arms import build_arms
     from moepolicy.cli._replay import read_for_replay
 
     _check_counts(args)
@@ -206,12 +205,7 @@ def run(args: argparse.Namespace) -> int:
 
     if doc.model.num_experts % world:
         raise UsageError(f"{doc.model.num_experts} experts do not divide over --ranks {world}")
-    _say_fused(doc)
-    arms = build_arms(doc)
-    if not arms[0].kinds:
-        raise UsageError(
-            f"{args.policy}: no MoE layer goes through DeepEP's dispatch; nothing to time"
-        )
+    arms = _timed_arms(args.policy, doc)
     experts = bench_experts(doc, arms, kind)
     if not functional and not experts.comparable:
         functional = experts.what
@@ -267,6 +261,17 @@ def run(args: argparse.Namespace) -> int:
             + "\n",
         )
     return 0
+
+
+def _timed_arms(policy: str, doc):
+    """The arms a bench times (``moe_step.arms``), after saying which layers it leaves out."""
+    from moepolicy.moe_step.arms import build_arms
+
+    _say_fused(doc)
+    arms = build_arms(doc)
+    if not arms[0].kinds:
+        raise UsageError(f"{policy}: no MoE layer goes through DeepEP's dispatch; nothing to time")
+    return arms
 
 
 def same_step(arms, tokens) -> bool:
