@@ -16,7 +16,7 @@ the type the tuner wrote (:data:`Number`: an int stays an int), so the YAML text
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 from pydantic import (
     BaseModel,
@@ -30,7 +30,6 @@ from pydantic import (
 )
 from pydantic import Discriminator, GetPydanticSchema, Tag
 from pydantic_core import core_schema
-from typing_extensions import Annotated
 
 from moepolicy.document.constraints import measured_form
 from moepolicy.document.fast_validate import FREE_FORM, STRICT
