@@ -21,7 +21,8 @@ from typing import Any, Iterator, Optional
 
 from moepolicy.checkpoint import catalog
 from moepolicy.errors import CheckpointError
-from moepolicy.redact import redact_text
+from moepolicy.redact import redact_text, redact_url
+from moepolicy.settings import hub_cache_dir, hub_endpoint, offline_reason
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 ETAG_TIMEOUT_S = 10.0
@@ -124,7 +125,6 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
     Raises :class:`CheckpointError` with one line per way of failing.
     """
     hf = _huggingface_hub(hub_id)
-    from moepolicy.settings import hub_cache_dir, hub_endpoint
 
     # keyword arguments of huggingface_hub's calls
     common: dict[str, Any] = {"revision": hub_id.revision, "cache_dir": str(hub_cache_dir())}
@@ -227,15 +227,11 @@ def _download(hf, hub_id: HubId, filename: str, common: dict) -> str:
 
 
 def hub_endpoint_raw() -> str:
-    from moepolicy.settings import hub_endpoint
-
     return hub_endpoint() or DEFAULT_ENDPOINT
 
 
 def shown_endpoint() -> str:
     """The hub's address as moepolicy prints it: credentials in ``HF_ENDPOINT`` hidden."""
-    from moepolicy.redact import redact_url
-
     return redact_url(hub_endpoint_raw())
 
 
@@ -392,8 +388,6 @@ def cached_repo_ids() -> list[str]:
     """``org/name`` of the models the Hugging Face cache holds (its ``models--org--name`` folders)."""
     import itertools
 
-    from moepolicy.settings import hub_cache_dir
-
     try:
         folders = list(itertools.islice(hub_cache_dir().iterdir(), MAX_CACHED_REPOS))
     except OSError:
@@ -469,8 +463,6 @@ def _needs_access(hub_id: HubId, endpoint: str, status: Optional[int], gated: bo
 
 
 def _not_cached(hub_id: HubId, why_offline: str) -> str:
-    from moepolicy.settings import hub_cache_dir, offline_reason
-
     cache = hub_cache_dir()
     why = f" ({why_offline})" if why_offline else ""
     revision = f" --revision {hub_id.revision}" if hub_id.revision else ""
@@ -506,8 +498,6 @@ def real_config_words(repo_id: str) -> str:
     """Where ``repo_id``'s own config can be read instead of moepolicy's catalog copy, in words that
     work here: online its id at a revision; offline (no download can work) its snapshot in the
     Hugging Face cache where there is one, else the checkpoint's folder or config.json."""
-    from moepolicy.settings import offline_reason
-
     reason = offline_reason()
     if not reason:
         return f"'{repo_id}@main' (the Hugging Face hub's, or its cache's), or the checkpoint's folder"

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional
 from moepolicy.errors import PolicyError
 from moepolicy.document import constraints as rules
 from moepolicy.schema.locations import yaml_path
+from moepolicy._resources import data_file
 
 SCHEMA_FILE = "policy.schema.json"  # generated from the Pydantic models (tools/gen_schema.py)
 # an object whose unknown keys a reader does not report (the evidence: document/evidence.py)
@@ -31,8 +32,6 @@ STRICT = (
 @lru_cache(maxsize=1)
 def _json_schema() -> dict[str, Any]:
     import json
-
-    from moepolicy._resources import data_file
 
     return json.loads(data_file(SCHEMA_FILE).read_text())
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from moepolicy.document.model import PolicyDoc
+from moepolicy.errors import CheckpointError
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,6 @@ def planned_models(doc: PolicyDoc) -> list[str]:
 def planned_revision(doc: PolicyDoc) -> Optional[str]:
     """The revision of the hub id the plan read (``org/name@rev``, the policy's own ``org/name``)."""
     from moepolicy.checkpoint.hub import parse_id
-    from moepolicy.errors import CheckpointError
 
     for spec in planned_models(doc):
         try:

@@ -15,6 +15,7 @@ from moepolicy.deepep.settings import source_words
 from moepolicy.names import Order, WireDtype
 from moepolicy.errors import PolicyError
 from moepolicy.document.model import PolicyDoc
+from moepolicy.export.served import served_model
 
 CONFIG_KWARGS = (
     "num_sms",
@@ -72,8 +73,6 @@ def launch(doc: PolicyDoc, tokens: Optional[int] = None) -> dict[str, Any]:
     ``--moe-a2a-backend``, ``--deepep-mode normal``, one bucket's ``--deepep-config``, and
     ``--deepep-dispatcher-output-dtype`` where every MoE layer agrees; notes name the rest."""
     import json
-
-    from moepolicy.export.served import served_model
 
     target, ep = doc.target, doc.target.ep_size
     served = served_model(doc)

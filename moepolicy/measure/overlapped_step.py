@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from moepolicy.measure.gemm_shape import GemmShape
+from moepolicy.measure.timing import Timer, interleaved_rounds
 
 if TYPE_CHECKING:
     from moepolicy.measure.timing import Timer
@@ -285,7 +286,6 @@ class ExpertGemm:
         flushed, queued), on an otherwise idle GPU; the lowest median over the rounds wins. Call it
         before anything runs beside the GEMM; :class:`ConfinedGemm` does."""
         from moepolicy.measure import persistent_gemm as pg
-        from moepolicy.measure.timing import Timer, interleaved_rounds
 
         if sms not in self._best:
             for launch in self._launches.values():

@@ -20,6 +20,7 @@ from typing import Optional
 from moepolicy.errors import PolicyError, UsageError
 from moepolicy.measure.placement import SHARED_LABEL, RankPlacement
 from moepolicy.reference.payloads import BF16, PayloadFormat, format_of
+from moepolicy.text import printable
 
 MAX_TOKENS = (
     1024  # tokens a rank sends per case: DeepEP's buffer is a ring of chunks, not sized by T
@@ -155,8 +156,6 @@ def _cases(buckets) -> tuple[Case, ...]:
 
 def render(report: PreflightReport) -> list[str]:
     """The report as lines: a table, the placement, what was not checked, the verdict."""
-    from moepolicy.text import printable
-
     plan = report.plan
     head = (
         f"{printable(plan.source)}: DeepEP num_sms {plan.num_sms}, NVLink buffer {plan.num_nvl_bytes} bytes, "

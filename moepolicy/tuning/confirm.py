@@ -39,6 +39,8 @@ from moepolicy.tuning.protocol import (
     decision_words,
     run,
 )
+from moepolicy.names import UNMEASURED
+from moepolicy.schema.measured import OrderTiming
 
 SMS, CHUNKS = "the SM count", "the chunks"
 
@@ -529,9 +531,6 @@ def time_both_orders(
 
 def order_timings(done: Outcome) -> tuple:
     """The recorded facts: each bucket's verdict from the gate, medians and figure from the report."""
-    from moepolicy.names import UNMEASURED
-    from moepolicy.schema.measured import OrderTiming
-
     gated, out = done.stages[0], []
     for tokens in done.kept:
         test, shown = gated.tests[tokens], done.figures[tokens]["dispatch_then_quant"]

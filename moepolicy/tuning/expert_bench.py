@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from moepolicy._resources import data_dir
-from moepolicy.measure.routing import ExpertShape
+from moepolicy.measure.routing import ExpertShape, check_shape, rank_view
 from moepolicy.names import LAUNCH_MODE
 from moepolicy.schema.measured import KernelStatus
 
@@ -108,7 +108,6 @@ class LiveExpertBench(ExpertBench):
 
     def problem(self, shape: ExpertShape, tokens: int) -> Optional[str]:
         from moepolicy.measure import expert_stage
-        from moepolicy.measure.routing import check_shape
 
         return check_shape(shape) or expert_stage.stage_shape_ok(shape)
 
@@ -118,7 +117,6 @@ class LiveExpertBench(ExpertBench):
         import torch
 
         from moepolicy.measure import expert_stage
-        from moepolicy.measure.routing import rank_view
 
         device = torch.device("cuda", torch.cuda.current_device())
         self._gpu = torch.cuda.get_device_name(device)

@@ -36,6 +36,7 @@ from moepolicy.names import UNMEASURED
 from moepolicy.schema.measured import ArmTiming, ExpertChoice, KernelTest, OrderTiming
 from moepolicy.tuning.expert_bench import KERNEL_ORDERS, ExpertBench, arm_name
 from moepolicy.tuning.protocol import FAMILY_LEVELS, Option, Stage, run
+from moepolicy.tuning.bench import TunePoint
 
 QTD, DTQ = "quant_then_dispatch", "dispatch_then_quant"
 WIRE_OF_ORDER = {QTD: "fp8", DTQ: "bf16", "no_quant": "bf16"}
@@ -538,8 +539,6 @@ def model_communication(bench, workload, num_sms: int, dispatch, combine) -> Com
     engine's SM count and chunks, with the model's held-out error there; None outside its
     calibrated range (another EP size, hidden size or token count)."""
     import dataclasses
-
-    from moepolicy.tuning.bench import TunePoint
 
     def of(tokens: int, wire: str) -> Optional[Communication]:
         w = dataclasses.replace(workload, payload=wire)

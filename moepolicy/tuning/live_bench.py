@@ -25,6 +25,9 @@ from moepolicy.tuning.bench import (
     Workload,
     check_measurement,
 )
+from moepolicy.deepep.buffers import budget_buffers
+from moepolicy.measure.placement import SHARED_LABEL
+from moepolicy import hardware
 
 if TYPE_CHECKING:
     from moepolicy.measure.ranks import RankGroup
@@ -165,7 +168,6 @@ class RankBench(Bench):
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.device = device or torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(self.device)
-        from moepolicy.deepep.buffers import budget_buffers
 
         internode = self.world > 8
         nvl, rdma = budget_buffers(buffer_bytes, self.world)
@@ -350,14 +352,10 @@ class LiveBench(Bench):
         self._kill_group()
 
     def identity(self) -> str:
-        from moepolicy.hardware import nvml_gpus
-
-        names = nvml_gpus()
+        names = hardware.nvml_gpus()
         if not names:
             return f"{self.world} ranks (NVML unavailable)"
         if len(names) < self.world:
-            from moepolicy.measure.placement import SHARED_LABEL
-
             return f"{names[0]} x{len(names)}, {self.world} ranks ({SHARED_LABEL})"
         return f"{names[0]} x{self.world}"
 

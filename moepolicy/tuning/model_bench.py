@@ -37,6 +37,7 @@ from moepolicy.tuning.bench import (
     TunePoint,
     Workload,
     check_measurement,
+    TrialFailed,
 )
 
 OPS = (
@@ -360,8 +361,6 @@ class ModelBench(Bench):
             time.sleep(self.delay_s)
         cal = self._calibration(workload)
         if cal is None:
-            from moepolicy.tuning.bench import TrialFailed
-
             raise TrialFailed(f"model bench has no calibration for EP{workload.ep_size}")
         rows = point.tokens * destination_ranks(
             workload.num_experts, workload.top_k, workload.ep_size
