@@ -26,9 +26,8 @@ from moepolicy.settings import hub_cache_dir, hub_endpoint, offline_reason
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 ETAG_TIMEOUT_S = 10.0
-MAX_CONFIG_BYTES = (
-    16 * 1024 * 1024
-)  # config.json: kilobytes; a quant config with long ignore lists, megabytes
+# config.json: kilobytes; a quant config with long ignore lists, megabytes
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
 # a config file's download: said when it takes this long, given up after this long (a hub or proxy
 # that trickles the bytes never trips the client's per-read timeout)
 DOWNLOAD_SAY_S = 10.0
@@ -128,9 +127,8 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
 
     # keyword arguments of huggingface_hub's calls
     common: dict[str, Any] = {"revision": hub_id.revision, "cache_dir": str(hub_cache_dir())}
-    if (
-        not network
-    ):  # the cache's files only: hf_hub_download would still build request headers, and
+    if not network:
+        # the cache's files only: hf_hub_download would still build request headers, and
         # huggingface_hub 2.x fetches its agent registry from the endpoint while doing so
         config = _cached(hf, hub_id, "config.json", common)
         if config is None:
@@ -140,9 +138,8 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
     common.update(endpoint=hub_endpoint(), etag_timeout=ETAG_TIMEOUT_S)
     with _quiet(hf):
         silent, size = _probe(hf, hub_id, "config.json", common["endpoint"])
-        if (
-            silent is not None
-        ):  # read the cache now: asked again, huggingface_hub backs off ~23 s per file
+        if silent is not None:
+            # read the cache now: asked again, huggingface_hub backs off ~23 s per file
             return _from_cache_when_silent(hf, hub_id, common, silent)
         _check_size(hub_id, "config.json", size)
         try:
@@ -261,9 +258,8 @@ def _quiet(hf) -> Iterator[None]:
     """huggingface_hub's own warnings (its retries while the hub does not answer) and progress bars
     (two small files) are not shown: what failed is said once, in moepolicy's one line. Both are
     restored after."""
-    verbosity = (
-        hf.utils.logging
-    )  # huggingface_hub's own switch: it sets its loggers up on first use
+    # huggingface_hub's own switch: it sets its loggers up on first use
+    verbosity = hf.utils.logging
     level, bars_off = verbosity.get_verbosity(), hf.utils.are_progress_bars_disabled()
     verbosity.set_verbosity_error()
     hf.utils.disable_progress_bars()

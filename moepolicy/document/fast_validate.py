@@ -24,9 +24,8 @@ FREE_FORM = "x-free-form"
 # the file as written, never the tree: the layer_facts table and a layer's facts named in it, which
 # reading resolves (document.facts_table) before validating, so this validator leaves them out
 AS_WRITTEN = "x-as-written"
-STRICT = (
-    "x-strict"  # a value taken only as its own type (an SM count never a bool, a float or text)
-)
+# a value taken only as its own type (an SM count never a bool, a float or text)
+STRICT = "x-strict"
 
 
 @lru_cache(maxsize=1)
@@ -252,9 +251,8 @@ def validate(raw: dict[str, Any], source: str) -> dict[str, Any]:
         ) from None
     except RecursionError:
         raise PolicyError(f"{source}: nested too deeply to be a policy") from None
-    problem = rules.version_problem(
-        raw
-    )  # before defaults: a 1.x document does not have 2.0's fields
+    # before defaults: a 1.x document does not have 2.0's fields
+    problem = rules.version_problem(raw)
     problem = f"(top): {problem}" if problem else _cross_checks(doc)
     if problem:
         raise PolicyError(f"{source}: {problem}")

@@ -257,9 +257,8 @@ def _orders(deepep: DeepEPDoc, label: str):
     ax.set_xticks(list(xs), [str(t.tokens) for t in timed])
 
     top = max(max(t.quant_then_dispatch_us, t.dispatch_then_quant_us) for t in timed)
-    for x, t in zip(
-        xs, timed
-    ):  # 2.2: the paired test over rotated rounds; before, one sample each
+    for x, t in zip(xs, timed):
+        # 2.2: the paired test over rotated rounds; before, one sample each
         if t.quant_first_speedup:
             verdict = "within noise" if t.faster == "neither" else "beyond noise"
             words = f"quantizing first:\n{speedup_words(t.quant_first_speedup)}, {verdict}"

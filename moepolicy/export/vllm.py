@@ -97,9 +97,8 @@ def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
     args += served.revision_args()
     _experts_knob(doc, env, args, notes)
     if target.backend == "deepep_ht" and target.deep_ep.api == "legacy":
-        env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = str(
-            _buffer_mb(doc)
-        )  # vLLM's own buffer where the plugin does not apply
+        # vLLM's own buffer where the plugin does not apply
+        env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = str(_buffer_mb(doc))
         _high_throughput(doc, env, args, applied, cannot)
     elif target.deep_ep.api == "v2":
         _v2(doc, env, applied, cannot)

@@ -59,12 +59,10 @@ BLOCK_DEFERRING_EXPERTS = frozenset({"FlashInferExperts"})
 
 # what the plugin does (the hot path's branches)
 VLLM = "vllm"  # vLLM's own prepare: its order and wire
-TOKEN_FIRST = (
-    "token_first"  # per-token fp8 + [T, 1] scales before dispatch; no re-quantization on receive
-)
-TENSOR_FIRST = (
-    "tensor_first"  # bare fp8 with the static per-tensor scale before dispatch; none on receive
-)
+# per-token fp8 + [T, 1] scales before dispatch; no re-quantization on receive
+TOKEN_FIRST = "token_first"
+# bare fp8 with the static per-tensor scale before dispatch; none on receive
+TENSOR_FIRST = "tensor_first"
 BF16_THEN_QUANT = "bf16_then_quant"  # bf16 on the wire, the receiver quantizes as the experts read
 
 

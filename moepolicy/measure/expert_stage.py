@@ -225,9 +225,8 @@ class DeepGemmExperts:
         order = torch.argsort(key, stable=True)[:pairs]  # the (row, expert) pairs by expert
         dest = torch.arange(pairs, device=x.device) + layout.shift[flat[order]]
         source = torch.zeros(layout.layout_rows, dtype=torch.int64, device=x.device)
-        source[dest] = (
-            order // routed.topk_local.shape[1]
-        )  # padding rows read row 0: never computed
+        # padding rows read row 0: never computed
+        source[dest] = order // routed.topk_local.shape[1]
         a = x.view(torch.uint8).index_select(0, source).view(FP8)
         h = torch.empty(
             (layout.layout_rows, self.w13.shape[1]), dtype=torch.bfloat16, device=x.device

@@ -72,12 +72,10 @@ PERSISTENT_CONFIGS: tuple[LaunchConfig, ...] = tuple(
 CLUSTERED_CONFIGS: tuple[LaunchConfig, ...] = tuple(
     (*cfg, order) for cfg in CLUSTERED_LAUNCHES for order in ("expert", "rows")
 )
-PICK_LAUNCHES = (
-    3  # launches per timing of a candidate, each after an L2 flush (their median counts)
-)
-PICK_ROUNDS = (
-    5  # interleaved timings per candidate; the median decides (timing.interleaved_rounds)
-)
+# launches per timing of a candidate, each after an L2 flush (their median counts)
+PICK_LAUNCHES = 3
+# interleaved timings per candidate; the median decides (timing.interleaved_rounds)
+PICK_ROUNDS = 5
 
 
 def _green_context(sms: int, device_index: int):
@@ -182,9 +180,8 @@ class ExpertGemm:
         ends = padded_offsets(group_rows)
         fp8, out, hidden = torch.float8_e4m3fn, self.shape.out, self.shape.hidden
         self.a = self._random(ends[-1], hidden, dtype=fp8)
-        self.b = self._expert_weights(len(ends)).transpose(
-            -2, -1
-        )  # [G, K, N], column-major per expert
+        # [G, K, N], column-major per expert
+        self.b = self._expert_weights(len(ends)).transpose(-2, -1)
         self.scale_a = torch.ones(ends[-1], device=self.device)
         self.scale_b = torch.ones(len(ends), out, device=self.device)
         self.offs = torch.tensor(ends, dtype=torch.int32, device=self.device)
@@ -225,9 +222,8 @@ class ExpertGemm:
         self.pick_timings: dict[int, dict[LaunchConfig, float]] = {}
         # a Timer (with its L2-flush buffer), made at the first pick
         self._pick_timer: Optional[Timer] = None
-        for cfg in (
-            CLUSTERED_CONFIGS if cluster > 1 else PERSISTENT_CONFIGS
-        ):  # compile and check each, once per bucket
+        for cfg in CLUSTERED_CONFIGS if cluster > 1 else PERSISTENT_CONFIGS:
+            # compile and check each, once per bucket
             try:
                 tables = pg.tile_tables(
                     self.group_rows, cfg[0], cfg[1], out, self.device, order=cfg[5]
@@ -375,9 +371,8 @@ class ConfinedGemm:
         self.gemm, self.sms, self.confine = gemm, sms, confine
         self.ctx = _green_context(sms, gemm.device.index) if confine == "green" else None
         self.stream = self.ctx.Stream() if self.ctx is not None else torch.cuda.Stream(gemm.device)
-        with torch.cuda.stream(
-            self.stream
-        ):  # on an idle GPU, on the stream (and context) it will run on
+        with torch.cuda.stream(self.stream):
+            # on an idle GPU, on the stream (and context) it will run on
             gemm.prepare(sms)
         how = "green context" if confine == "green" else "grid only, no green context"
         self.kind = f"{gemm.describe(sms)}; confined by {how}"

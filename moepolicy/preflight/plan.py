@@ -22,9 +22,8 @@ from moepolicy.measure.placement import SHARED_LABEL, RankPlacement
 from moepolicy.reference.payloads import BF16, PayloadFormat, format_of
 from moepolicy.text import printable
 
-MAX_TOKENS = (
-    1024  # tokens a rank sends per case: DeepEP's buffer is a ring of chunks, not sized by T
-)
+# tokens a rank sends per case: DeepEP's buffer is a ring of chunks, not sized by T
+MAX_TOKENS = 1024
 
 
 @dataclass(frozen=True)

@@ -86,9 +86,8 @@ class Then:
     order: str
     wire: Wire
     numerics: str
-    combine: str = (
-        "bf16"  # what combine sends back: bf16, or logfmt (DeepEP low-latency's 10-bit LogFMT)
-    )
+    # what combine sends back: bf16, or logfmt (DeepEP low-latency's 10-bit LogFMT)
+    combine: str = "bf16"
 
 
 @dataclass(frozen=True)

@@ -165,12 +165,8 @@ def lint_packs(packs: Sequence[RulePack]) -> list[Finding]:
 
 
 # ------------------------------------------------------------------------------- the cache
-_LINT_CODE = (
-    "lint.py",
-    "engine.py",
-    "grammar.py",
-    "vocabulary.py",
-)  # what decides the findings, besides the packs
+# what decides the findings, besides the packs
+_LINT_CODE = ("lint.py", "engine.py", "grammar.py", "vocabulary.py")
 
 
 def lint_key(packs: Sequence[RulePack]) -> str:

@@ -342,13 +342,11 @@ class ModelledBucket:
 
     tokens: int
     kept: Contender
-    us: dict[
-        str, float
-    ]  # the model's time for the kept config, the engine's default, the chosen SM count's
+    # the model's time for the kept config, the engine's default, the chosen SM count's
+    us: dict[str, float]
     chosen_sms: Optional[int] = None  # the search's SM count, where it is not the engine's
-    speedup: Optional[float] = (
-        None  # the chosen SM count (default chunks) over the engine's default, modelled
-    )
+    # the chosen SM count (default chunks) over the engine's default, modelled
+    speedup: Optional[float] = None
     error: Optional[float] = None  # the model's held-out error at the chosen point
     claim: str = ""
 

@@ -556,9 +556,8 @@ def model_communication(bench, workload, num_sms: int, dispatch, combine) -> Com
 def model_communication_words(bench, workload) -> str:
     """Where the modelled communication figures hold, in one phrase."""
     why = bench.in_envelope(workload, bench.gpu)
-    if (
-        why and bench.envelope(workload) is None
-    ):  # the tune's own line names the calibrated targets
+    if why and bench.envelope(workload) is None:
+        # the tune's own line names the calibrated targets
         return f"not modelled here: the model bench has no calibration for {bench.gpu} EP{workload.ep_size}"
     if why:
         return f"not modelled here: {why}"

@@ -145,9 +145,8 @@ def measure_point(state: RankState, workload: Workload, point: TunePoint) -> Mea
             "quant_then_dispatch": lambda: ops.quant_then_dispatch("full"),
             "dispatch_then_quant": lambda: ops.dispatch_then_quant("full"),
         }
-        for name in sorted(
-            both, key=lambda n: n != workload.orders_first
-        ):  # the round's first order first
+        for name in sorted(both, key=lambda n: n != workload.orders_first):
+            # the round's first order first
             orders[name] = timed(both[name])
     return Measurement(full, cached, combine, "measured", orders)
 

@@ -40,10 +40,8 @@ from moepolicy.tuning.bench import (
     TrialFailed,
 )
 
-OPS = (
-    "dispatch",
-    "combine",
-)  # the ops the objective sums (the full call's overhead: see the module's doc)
+# the ops the objective sums (the full call's overhead: see the module's doc)
+OPS = ("dispatch", "combine")
 
 
 def destination_ranks(num_experts: int, top_k: int, ep_size: int) -> float:
@@ -98,12 +96,10 @@ class Calibration:
     files: tuple[str, ...]
     sms_range: tuple[int, int] = (8, 48)
     tokens_range: tuple[int, int] = (128, 4096)
-    cells: tuple[
-        tuple[str, int, int, int, int], ...
-    ] = ()  # (op, hidden, num_sms, tokens lo, hi) measured
-    errors: tuple[
-        tuple[str, int, int, int, float], ...
-    ] = ()  # (op, hidden, tokens, num_sms, held-out error)
+    # (op, hidden, num_sms, tokens lo, hi) measured
+    cells: tuple[tuple[str, int, int, int, int], ...] = ()
+    # (op, hidden, tokens, num_sms, held-out error)
+    errors: tuple[tuple[str, int, int, int, float], ...] = ()
 
 
 def _row_bytes(hidden: int, dtype: str) -> float:
@@ -316,9 +312,8 @@ class ModelBench(Bench):
 
     def __init__(self, gpu: str, calibration_folder: Optional[str] = None, delay_s: float = 0.0):
         self.gpu = gpu
-        self.delay_s = (
-            delay_s  # a pause per measurement, as a live trial takes time (tests interrupt tunes)
-        )
+        # a pause per measurement, as a live trial takes time (tests interrupt tunes)
+        self.delay_s = delay_s
         self.calibrations = load_calibrations(calibration_folder)
 
     def identity(self) -> str:
