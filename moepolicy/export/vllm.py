@@ -27,7 +27,6 @@ from moepolicy.export.served import served_model
 from moepolicy.document.model import PolicyDoc
 from moepolicy.text import index_ranges, printable
 
-VLLM_DEFAULT_BUFFER_MB = 1024
 VLLM_LL_HIDDEN_SIZES = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
 INT_MAX = 2**31 - 1
 PLUGIN_PACKAGE = "moepolicy"

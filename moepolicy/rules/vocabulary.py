@@ -108,9 +108,6 @@ VOCABULARY: dict[str, FactType] = {
     ),
 }
 
-# the facts an expert-kernel rule reads (``choose_kernel``), before the kernel's own facts exist
-KERNEL_CHOICE_FACTS = ("kernel.default", "kernel.asked", "measured.faster_kernel")
-
 
 def kernel_choice_facts(
     layer: LayerFacts, default: str, asked: str | None, faster_kernel: str = UNMEASURED
