@@ -80,6 +80,7 @@ def check_version(raw: dict[str, Any], source: str) -> None:
 
 
 def _parse_raw(text: str, source: str) -> dict[str, Any]:
+    # YAML: loaded when a document is read, not with the reader's names
     from moepolicy.document.yaml_io import parse_text
     from moepolicy.safe_yaml import yaml_problem
 
@@ -284,6 +285,7 @@ def _pack_candidates(
 
 def _pack_name(data: bytes) -> Optional[str]:
     """The ``pack:`` of a rule pack's bytes (safe YAML), or None for anything else."""
+    # YAML: loaded when a pack is read
     from moepolicy.document.yaml_io import parse_text
 
     try:

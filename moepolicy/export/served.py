@@ -35,6 +35,7 @@ class LaunchModel:
 
 def served_model(doc: PolicyDoc) -> LaunchModel:
     """What a launch serves for ``doc`` (see the module's note)."""
+    # the checkpoint reader: only when a launch needs the model's id or folder (here and below)
     from moepolicy.checkpoint import catalog
 
     name = doc.model.name

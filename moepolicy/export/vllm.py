@@ -59,6 +59,7 @@ KNOBS = {
 
 def vllm_orders(doc: PolicyDoc) -> dict[int, str]:
     """What vLLM alone does for each MoE layer: the ``vllm`` pack on the stored facts."""
+    # the planner: only to say what vLLM alone decides
     from moepolicy.planner import vllm_decisions
 
     return {index: d.order for index, d in vllm_decisions(doc, kernel="chosen").items()}
@@ -220,6 +221,7 @@ _NEEDS = {
 
 def _without_knob(doc: PolicyDoc, kernel: str) -> str:
     """What vLLM's own pick (the sheet's default for this deployment) does to the plan's fp8 layers."""
+    # the kernel sheets (YAML, Pydantic): only for the expert-kernel line
     from moepolicy.expert_kernel import Deployment, default_kernel
 
     target = doc.target
@@ -249,6 +251,7 @@ def _without_knob(doc: PolicyDoc, kernel: str) -> str:
 
 def _facts_view(facts: Optional[dict]):
     """A layer's recorded facts as the LayerFacts the expert sheet's defaults match."""
+    # Pydantic: only for the expert-kernel line
     from moepolicy.schema.facts import LayerFacts, TensorQuant
 
     f = facts or {}

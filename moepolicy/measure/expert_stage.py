@@ -216,6 +216,7 @@ class DeepGemmExperts:
 
     def run(self, x: torch.Tensor, scale: torch.Tensor, routed: Routed) -> torch.Tensor:
         """The stage on fp8 rows ``x`` with row-major 1x128 scales: [R, hidden] bf16 out."""
+        # Triton: a GPU run only
         from moepolicy.measure.moe_glue import weighted_gather
 
         layout = routed.layout

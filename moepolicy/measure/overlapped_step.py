@@ -195,6 +195,7 @@ class ExpertGemm:
         )
 
     def _persistent(self, group_rows: list[int], cluster: int = 1) -> None:
+        # Triton: a GPU run only
         from moepolicy.measure import persistent_gemm as pg
 
         rows, (out, hidden) = sum(group_rows), (self.shape.out, self.shape.hidden)
@@ -254,6 +255,7 @@ class ExpertGemm:
         self._fn = lambda: self._sms_fn(sm_count)
 
     def _launcher(self, cfg: LaunchConfig, tables, descriptors):
+        # Triton: a GPU run only
         from moepolicy.measure import persistent_gemm as pg
 
         def launch(sms: int, trace=None):
@@ -281,6 +283,7 @@ class ExpertGemm:
         median of ``PICK_LAUNCHES`` launches timed as the overlap measurement times the GEMM alone (L2
         flushed, queued), on an otherwise idle GPU; the lowest median over the rounds wins. Call it
         before anything runs beside the GEMM; :class:`ConfinedGemm` does."""
+        # Triton: a GPU run only
         from moepolicy.measure import persistent_gemm as pg
 
         if sms not in self._best:

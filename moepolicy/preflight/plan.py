@@ -77,6 +77,7 @@ class PreflightReport:
 
 def plan_preflight(path: str) -> PreflightPlan:
     """The cases ``validate --live`` runs for the policy at ``path`` (read and validated)."""
+    # the policy reader and the runtime's view: only when a policy is preflighted
     from moepolicy.document.reader import parse_policy_light, read_policy
     from moepolicy.runtime.loader import policy_as_written
     from moepolicy.document.fast_validate import View

@@ -32,6 +32,7 @@ def run_preflight(
     same group, each step under ``step_timeout_s``; ``link`` is how a rank reaches the others
     (``preflight.rank.DeepEPLink`` by default); ``on_report`` sees each plan's report as soon as
     every rank is done with it (progress on long runs)."""
+    # torch: the ranks' side
     from moepolicy.preflight.rank import rank_main
 
     if {plan.ep_size for plan in plans} != {placement.ranks}:

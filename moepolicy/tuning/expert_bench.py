@@ -84,6 +84,7 @@ def live_stage_problem() -> Optional[str]:
         return "torch is not installed"
     if not torch.cuda.is_available():
         return "no CUDA GPU visible"
+    # torch: the live stage only
     from moepolicy.measure import expert_stage
 
     status = expert_stage.kernel_status(["deepgemm"])[0]
@@ -169,6 +170,7 @@ def _shape(raw: dict, ep: int) -> ExpertShape:
 
 def load_recorded(folder: Optional[str] = None) -> tuple[dict, tuple[RecordedCell, ...]]:
     """The shipped expert-stage campaign: its provenance and cells."""
+    # the sheets' readers (YAML, Pydantic) load when a sheet is read
     from moepolicy.datasheets import read_yaml
 
     root = Path(folder) if folder else data_dir("tuning") / "expert_stage"

@@ -570,6 +570,7 @@ def choice_inputs(
     """What the comparison is for: the first MoE layer's expert shapes at the target's EP size, the
     engine's own pick and the kernels the engine can build for it here (None: no MoE layer, or no
     kernel moepolicy can time runs it)."""
+    # the kernel sheets (YAML, Pydantic): read only where a kernel is chosen
     from moepolicy.expert_kernel import Deployment, default_kernel, runs_layer
 
     moe = facts.moe_layers

@@ -173,6 +173,7 @@ class RankBench(Bench):
         self.buffer = deep_ep.Buffer(
             group, nvl, rdma, num_qps_per_rank=max(max_sms, 24) if internode else 1
         )
+        # torch: the worker's side
         from moepolicy.measure.timing import Timer
 
         self.state = RankState(
@@ -265,6 +266,7 @@ class LiveBench(Bench):
         self.restarts = 0
 
     def _start_group(self) -> None:
+        # worker processes: only a live bench starts them
         from moepolicy.measure.ranks import context, rendezvous_file, spawn_ranks
 
         self._commands = [context().Queue() for _ in range(self.world)]

@@ -174,6 +174,7 @@ def _cells(samples: list[Sample]) -> tuple[tuple[str, int, int, int, int], ...]:
 
 @lru_cache(maxsize=None)
 def load_calibrations(folder: Optional[str] = None) -> tuple[Calibration, ...]:
+    # the sheets' readers (YAML, Pydantic) load when a sheet is read
     from moepolicy.datasheets import read_yaml
 
     root = Path(folder) if folder else data_dir("tuning") / "calibration"

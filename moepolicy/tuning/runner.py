@@ -400,6 +400,7 @@ def _tune_overlap(
     options: TuneOptions,
     default: tuple[ChunkConfig, ChunkConfig],
 ) -> TuneResult:
+    # only an overlap tune searches the split (three modules more)
     from moepolicy.tuning.overlap_search import OverlapSettings, search_overlap
 
     ov = options.overlap
