@@ -21,13 +21,13 @@ from typing import Any, Iterator, Optional
 
 from moepolicy.checkpoint import catalog
 from moepolicy.errors import CheckpointError
-from moepolicy.redact import redact_text
+from moepolicy.redact import redact_text, redact_url
+from moepolicy.settings import hub_cache_dir, hub_endpoint, offline_reason
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 ETAG_TIMEOUT_S = 10.0
-MAX_CONFIG_BYTES = (
-    16 * 1024 * 1024
-)  # config.json: kilobytes; a quant config with long ignore lists, megabytes
+# config.json: kilobytes; a quant config with long ignore lists, megabytes
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
 # a config file's download: said when it takes this long, given up after this long (a hub or proxy
 # that trickles the bytes never trips the client's per-read timeout)
 DOWNLOAD_SAY_S = 10.0
@@ -124,13 +124,11 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
     Raises :class:`CheckpointError` with one line per way of failing.
     """
     hf = _huggingface_hub(hub_id)
-    from moepolicy.settings import hub_cache_dir, hub_endpoint
 
     # keyword arguments of huggingface_hub's calls
     common: dict[str, Any] = {"revision": hub_id.revision, "cache_dir": str(hub_cache_dir())}
-    if (
-        not network
-    ):  # the cache's files only: hf_hub_download would still build request headers, and
+    if not network:
+        # the cache's files only: hf_hub_download would still build request headers, and
         # huggingface_hub 2.x fetches its agent registry from the endpoint while doing so
         config = _cached(hf, hub_id, "config.json", common)
         if config is None:
@@ -140,9 +138,8 @@ def fetch(hub_id: HubId, *, network: bool, why_offline: str = "") -> HubFiles:
     common.update(endpoint=hub_endpoint(), etag_timeout=ETAG_TIMEOUT_S)
     with _quiet(hf):
         silent, size = _probe(hf, hub_id, "config.json", common["endpoint"])
-        if (
-            silent is not None
-        ):  # read the cache now: asked again, huggingface_hub backs off ~23 s per file
+        if silent is not None:
+            # read the cache now: asked again, huggingface_hub backs off ~23 s per file
             return _from_cache_when_silent(hf, hub_id, common, silent)
         _check_size(hub_id, "config.json", size)
         try:
@@ -227,15 +224,11 @@ def _download(hf, hub_id: HubId, filename: str, common: dict) -> str:
 
 
 def hub_endpoint_raw() -> str:
-    from moepolicy.settings import hub_endpoint
-
     return hub_endpoint() or DEFAULT_ENDPOINT
 
 
 def shown_endpoint() -> str:
     """The hub's address as moepolicy prints it: credentials in ``HF_ENDPOINT`` hidden."""
-    from moepolicy.redact import redact_url
-
     return redact_url(hub_endpoint_raw())
 
 
@@ -265,9 +258,8 @@ def _quiet(hf) -> Iterator[None]:
     """huggingface_hub's own warnings (its retries while the hub does not answer) and progress bars
     (two small files) are not shown: what failed is said once, in moepolicy's one line. Both are
     restored after."""
-    verbosity = (
-        hf.utils.logging
-    )  # huggingface_hub's own switch: it sets its loggers up on first use
+    # huggingface_hub's own switch: it sets its loggers up on first use
+    verbosity = hf.utils.logging
     level, bars_off = verbosity.get_verbosity(), hf.utils.are_progress_bars_disabled()
     verbosity.set_verbosity_error()
     hf.utils.disable_progress_bars()
@@ -392,8 +384,6 @@ def cached_repo_ids() -> list[str]:
     """``org/name`` of the models the Hugging Face cache holds (its ``models--org--name`` folders)."""
     import itertools
 
-    from moepolicy.settings import hub_cache_dir
-
     try:
         folders = list(itertools.islice(hub_cache_dir().iterdir(), MAX_CACHED_REPOS))
     except OSError:
@@ -469,8 +459,6 @@ def _needs_access(hub_id: HubId, endpoint: str, status: Optional[int], gated: bo
 
 
 def _not_cached(hub_id: HubId, why_offline: str) -> str:
-    from moepolicy.settings import hub_cache_dir, offline_reason
-
     cache = hub_cache_dir()
     why = f" ({why_offline})" if why_offline else ""
     revision = f" --revision {hub_id.revision}" if hub_id.revision else ""
@@ -506,8 +494,6 @@ def real_config_words(repo_id: str) -> str:
     """Where ``repo_id``'s own config can be read instead of moepolicy's catalog copy, in words that
     work here: online its id at a revision; offline (no download can work) its snapshot in the
     Hugging Face cache where there is one, else the checkpoint's folder or config.json."""
-    from moepolicy.settings import offline_reason
-
     reason = offline_reason()
     if not reason:
         return f"'{repo_id}@main' (the Hugging Face hub's, or its cache's), or the checkpoint's folder"

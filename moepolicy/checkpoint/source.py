@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 from moepolicy.checkpoint import catalog, hub
 from moepolicy.errors import CheckpointError
+from moepolicy.files import read_bounded
+from moepolicy.settings import offline_reason, offline
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,6 @@ MAX_CONFIG_BYTES = hub.MAX_CONFIG_BYTES  # one bound, before a download and for 
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    from moepolicy.files import read_bounded
-
     try:
         text = read_bounded(path, MAX_CONFIG_BYTES, CheckpointError).decode("utf-8")
     except UnicodeDecodeError:
@@ -101,8 +101,6 @@ def _from_hub(hub_id: hub.HubId, network: bool, why_offline: str) -> RawCheckpoi
 
 
 def _why_offline(hub_allowed: bool) -> str:
-    from moepolicy.settings import offline_reason
-
     if not hub_allowed:
         return "a serving process never asks the network for a model"
     reason = offline_reason()
@@ -158,8 +156,6 @@ def resolve(spec: str, hub: bool = True) -> RawCheckpoint:
 
 
 def _resolve(spec: str, hub_allowed: bool) -> RawCheckpoint:
-    from moepolicy.settings import offline
-
     if not spec or not str(spec).strip():
         raise CheckpointError(
             "no model given: pass a catalog name, a Hugging Face id (org/name), a config.json "

@@ -54,9 +54,8 @@ class DeepEPSettings:
     """One validated ``num_sms``, per-bucket dispatch/combine configs, buffer sizes."""
 
     num_sms: int
-    num_nvl_bytes: Optional[
-        int
-    ]  # None: unknown here (no hidden size): the engine sizes DeepEP's buffer itself
+    # None: unknown here (no hidden size): the engine sizes DeepEP's buffer itself
+    num_nvl_bytes: Optional[int]
     num_rdma_bytes: Optional[int]
     buckets: tuple[Bucket, ...]
     source: str
@@ -68,9 +67,8 @@ class DeepEPSettings:
         bounds = tuple(
             b.max_tokens if b.max_tokens is not None else sys.maxsize for b in self.buckets
         )
-        object.__setattr__(
-            self, "_bounds", bounds
-        )  # computed once: bucket_for runs per forward pass
+        # computed once: bucket_for runs per forward pass
+        object.__setattr__(self, "_bounds", bounds)
 
     def bucket_for(self, num_tokens: int) -> Bucket:
         """The first bucket whose ``max_tokens`` holds ``num_tokens`` (the last one otherwise)."""

@@ -13,10 +13,8 @@ from moepolicy import names
 from moepolicy.schema.locations import UNION_TAGS
 
 SCHEMA_VERSION = "2.4"
-READABLE_MAJORS = (
-    1,
-    2,
-)  # 1.x documents load as they are: every 2.0 field has a default that 1.x meant
+# 1.x documents load as they are: every 2.0 field has a default that 1.x meant
+READABLE_MAJORS = (1, 2)
 QUANTIZED_ORDERS = tuple(order.value for order in names.QUANTIZED_ORDERS)
 # what a quantized order may put on the wire; 2.1 adds NVFP4 (e2m1 packed two per byte, e4m3 1x16 scales)
 QUANTIZED_WIRES = ("fp8_e4m3", "nvfp4")

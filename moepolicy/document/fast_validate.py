@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional
 from moepolicy.errors import PolicyError
 from moepolicy.document import constraints as rules
 from moepolicy.schema.locations import yaml_path
+from moepolicy._resources import data_file
 
 SCHEMA_FILE = "policy.schema.json"  # generated from the Pydantic models (tools/gen_schema.py)
 # an object whose unknown keys a reader does not report (the evidence: document/evidence.py)
@@ -23,16 +24,13 @@ FREE_FORM = "x-free-form"
 # the file as written, never the tree: the layer_facts table and a layer's facts named in it, which
 # reading resolves (document.facts_table) before validating, so this validator leaves them out
 AS_WRITTEN = "x-as-written"
-STRICT = (
-    "x-strict"  # a value taken only as its own type (an SM count never a bool, a float or text)
-)
+# a value taken only as its own type (an SM count never a bool, a float or text)
+STRICT = "x-strict"
 
 
 @lru_cache(maxsize=1)
 def _json_schema() -> dict[str, Any]:
     import json
-
-    from moepolicy._resources import data_file
 
     return json.loads(data_file(SCHEMA_FILE).read_text())
 
@@ -253,9 +251,8 @@ def validate(raw: dict[str, Any], source: str) -> dict[str, Any]:
         ) from None
     except RecursionError:
         raise PolicyError(f"{source}: nested too deeply to be a policy") from None
-    problem = rules.version_problem(
-        raw
-    )  # before defaults: a 1.x document does not have 2.0's fields
+    # before defaults: a 1.x document does not have 2.0's fields
+    problem = rules.version_problem(raw)
     problem = f"(top): {problem}" if problem else _cross_checks(doc)
     if problem:
         raise PolicyError(f"{source}: {problem}")

@@ -48,6 +48,7 @@ def _as_written(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def render() -> str:
+    # Pydantic: only when the schema is rendered
     from moepolicy.document.model import PolicyDoc
 
     schema = _as_written(PolicyDoc.model_json_schema())

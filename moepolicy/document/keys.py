@@ -45,11 +45,8 @@ def decision_parts(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-TUNING_FIELDS_V2 = (
-    "schedule",
-    "regime",
-    "measured_orders",
-)  # absent from 1.x documents: their keys stay
+# absent from 1.x documents: their keys stay
+TUNING_FIELDS_V2 = ("schedule", "regime", "measured_orders")
 
 
 def tuning_parts(doc: dict[str, Any]) -> dict[str, Any]:

@@ -146,9 +146,8 @@ class TargetDoc(_Doc):
     deep_ep: DeepEPBuildDoc
     options: list[str] = Field(default_factory=list)
     static_scale: Literal["global-max", "per-expert"] = "global-max"
-    sheets_sha256: Optional[str] = Field(
-        default=None, pattern=r"^[0-9a-f]{64}$"
-    )  # 2.1: the sheets read
+    # 2.1: the sheets read
+    sheets_sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
 class PackRefDoc(_Doc):
@@ -199,9 +198,8 @@ class BucketDoc(_Doc):
     combine: ChunkDoc
     measured: Optional[Measured] = None  # measurements of the config kept (live benches)
     modelled: Optional[ModelledDoc] = None  # 2.2: the model bench's answers (never ``measured``)
-    search: Optional[SearchDoc] = (
-        None  # 2.2: the search's selected minima (what proposed, no claim)
-    )
+    # 2.2: the search's selected minima (what proposed, no claim)
+    search: Optional[SearchDoc] = None
 
     def kept_name(self) -> Optional[str]:
         """The config kept, as the protocol named it (``default``, ``engine``, a candidate), where

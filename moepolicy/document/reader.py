@@ -15,7 +15,14 @@ from moepolicy.errors import PolicyError
 from moepolicy.schema.locations import yaml_path
 from moepolicy.text import is_digits
 from moepolicy.document.keys import compute_keys
-from moepolicy.document.constraints import READABLE_MAJORS, SCHEMA_VERSION
+from moepolicy.document.constraints import (
+    READABLE_MAJORS,
+    SCHEMA_VERSION,
+    CHUNK_DEFAULTS,
+    CHUNK_FIELDS,
+)
+from moepolicy.deepep.buffers import ht_buffer_bytes, low_latency_bytes_hint
+from moepolicy.files import read_bounded, file_kind
 
 if TYPE_CHECKING:
     from moepolicy.document.model import PolicyDoc
@@ -73,6 +80,7 @@ def check_version(raw: dict[str, Any], source: str) -> None:
 
 
 def _parse_raw(text: str, source: str) -> dict[str, Any]:
+    # YAML: loaded when a document is read, not with the reader's names
     from moepolicy.document.yaml_io import parse_text
     from moepolicy.safe_yaml import yaml_problem
 
@@ -131,8 +139,6 @@ def _finish(
 def buffer_fit_problem(raw: dict[str, Any]) -> Optional[str]:
     """DeepEP's buffers too small for the chunk configs the document gives it (DeepEP's own size
     formulas; a buffer that does not fit traps or hangs in the first dispatch)."""
-    from moepolicy.deepep.buffers import ht_buffer_bytes, low_latency_bytes_hint
-
     target, deepep, model = raw["target"], raw["deepep"], raw["model"]
     if target["deep_ep"]["api"] != "legacy":
         return None  # DeepEP v2 sizes its buffers itself
@@ -162,8 +168,6 @@ def buffer_fit_problem(raw: dict[str, Any]) -> Optional[str]:
 
 def _chunk_tuple(chunk: dict[str, Any]) -> tuple[Optional[int], ...]:
     """A bucket's chunk fields, with the schema's defaults for the RDMA ones (a document may omit them)."""
-    from moepolicy.document.constraints import CHUNK_DEFAULTS, CHUNK_FIELDS
-
     return tuple(chunk.get(name, CHUNK_DEFAULTS.get(name)) for name in CHUNK_FIELDS)
 
 
@@ -221,8 +225,6 @@ def read_policy(
     strict: bool = False,
     parse: Optional[Callable[..., LoadedPolicy[Any]]] = None,
 ) -> LoadedPolicy[Any]:
-    from moepolicy.files import read_bounded
-
     p = Path(path)
     data = read_bounded(p, MAX_POLICY_BYTES, PolicyError)
     try:
@@ -251,8 +253,6 @@ def find_user_pack(
     only in ``places`` (files, or folders searched for ``file_name``, ``name.yaml``, ``name.yml``);
     a file is that pack when its ``pack:`` says ``name``. Never a path from the policy, so what is
     found does not depend on the working folder; reads are bounded."""
-    from moepolicy.files import read_bounded
-
     for candidate in _pack_candidates(name, file_name, places):
         try:
             data = read_bounded(candidate, MAX_PACK_BYTES, PolicyError)
@@ -268,8 +268,6 @@ def find_user_pack(
 def _pack_candidates(
     name: str, file_name: Optional[str], places: Sequence[str | Path]
 ) -> list[Path]:
-    from moepolicy.files import file_kind
-
     out: list[Path] = []
     for place in places:
         folder = Path(place)
@@ -287,6 +285,7 @@ def _pack_candidates(
 
 def _pack_name(data: bytes) -> Optional[str]:
     """The ``pack:`` of a rule pack's bytes (safe YAML), or None for anything else."""
+    # YAML: loaded when a pack is read
     from moepolicy.document.yaml_io import parse_text
 
     try:

@@ -24,6 +24,7 @@ from moepolicy.deepep.engines import VLLM_HT_NUM_SMS
 from moepolicy.deepep.settings import source_words
 from moepolicy.document.evidence import FigureDoc, MeasuredDoc, ScanRowDoc
 from moepolicy.document.model import BucketDoc, DeepEPDoc, PolicyDoc
+from moepolicy.measure.rounds import speedup_words
 
 
 def _pyplot():
@@ -188,8 +189,6 @@ _ARMS = {
 
 
 def _kept(deepep: DeepEPDoc, label: str):
-    from moepolicy.measure.rounds import speedup_words
-
     drawn = [(b, bars) for b in deepep.buckets if (bars := _evidence(b)) is not None]
     drawn = [(b, bars) for b, bars in drawn if _finite(*bars.median_us.values())][:MAX_PANELS]
     if not drawn:
@@ -256,12 +255,10 @@ def _orders(deepep: DeepEPDoc, label: str):
         label="dispatch bf16 first",
     )
     ax.set_xticks(list(xs), [str(t.tokens) for t in timed])
-    from moepolicy.measure.rounds import speedup_words
 
     top = max(max(t.quant_then_dispatch_us, t.dispatch_then_quant_us) for t in timed)
-    for x, t in zip(
-        xs, timed
-    ):  # 2.2: the paired test over rotated rounds; before, one sample each
+    for x, t in zip(xs, timed):
+        # 2.2: the paired test over rotated rounds; before, one sample each
         if t.quant_first_speedup:
             verdict = "within noise" if t.faster == "neither" else "beyond noise"
             words = f"quantizing first:\n{speedup_words(t.quant_first_speedup)}, {verdict}"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from moepolicy.document.model import PolicyDoc
+from moepolicy.errors import CheckpointError
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class LaunchModel:
 
 def served_model(doc: PolicyDoc) -> LaunchModel:
     """What a launch serves for ``doc`` (see the module's note)."""
+    # the checkpoint reader: only when a launch needs the model's id or folder (here and below)
     from moepolicy.checkpoint import catalog
 
     name = doc.model.name
@@ -78,7 +80,6 @@ def planned_models(doc: PolicyDoc) -> list[str]:
 def planned_revision(doc: PolicyDoc) -> Optional[str]:
     """The revision of the hub id the plan read (``org/name@rev``, the policy's own ``org/name``)."""
     from moepolicy.checkpoint.hub import parse_id
-    from moepolicy.errors import CheckpointError
 
     for spec in planned_models(doc):
         try:

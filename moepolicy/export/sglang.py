@@ -15,6 +15,7 @@ from moepolicy.deepep.settings import source_words
 from moepolicy.names import Order, WireDtype
 from moepolicy.errors import PolicyError
 from moepolicy.document.model import PolicyDoc
+from moepolicy.export.served import served_model
 
 CONFIG_KWARGS = (
     "num_sms",
@@ -73,8 +74,6 @@ def launch(doc: PolicyDoc, tokens: Optional[int] = None) -> dict[str, Any]:
     ``--deepep-dispatcher-output-dtype`` where every MoE layer agrees; notes name the rest."""
     import json
 
-    from moepolicy.export.served import served_model
-
     target, ep = doc.target, doc.target.ep_size
     served = served_model(doc)
     args = [
@@ -102,9 +101,8 @@ def launch(doc: PolicyDoc, tokens: Optional[int] = None) -> dict[str, Any]:
     if target.deep_ep.api == "v2":
         args += ["--moe-a2a-backend", "deepep_v2", "--deepep-v2-mode", "direct"]
         v2 = doc.deepep.v2
-        env["SGLANG_DEEPEP_V2_NUM_SMS"] = str(
-            v2.num_sms if v2 else 0
-        )  # 0: DeepEP's analytical count
+        # 0: DeepEP's analytical count
+        env["SGLANG_DEEPEP_V2_NUM_SMS"] = str(v2.num_sms if v2 else 0)
         if v2 and not (v2.prefer_overlap_with_compute and v2.allow_multiple_reduction):
             notes.append(
                 "DeepEP v2's prefer_overlap_with_compute / allow_multiple_reduction: SGLang 0.5.23 has no "
@@ -219,10 +217,8 @@ def _dispatcher_dtype(doc: PolicyDoc) -> tuple[Optional[str], str]:
     ):
         return "fp8", ""
     if order == Order.QUANT_THEN_DISPATCH and dtype == WireDtype.NVFP4:
-        return (
-            "nvfp4",
-            "",
-        )  # SGLang quantizes NVFP4 with the checkpoint's input global scale before dispatch
+        # SGLang quantizes NVFP4 with the checkpoint's input global scale before dispatch
+        return "nvfp4", ""
     if dtype != "fp8_e4m3":
         return (
             None,

@@ -27,7 +27,6 @@ from moepolicy.export.served import served_model
 from moepolicy.document.model import PolicyDoc
 from moepolicy.text import index_ranges, printable
 
-VLLM_DEFAULT_BUFFER_MB = 1024
 VLLM_LL_HIDDEN_SIZES = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
 INT_MAX = 2**31 - 1
 PLUGIN_PACKAGE = "moepolicy"
@@ -60,6 +59,7 @@ KNOBS = {
 
 def vllm_orders(doc: PolicyDoc) -> dict[int, str]:
     """What vLLM alone does for each MoE layer: the ``vllm`` pack on the stored facts."""
+    # the planner: only to say what vLLM alone decides
     from moepolicy.planner import vllm_decisions
 
     return {index: d.order for index, d in vllm_decisions(doc, kernel="chosen").items()}
@@ -97,9 +97,8 @@ def export(doc: PolicyDoc, policy_path: str = "policy.yaml") -> dict[str, Any]:
     args += served.revision_args()
     _experts_knob(doc, env, args, notes)
     if target.backend == "deepep_ht" and target.deep_ep.api == "legacy":
-        env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = str(
-            _buffer_mb(doc)
-        )  # vLLM's own buffer where the plugin does not apply
+        # vLLM's own buffer where the plugin does not apply
+        env["VLLM_DEEPEP_BUFFER_SIZE_MB"] = str(_buffer_mb(doc))
         _high_throughput(doc, env, args, applied, cannot)
     elif target.deep_ep.api == "v2":
         _v2(doc, env, applied, cannot)
@@ -222,6 +221,7 @@ _NEEDS = {
 
 def _without_knob(doc: PolicyDoc, kernel: str) -> str:
     """What vLLM's own pick (the sheet's default for this deployment) does to the plan's fp8 layers."""
+    # the kernel sheets (YAML, Pydantic): only for the expert-kernel line
     from moepolicy.expert_kernel import Deployment, default_kernel
 
     target = doc.target
@@ -251,6 +251,7 @@ def _without_knob(doc: PolicyDoc, kernel: str) -> str:
 
 def _facts_view(facts: Optional[dict]):
     """A layer's recorded facts as the LayerFacts the expert sheet's defaults match."""
+    # Pydantic: only for the expert-kernel line
     from moepolicy.schema.facts import LayerFacts, TensorQuant
 
     f = facts or {}

@@ -19,6 +19,7 @@ from typing import Collection, Mapping, Optional, Sequence
 
 from moepolicy.names import Order, WireDtype
 from moepolicy.text import index_ranges
+from moepolicy.deepep.settings import source_words
 
 # vLLM 0.33.0's experts class for each expert-kernel name of moepolicy/data/sheets/expert_kernels.yaml,
 # as its oracles build them (oracle/fp8.py:148-268 backend_to_kernel_cls; nvfp4 for the NVFP4 ones)
@@ -58,12 +59,10 @@ BLOCK_DEFERRING_EXPERTS = frozenset({"FlashInferExperts"})
 
 # what the plugin does (the hot path's branches)
 VLLM = "vllm"  # vLLM's own prepare: its order and wire
-TOKEN_FIRST = (
-    "token_first"  # per-token fp8 + [T, 1] scales before dispatch; no re-quantization on receive
-)
-TENSOR_FIRST = (
-    "tensor_first"  # bare fp8 with the static per-tensor scale before dispatch; none on receive
-)
+# per-token fp8 + [T, 1] scales before dispatch; no re-quantization on receive
+TOKEN_FIRST = "token_first"
+# bare fp8 with the static per-tensor scale before dispatch; none on receive
+TENSOR_FIRST = "tensor_first"
 BF16_THEN_QUANT = "bf16_then_quant"  # bf16 on the wire, the receiver quantizes as the experts read
 
 
@@ -263,8 +262,6 @@ def layer_lines(
 def configs_line(source: str, num_buckets: int, kept: Sequence[Optional[str]] = ()) -> str:
     """What the DeepEP dispatch/combine configs are, from the policy's provenance (never "tuned" when
     nothing was measured); ``kept`` names what each bucket's tune kept (``engine``: vLLM's own)."""
-    from moepolicy.deepep.settings import source_words
-
     what = source_words(source)
     if source in ("measured", "modelled") and kept and set(kept) == {"engine"}:
         return (

@@ -30,6 +30,9 @@ import torch
 
 from moepolicy.measure.routing import ExpertShape, RankView
 from moepolicy.schema.measured import KernelStatus
+from moepolicy.quant.reference import to_col_major_tma, dequant
+from moepolicy.measure.timing import Timer
+from moepolicy.measure.rounds import balanced_rounds
 
 BLOCK = 128  # the 1x128 activation / 128x128 weight scale blocks of block-fp8 checkpoints
 FP8 = torch.float8_e4m3fn
@@ -88,8 +91,6 @@ def _quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _col_major(scale: torch.Tensor) -> torch.Tensor:
-    from moepolicy.quant.reference import to_col_major_tma
-
     return to_col_major_tma(scale)
 
 
@@ -215,6 +216,7 @@ class DeepGemmExperts:
 
     def run(self, x: torch.Tensor, scale: torch.Tensor, routed: Routed) -> torch.Tensor:
         """The stage on fp8 rows ``x`` with row-major 1x128 scales: [R, hidden] bf16 out."""
+        # Triton: a GPU run only
         from moepolicy.measure.moe_glue import weighted_gather
 
         layout = routed.layout
@@ -224,9 +226,8 @@ class DeepGemmExperts:
         order = torch.argsort(key, stable=True)[:pairs]  # the (row, expert) pairs by expert
         dest = torch.arange(pairs, device=x.device) + layout.shift[flat[order]]
         source = torch.zeros(layout.layout_rows, dtype=torch.int64, device=x.device)
-        source[dest] = (
-            order // routed.topk_local.shape[1]
-        )  # padding rows read row 0: never computed
+        # padding rows read row 0: never computed
+        source[dest] = order // routed.topk_local.shape[1]
         a = x.view(torch.uint8).index_select(0, source).view(FP8)
         h = torch.empty(
             (layout.layout_rows, self.w13.shape[1]), dtype=torch.bfloat16, device=x.device
@@ -300,8 +301,6 @@ def step_arms(experts: DeepGemmExperts, inp: StageInputs) -> dict[str, Callable[
 def reference_stage(experts: DeepGemmExperts, inp: StageInputs) -> torch.Tensor:
     """The same stage in float32 torch, expert by expert, from the same fp8 rows, weights and scales
     (the check the GPU test makes of :meth:`DeepGemmExperts.run`)."""
-    from moepolicy.quant.reference import dequant
-
     x = dequant(inp.rows_fp8, inp.rows_scale, BLOCK)
     out = torch.zeros_like(x)
     inter = experts.shape.intermediate
@@ -338,9 +337,6 @@ def time_arms(
 ) -> dict[str, list[float]]:
     """Per-round medians (microseconds) of each arm, rounds rotating over the arms after a dropped
     warm-up pass (``measure.timing.interleaved_rounds`` on this one process)."""
-    from moepolicy.measure.timing import Timer
-    from moepolicy.measure.rounds import balanced_rounds
-
     timer = Timer(device, collective=False)
     for fn in fns.values() if warm_up else ():
         fn()  # the first call of a shape JIT-compiles DeepGEMM's kernels

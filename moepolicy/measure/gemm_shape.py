@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GEMM_KINDS = ("persistent", "persistent-clustered", "grouped", "dense")
-CONFINEMENTS = ("grid", "green")
-
 
 @dataclass(frozen=True)
 class GemmShape:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from moepolicy.measure.gemm_shape import GemmShape
+from moepolicy.measure.timing import Timer, interleaved_rounds
 
 if TYPE_CHECKING:
     from moepolicy.measure.timing import Timer
@@ -71,12 +72,10 @@ PERSISTENT_CONFIGS: tuple[LaunchConfig, ...] = tuple(
 CLUSTERED_CONFIGS: tuple[LaunchConfig, ...] = tuple(
     (*cfg, order) for cfg in CLUSTERED_LAUNCHES for order in ("expert", "rows")
 )
-PICK_LAUNCHES = (
-    3  # launches per timing of a candidate, each after an L2 flush (their median counts)
-)
-PICK_ROUNDS = (
-    5  # interleaved timings per candidate; the median decides (timing.interleaved_rounds)
-)
+# launches per timing of a candidate, each after an L2 flush (their median counts)
+PICK_LAUNCHES = 3
+# interleaved timings per candidate; the median decides (timing.interleaved_rounds)
+PICK_ROUNDS = 5
 
 
 def _green_context(sms: int, device_index: int):
@@ -181,9 +180,8 @@ class ExpertGemm:
         ends = padded_offsets(group_rows)
         fp8, out, hidden = torch.float8_e4m3fn, self.shape.out, self.shape.hidden
         self.a = self._random(ends[-1], hidden, dtype=fp8)
-        self.b = self._expert_weights(len(ends)).transpose(
-            -2, -1
-        )  # [G, K, N], column-major per expert
+        # [G, K, N], column-major per expert
+        self.b = self._expert_weights(len(ends)).transpose(-2, -1)
         self.scale_a = torch.ones(ends[-1], device=self.device)
         self.scale_b = torch.ones(len(ends), out, device=self.device)
         self.offs = torch.tensor(ends, dtype=torch.int32, device=self.device)
@@ -197,6 +195,7 @@ class ExpertGemm:
         )
 
     def _persistent(self, group_rows: list[int], cluster: int = 1) -> None:
+        # Triton: a GPU run only
         from moepolicy.measure import persistent_gemm as pg
 
         rows, (out, hidden) = sum(group_rows), (self.shape.out, self.shape.hidden)
@@ -224,9 +223,8 @@ class ExpertGemm:
         self.pick_timings: dict[int, dict[LaunchConfig, float]] = {}
         # a Timer (with its L2-flush buffer), made at the first pick
         self._pick_timer: Optional[Timer] = None
-        for cfg in (
-            CLUSTERED_CONFIGS if cluster > 1 else PERSISTENT_CONFIGS
-        ):  # compile and check each, once per bucket
+        for cfg in CLUSTERED_CONFIGS if cluster > 1 else PERSISTENT_CONFIGS:
+            # compile and check each, once per bucket
             try:
                 tables = pg.tile_tables(
                     self.group_rows, cfg[0], cfg[1], out, self.device, order=cfg[5]
@@ -257,6 +255,7 @@ class ExpertGemm:
         self._fn = lambda: self._sms_fn(sm_count)
 
     def _launcher(self, cfg: LaunchConfig, tables, descriptors):
+        # Triton: a GPU run only
         from moepolicy.measure import persistent_gemm as pg
 
         def launch(sms: int, trace=None):
@@ -284,8 +283,8 @@ class ExpertGemm:
         median of ``PICK_LAUNCHES`` launches timed as the overlap measurement times the GEMM alone (L2
         flushed, queued), on an otherwise idle GPU; the lowest median over the rounds wins. Call it
         before anything runs beside the GEMM; :class:`ConfinedGemm` does."""
+        # Triton: a GPU run only
         from moepolicy.measure import persistent_gemm as pg
-        from moepolicy.measure.timing import Timer, interleaved_rounds
 
         if sms not in self._best:
             for launch in self._launches.values():
@@ -375,9 +374,8 @@ class ConfinedGemm:
         self.gemm, self.sms, self.confine = gemm, sms, confine
         self.ctx = _green_context(sms, gemm.device.index) if confine == "green" else None
         self.stream = self.ctx.Stream() if self.ctx is not None else torch.cuda.Stream(gemm.device)
-        with torch.cuda.stream(
-            self.stream
-        ):  # on an idle GPU, on the stream (and context) it will run on
+        with torch.cuda.stream(self.stream):
+            # on an idle GPU, on the stream (and context) it will run on
             gemm.prepare(sms)
         how = "green context" if confine == "green" else "grid only, no green context"
         self.kind = f"{gemm.describe(sms)}; confined by {how}"

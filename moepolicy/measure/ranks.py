@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from moepolicy import hardware
 from moepolicy.errors import InfeasibleError
-from moepolicy.measure.placement import RankPlacement
+from moepolicy.measure.placement import RankPlacement, visible_placement
 from moepolicy.measure.worker_process import exit_with_parent, sigint_blocked
 
 SAFE_ENV = {
@@ -239,8 +240,6 @@ def join_group(rank: int, world: int, rendezvous: str, placement: Optional[RankP
     import torch
     import torch.distributed as dist
 
-    from moepolicy.measure.placement import visible_placement
-
     placement = placement or visible_placement(world)
     device = torch.device("cuda", placement.device_index(rank))
     torch.cuda.set_device(device)
@@ -269,15 +268,13 @@ def probe_peer_links(devices: tuple[int, ...]) -> Mapping[tuple[int, int], PeerL
     process for a set of devices."""
     import torch
 
-    from moepolicy.hardware import nvml_nvlink
-
     links = {}
     for i, a in enumerate(devices):
         for b in devices[i + 1 :]:
             access = torch.cuda.can_device_access_peer(a, b) and torch.cuda.can_device_access_peer(
                 b, a
             )
-            links[(a, b)] = PeerLink(access, _nvml_nvlink(a, b, nvml_nvlink))
+            links[(a, b)] = PeerLink(access, _nvml_nvlink(a, b, hardware.nvml_nvlink))
     return links
 
 
@@ -319,8 +316,6 @@ def gpu_placement(ranks: int, gpus: Optional[int] = None) -> RankPlacement:
     """``ranks`` placed over the ``gpus`` visible (counted here by default), with the peer links
     between their GPUs checked (once per process and set of GPUs)."""
     if gpus is None:
-        from moepolicy.measure.placement import visible_placement
-
         placement = visible_placement(ranks)
     else:
         placement = RankPlacement(ranks, gpus)

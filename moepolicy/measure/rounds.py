@@ -113,9 +113,8 @@ def balanced_rounds(
     return out
 
 
-ALPHA = (
-    0.05  # two-sided: a claim of "faster" or of "slower" is false at most 2.5 % of the time each
-)
+# two-sided: a claim of "faster" or of "slower" is false at most 2.5 % of the time each
+ALPHA = 0.05
 ALPHA_SIDE = ALPHA / 2
 CONFIDENCE = 1 - ALPHA
 # the least a tune runs: every family can claim with Holm over 3 buckets; the strictest, both
@@ -123,10 +122,8 @@ CONFIDENCE = 1 - ALPHA
 MIN_ROUNDS = 9
 DEFAULT_ROUNDS = 15  # power: see docs/BENCHMARKS.md ("The protocol's claims")
 FASTER, SLOWER, SAME = "faster", "slower", "within noise"
-NO_LOSS, NO_GAIN = (
-    "no loss beyond noise",
-    "no gain beyond noise",
-)  # one-sided families: what was not claimed
+# one-sided families: what was not claimed
+NO_LOSS, NO_GAIN = "no loss beyond noise", "no gain beyond noise"
 TEST = "exact signed-rank sign-flip"
 _TIE = 1e-12  # per-round log-ratios this small are a tie (a contender equal to its baseline)
 

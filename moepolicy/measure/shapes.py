@@ -19,6 +19,7 @@ class MoeShape:
 
 def bench_shape(name: str) -> MoeShape:
     """The first MoE layer's shape of the catalog model behind ``name`` (a key of :data:`BENCH_MODELS`)."""
+    # the checkpoint reader (Pydantic): only for a bench model's shape
     from moepolicy.checkpoint.reader import read_model
 
     if name not in BENCH_MODELS:

@@ -20,10 +20,10 @@ from typing import Optional
 from moepolicy.errors import PolicyError, UsageError
 from moepolicy.measure.placement import SHARED_LABEL, RankPlacement
 from moepolicy.reference.payloads import BF16, PayloadFormat, format_of
+from moepolicy.text import printable
 
-MAX_TOKENS = (
-    1024  # tokens a rank sends per case: DeepEP's buffer is a ring of chunks, not sized by T
-)
+# tokens a rank sends per case: DeepEP's buffer is a ring of chunks, not sized by T
+MAX_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class PreflightReport:
 
 def plan_preflight(path: str) -> PreflightPlan:
     """The cases ``validate --live`` runs for the policy at ``path`` (read and validated)."""
+    # the policy reader and the runtime's view: only when a policy is preflighted
     from moepolicy.document.reader import parse_policy_light, read_policy
     from moepolicy.runtime.loader import policy_as_written
     from moepolicy.document.fast_validate import View
@@ -155,8 +156,6 @@ def _cases(buckets) -> tuple[Case, ...]:
 
 def render(report: PreflightReport) -> list[str]:
     """The report as lines: a table, the placement, what was not checked, the verdict."""
-    from moepolicy.text import printable
-
     plan = report.plan
     head = (
         f"{printable(plan.source)}: DeepEP num_sms {plan.num_sms}, NVLink buffer {plan.num_nvl_bytes} bytes, "

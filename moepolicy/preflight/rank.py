@@ -15,7 +15,14 @@ import torch
 
 from moepolicy.preflight.plan import Case, PreflightPlan, Row
 from moepolicy.reference.payloads import PayloadFormat, patterned_payload
-from moepolicy.reference.transport import DeepEPTransport, Sent, destination_mask, receive
+from moepolicy.reference.transport import (
+    DeepEPTransport,
+    Sent,
+    destination_mask,
+    receive,
+    GatherTransport,
+)
+from moepolicy.measure.ranks import join_group
 
 
 class DeepEPLink:
@@ -24,8 +31,6 @@ class DeepEPLink:
     buffer = None
 
     def join(self, rank: int, world: int, placement, rendezvous: str):
-        from moepolicy.measure.ranks import join_group
-
         return join_group(rank, world, rendezvous, placement)
 
     def open(self, plan: PreflightPlan) -> None:
@@ -61,8 +66,6 @@ class EmulatedLink:
         pass
 
     def transport(self, plan: PreflightPlan, case: Case):
-        from moepolicy.reference.transport import GatherTransport
-
         return GatherTransport(None, plan.num_experts)
 
 

@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from moepolicy.measure.placement import RankPlacement
-from moepolicy.measure.ranks import START_TIMEOUT_S, RankGroup, RanksFailed
+from moepolicy.measure.ranks import (
+    START_TIMEOUT_S,
+    RankGroup,
+    RanksFailed,
+    context,
+    rendezvous_file,
+    spawn_ranks,
+)
 from moepolicy.preflight.plan import PreflightPlan, PreflightReport
 
 STEP_TIMEOUT_S = 120.0
@@ -25,7 +32,7 @@ def run_preflight(
     same group, each step under ``step_timeout_s``; ``link`` is how a rank reaches the others
     (``preflight.rank.DeepEPLink`` by default); ``on_report`` sees each plan's report as soon as
     every rank is done with it (progress on long runs)."""
-    from moepolicy.measure.ranks import context, rendezvous_file, spawn_ranks
+    # torch: the ranks' side
     from moepolicy.preflight.rank import rank_main
 
     if {plan.ep_size for plan in plans} != {placement.ranks}:

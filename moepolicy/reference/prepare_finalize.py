@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from moepolicy.reference.transport import Dispatched, Transport
+from moepolicy.quant import reference
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,7 @@ def quantize(
     if spec.kind == "block":
         q, s = impl.per_token_group(x, spec.group, ue8m0=spec.ue8m0)
         if spec.ue8m0:
-            from moepolicy.quant.reference import pack_ue8m0
-
-            s = pack_ue8m0(s)
+            s = reference.pack_ue8m0(s)
         return q, s
     if spec.kind == "token":
         return impl.per_token(x)
@@ -73,8 +72,6 @@ def quantize(
         scale = torch.full((1,), float(spec.static_scale), dtype=torch.float32, device=x.device)
         return impl.per_tensor_static(x, scale), None
     if spec.kind == "tensor_dynamic":
-        from moepolicy.quant import reference
-
         q, s = reference.per_tensor_dynamic(x)
         return q, s.view(1, 1).expand(x.shape[0], 1)
     if spec.kind == "none":
@@ -84,8 +81,6 @@ def quantize(
 
 def _impl(x: torch.Tensor, backend: str):
     if backend == "torch" or (backend == "auto" and not x.is_cuda):
-        from moepolicy.quant import reference
-
         return reference
     from moepolicy.quant import triton_kernels
 

@@ -86,9 +86,8 @@ def receive(sent: list[Sent], rank: int, num_experts: int) -> Dispatched:
             srows.append(part.scales[tokens])
         local = local_topk(part.topk_idx[tokens], rank, num_experts, world)
         ridx.append(local)
-        weights = part.topk_weights[
-            tokens
-        ]  # 0 where the expert lives elsewhere, as DeepEP sends them
+        # 0 where the expert lives elsewhere, as DeepEP sends them
+        weights = part.topk_weights[tokens]
         rwts.append(torch.where(local >= 0, weights, torch.zeros_like(weights)))
         src_rank.append(torch.full((tokens.numel(),), s, dtype=torch.int64))
         src_tok.append(tokens.to(torch.int64).cpu())

@@ -20,6 +20,9 @@ from moepolicy.names import QUANTIZED_ORDERS, Order, WireDtype
 from moepolicy.wire import Scale, Wire
 from moepolicy.rules.vocabulary import VOCABULARY, FactType
 from moepolicy.text import is_digits
+from moepolicy.document.constraints import NAME_MAX_LENGTH, NAME_PATTERN
+from moepolicy.datasheets import MAX_DATA_FILE_BYTES, read_yaml
+from moepolicy.files import read_bounded
 
 ORDERS = Order.values()
 NUMERICS = ("exact", "approximate")
@@ -83,9 +86,8 @@ class Then:
     order: str
     wire: Wire
     numerics: str
-    combine: str = (
-        "bf16"  # what combine sends back: bf16, or logfmt (DeepEP low-latency's 10-bit LogFMT)
-    )
+    # what combine sends back: bf16, or logfmt (DeepEP low-latency's 10-bit LogFMT)
+    combine: str = "bf16"
 
 
 @dataclass(frozen=True)
@@ -399,8 +401,6 @@ def parse_rule(ctx: _Ctx, raw: Any, path: str, pack: str, decides: str = "order"
 def _is_name(text: str) -> bool:
     import re
 
-    from moepolicy.document.constraints import NAME_MAX_LENGTH, NAME_PATTERN
-
     return len(text) <= NAME_MAX_LENGTH and re.fullmatch(NAME_PATTERN, text) is not None
 
 
@@ -459,9 +459,6 @@ def _parse_pack(
 
 
 def load_pack(path: Path, known_caps: frozenset[str], builtin: bool = False) -> RulePack:
-    from moepolicy.datasheets import MAX_DATA_FILE_BYTES, read_yaml
-    from moepolicy.files import read_bounded
-
     raw = read_yaml(path)
     sha = hashlib.sha256(read_bounded(path, MAX_DATA_FILE_BYTES, RulePackError)).hexdigest()
     return parse_pack(

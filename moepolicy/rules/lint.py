@@ -23,6 +23,7 @@ from typing import Any, Iterable, Optional, Sequence
 from moepolicy.rules.engine import evaluate, ordered_rules
 from moepolicy.rules.grammar import All, AnyOf, Cond, Leaf, Not, Rule, RulePack
 from moepolicy.rules.vocabulary import VOCABULARY
+from moepolicy.settings import cache_dir as default_cache_dir
 
 MAX_WITNESS_COMBINATIONS = 16384
 _OTHER = "\x00other"  # a string value no rule names
@@ -164,12 +165,8 @@ def lint_packs(packs: Sequence[RulePack]) -> list[Finding]:
 
 
 # ------------------------------------------------------------------------------- the cache
-_LINT_CODE = (
-    "lint.py",
-    "engine.py",
-    "grammar.py",
-    "vocabulary.py",
-)  # what decides the findings, besides the packs
+# what decides the findings, besides the packs
+_LINT_CODE = ("lint.py", "engine.py", "grammar.py", "vocabulary.py")
 
 
 def lint_key(packs: Sequence[RulePack]) -> str:
@@ -191,8 +188,6 @@ def lint_packs_cached(packs: Sequence[RulePack], cache_dir=None) -> list[Finding
     evaluations (seconds) and depends only on the packs' contents. A cache that cannot be read or
     written is ignored: the lint then runs as without it."""
     from pathlib import Path
-
-    from moepolicy.settings import cache_dir as default_cache_dir
 
     key = lint_key(packs)
     path = Path(cache_dir or default_cache_dir()) / "lint" / f"{key}.json"

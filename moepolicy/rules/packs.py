@@ -9,6 +9,7 @@ from typing import Sequence
 from moepolicy._resources import data_dir
 from moepolicy.errors import RulePackError
 from moepolicy.rules.grammar import RulePack, load_pack
+from moepolicy.datasheets import deepep_sheets
 
 DEFAULT_PACK = "deepep"
 KERNEL_PACK = "experts"  # the built-in expert-kernel pack, decided before the order
@@ -20,8 +21,6 @@ def builtin_names() -> list[str]:
 
 @lru_cache(maxsize=None)
 def known_capabilities() -> frozenset[str]:
-    from moepolicy.datasheets import deepep_sheets
-
     return frozenset(cap for sheet in deepep_sheets().values() for cap in sheet.capabilities)
 
 

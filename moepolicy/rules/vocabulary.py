@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moepolicy.expert_kernel import Execution
+from moepolicy.expert_kernel import Execution, mode_for
 from moepolicy.names import UNMEASURED
 from moepolicy.schema.facts import LayerFacts
 
@@ -108,9 +108,6 @@ VOCABULARY: dict[str, FactType] = {
     ),
 }
 
-# the facts an expert-kernel rule reads (``choose_kernel``), before the kernel's own facts exist
-KERNEL_CHOICE_FACTS = ("kernel.default", "kernel.asked", "measured.faster_kernel")
-
 
 def kernel_choice_facts(
     layer: LayerFacts, default: str, asked: str | None, faster_kernel: str = UNMEASURED
@@ -169,7 +166,6 @@ def with_kernel(facts: dict[str, Any], kernel: str) -> dict[str, Any]:
     """Stored facts of a MoE layer with another expert kernel's ``kernel.*`` facts (from the sheet, by
     the checkpoint facts they hold): what the rules see for the same layer on that kernel. A fact
     the stored set lacks reads as unknown, as the rules read it: no mode matches it."""
-    from moepolicy.expert_kernel import mode_for
 
     def fact(name: str) -> str:
         return str(facts.get(name, "unknown"))

@@ -30,9 +30,8 @@ class Workload:
     payload: str = "bf16"  # what goes on the wire: bf16 | fp8 (block-128 float32 scales)
     routing: str = "uniform"
     both_orders: bool = False  # also time quant_then_dispatch and dispatch_then_quant
-    orders_first: str = (
-        "quant_then_dispatch"  # which of the two is timed first (rounds alternate it)
-    )
+    # which of the two is timed first (rounds alternate it)
+    orders_first: str = "quant_then_dispatch"
     # host: each call timed as an eager engine runs it, the host's launches and waits on the critical
     # path (vLLM's DeepEP high-throughput path: eager, CUDA graphs off with DP > 1); gpu: the GPU's own
     # time, the host enqueued ahead (a CUDA-graph or run-ahead engine)
@@ -52,9 +51,8 @@ class Envelope:
     tokens: tuple[int, int]
     hidden: tuple[int, int]
     regime: str
-    chunks_fitted: (
-        bool  # False: chunk effects are not fitted from measurements, so chunks are not chosen
-    )
+    # False: chunk effects are not fitted from measurements, so chunks are not chosen
+    chunks_fitted: bool
 
     def problem(self, workload: Workload, tokens: list[int]) -> Optional[str]:
         lo, hi = self.hidden
@@ -76,9 +74,8 @@ class TunePoint:
     dispatch: ChunkConfig
     combine: ChunkConfig
 
-    def __post_init__(
-        self,
-    ) -> None:  # plain 4-tuples (a study's JSON, a script) become ChunkConfigs
+    def __post_init__(self) -> None:
+        # plain 4-tuples (a study's JSON, a script) become ChunkConfigs
         object.__setattr__(self, "dispatch", ChunkConfig(*self.dispatch))
         object.__setattr__(self, "combine", ChunkConfig(*self.combine))
 
@@ -89,9 +86,8 @@ class Measurement:
     dispatch_cached_us: float  # the kernel alone with a cached handle
     combine_us: float
     source: str  # measured | modelled
-    orders: dict = field(
-        default_factory=dict
-    )  # {"quant_then_dispatch": us, "dispatch_then_quant": us}
+    # {"quant_then_dispatch": us, "dispatch_then_quant": us}
+    orders: dict = field(default_factory=dict)
 
     def objective(self, region: str = "full") -> float:
         return (

@@ -43,6 +43,7 @@ class BenchSource:
     """Live DeepEP on the visible GPUs when deep_ep imports, else the calibrated model bench."""
 
     def choose(self, asked: Optional[str], ep_size: Optional[int] = None) -> BenchChoice:
+        # a bench's module loads only when that bench is chosen (here and below)
         from moepolicy.tuning.live_bench import deep_ep_importable, visible_gpus
 
         if asked == "model":

@@ -39,6 +39,8 @@ from moepolicy.tuning.protocol import (
     decision_words,
     run,
 )
+from moepolicy.names import UNMEASURED
+from moepolicy.schema.measured import OrderTiming
 
 SMS, CHUNKS = "the SM count", "the chunks"
 
@@ -340,13 +342,11 @@ class ModelledBucket:
 
     tokens: int
     kept: Contender
-    us: dict[
-        str, float
-    ]  # the model's time for the kept config, the engine's default, the chosen SM count's
+    # the model's time for the kept config, the engine's default, the chosen SM count's
+    us: dict[str, float]
     chosen_sms: Optional[int] = None  # the search's SM count, where it is not the engine's
-    speedup: Optional[float] = (
-        None  # the chosen SM count (default chunks) over the engine's default, modelled
-    )
+    # the chosen SM count (default chunks) over the engine's default, modelled
+    speedup: Optional[float] = None
     error: Optional[float] = None  # the model's held-out error at the chosen point
     claim: str = ""
 
@@ -529,9 +529,6 @@ def time_both_orders(
 
 def order_timings(done: Outcome) -> tuple:
     """The recorded facts: each bucket's verdict from the gate, medians and figure from the report."""
-    from moepolicy.names import UNMEASURED
-    from moepolicy.schema.measured import OrderTiming
-
     gated, out = done.stages[0], []
     for tokens in done.kept:
         test, shown = gated.tests[tokens], done.figures[tokens]["dispatch_then_quant"]

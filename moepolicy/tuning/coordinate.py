@@ -14,7 +14,15 @@ import os
 import time
 from typing import Any, Callable, Optional, Union
 
-from moepolicy.tuning.bench import Bench, Measurement, TrialFailed, TunePoint, Workload
+from moepolicy.tuning.bench import (
+    Bench,
+    Measurement,
+    TrialFailed,
+    TunePoint,
+    Workload,
+    check_measurement,
+)
+from moepolicy.errors import TuningError
 
 
 def _measure(inner: Bench, workload: Workload, point: TunePoint) -> Union[Measurement, str]:
@@ -76,7 +84,6 @@ class CoordinatedBench(Bench):
         errors = [f"rank {r}: {g}" for r, g in enumerate(gathered) if isinstance(g, str)]
         if errors:
             raise TrialFailed("; ".join(errors))
-        from moepolicy.tuning.bench import check_measurement
 
         return check_measurement(slowest(gathered))
 
@@ -121,8 +128,6 @@ def join_group(
     from datetime import timedelta
 
     import torch.distributed as dist
-
-    from moepolicy.errors import TuningError
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host, port = (
@@ -181,8 +186,6 @@ def _wait_for_port(
 ) -> None:
     """Until something listens at ``host:port`` (rank 0's store); ``waiting`` once, when it must wait."""
     import socket
-
-    from moepolicy.errors import TuningError
 
     told = False
     while True:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from moepolicy._resources import data_dir
-from moepolicy.measure.routing import ExpertShape
+from moepolicy.measure.routing import ExpertShape, check_shape, rank_view
 from moepolicy.names import LAUNCH_MODE
 from moepolicy.schema.measured import KernelStatus
 
@@ -84,6 +84,7 @@ def live_stage_problem() -> Optional[str]:
         return "torch is not installed"
     if not torch.cuda.is_available():
         return "no CUDA GPU visible"
+    # torch: the live stage only
     from moepolicy.measure import expert_stage
 
     status = expert_stage.kernel_status(["deepgemm"])[0]
@@ -108,7 +109,6 @@ class LiveExpertBench(ExpertBench):
 
     def problem(self, shape: ExpertShape, tokens: int) -> Optional[str]:
         from moepolicy.measure import expert_stage
-        from moepolicy.measure.routing import check_shape
 
         return check_shape(shape) or expert_stage.stage_shape_ok(shape)
 
@@ -118,7 +118,6 @@ class LiveExpertBench(ExpertBench):
         import torch
 
         from moepolicy.measure import expert_stage
-        from moepolicy.measure.routing import rank_view
 
         device = torch.device("cuda", torch.cuda.current_device())
         self._gpu = torch.cuda.get_device_name(device)
@@ -171,6 +170,7 @@ def _shape(raw: dict, ep: int) -> ExpertShape:
 
 def load_recorded(folder: Optional[str] = None) -> tuple[dict, tuple[RecordedCell, ...]]:
     """The shipped expert-stage campaign: its provenance and cells."""
+    # the sheets' readers (YAML, Pydantic) load when a sheet is read
     from moepolicy.datasheets import read_yaml
 
     root = Path(folder) if folder else data_dir("tuning") / "expert_stage"

@@ -36,6 +36,7 @@ from moepolicy.names import UNMEASURED
 from moepolicy.schema.measured import ArmTiming, ExpertChoice, KernelTest, OrderTiming
 from moepolicy.tuning.expert_bench import KERNEL_ORDERS, ExpertBench, arm_name
 from moepolicy.tuning.protocol import FAMILY_LEVELS, Option, Stage, run
+from moepolicy.tuning.bench import TunePoint
 
 QTD, DTQ = "quant_then_dispatch", "dispatch_then_quant"
 WIRE_OF_ORDER = {QTD: "fp8", DTQ: "bf16", "no_quant": "bf16"}
@@ -539,8 +540,6 @@ def model_communication(bench, workload, num_sms: int, dispatch, combine) -> Com
     calibrated range (another EP size, hidden size or token count)."""
     import dataclasses
 
-    from moepolicy.tuning.bench import TunePoint
-
     def of(tokens: int, wire: str) -> Optional[Communication]:
         w = dataclasses.replace(workload, payload=wire)
         if bench.in_envelope(w, bench.gpu) is not None:
@@ -557,9 +556,8 @@ def model_communication(bench, workload, num_sms: int, dispatch, combine) -> Com
 def model_communication_words(bench, workload) -> str:
     """Where the modelled communication figures hold, in one phrase."""
     why = bench.in_envelope(workload, bench.gpu)
-    if (
-        why and bench.envelope(workload) is None
-    ):  # the tune's own line names the calibrated targets
+    if why and bench.envelope(workload) is None:
+        # the tune's own line names the calibrated targets
         return f"not modelled here: the model bench has no calibration for {bench.gpu} EP{workload.ep_size}"
     if why:
         return f"not modelled here: {why}"
@@ -572,6 +570,7 @@ def choice_inputs(
     """What the comparison is for: the first MoE layer's expert shapes at the target's EP size, the
     engine's own pick and the kernels the engine can build for it here (None: no MoE layer, or no
     kernel moepolicy can time runs it)."""
+    # the kernel sheets (YAML, Pydantic): read only where a kernel is chosen
     from moepolicy.expert_kernel import Deployment, default_kernel, runs_layer
 
     moe = facts.moe_layers

@@ -25,6 +25,9 @@ from moepolicy.tuning.bench import (
     Workload,
     check_measurement,
 )
+from moepolicy.deepep.buffers import budget_buffers
+from moepolicy.measure.placement import SHARED_LABEL
+from moepolicy import hardware
 
 if TYPE_CHECKING:
     from moepolicy.measure.ranks import RankGroup
@@ -142,9 +145,8 @@ def measure_point(state: RankState, workload: Workload, point: TunePoint) -> Mea
             "quant_then_dispatch": lambda: ops.quant_then_dispatch("full"),
             "dispatch_then_quant": lambda: ops.dispatch_then_quant("full"),
         }
-        for name in sorted(
-            both, key=lambda n: n != workload.orders_first
-        ):  # the round's first order first
+        for name in sorted(both, key=lambda n: n != workload.orders_first):
+            # the round's first order first
             orders[name] = timed(both[name])
     return Measurement(full, cached, combine, "measured", orders)
 
@@ -165,13 +167,13 @@ class RankBench(Bench):
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.device = device or torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(self.device)
-        from moepolicy.deepep.buffers import budget_buffers
 
         internode = self.world > 8
         nvl, rdma = budget_buffers(buffer_bytes, self.world)
         self.buffer = deep_ep.Buffer(
             group, nvl, rdma, num_qps_per_rank=max(max_sms, 24) if internode else 1
         )
+        # torch: the worker's side
         from moepolicy.measure.timing import Timer
 
         self.state = RankState(
@@ -264,6 +266,7 @@ class LiveBench(Bench):
         self.restarts = 0
 
     def _start_group(self) -> None:
+        # worker processes: only a live bench starts them
         from moepolicy.measure.ranks import context, rendezvous_file, spawn_ranks
 
         self._commands = [context().Queue() for _ in range(self.world)]
@@ -350,14 +353,10 @@ class LiveBench(Bench):
         self._kill_group()
 
     def identity(self) -> str:
-        from moepolicy.hardware import nvml_gpus
-
-        names = nvml_gpus()
+        names = hardware.nvml_gpus()
         if not names:
             return f"{self.world} ranks (NVML unavailable)"
         if len(names) < self.world:
-            from moepolicy.measure.placement import SHARED_LABEL
-
             return f"{names[0]} x{len(names)}, {self.world} ranks ({SHARED_LABEL})"
         return f"{names[0]} x{self.world}"
 

@@ -37,12 +37,11 @@ from moepolicy.tuning.bench import (
     TunePoint,
     Workload,
     check_measurement,
+    TrialFailed,
 )
 
-OPS = (
-    "dispatch",
-    "combine",
-)  # the ops the objective sums (the full call's overhead: see the module's doc)
+# the ops the objective sums (the full call's overhead: see the module's doc)
+OPS = ("dispatch", "combine")
 
 
 def destination_ranks(num_experts: int, top_k: int, ep_size: int) -> float:
@@ -97,12 +96,10 @@ class Calibration:
     files: tuple[str, ...]
     sms_range: tuple[int, int] = (8, 48)
     tokens_range: tuple[int, int] = (128, 4096)
-    cells: tuple[
-        tuple[str, int, int, int, int], ...
-    ] = ()  # (op, hidden, num_sms, tokens lo, hi) measured
-    errors: tuple[
-        tuple[str, int, int, int, float], ...
-    ] = ()  # (op, hidden, tokens, num_sms, held-out error)
+    # (op, hidden, num_sms, tokens lo, hi) measured
+    cells: tuple[tuple[str, int, int, int, int], ...] = ()
+    # (op, hidden, tokens, num_sms, held-out error)
+    errors: tuple[tuple[str, int, int, int, float], ...] = ()
 
 
 def _row_bytes(hidden: int, dtype: str) -> float:
@@ -177,6 +174,7 @@ def _cells(samples: list[Sample]) -> tuple[tuple[str, int, int, int, int], ...]:
 
 @lru_cache(maxsize=None)
 def load_calibrations(folder: Optional[str] = None) -> tuple[Calibration, ...]:
+    # the sheets' readers (YAML, Pydantic) load when a sheet is read
     from moepolicy.datasheets import read_yaml
 
     root = Path(folder) if folder else data_dir("tuning") / "calibration"
@@ -315,9 +313,8 @@ class ModelBench(Bench):
 
     def __init__(self, gpu: str, calibration_folder: Optional[str] = None, delay_s: float = 0.0):
         self.gpu = gpu
-        self.delay_s = (
-            delay_s  # a pause per measurement, as a live trial takes time (tests interrupt tunes)
-        )
+        # a pause per measurement, as a live trial takes time (tests interrupt tunes)
+        self.delay_s = delay_s
         self.calibrations = load_calibrations(calibration_folder)
 
     def identity(self) -> str:
@@ -360,8 +357,6 @@ class ModelBench(Bench):
             time.sleep(self.delay_s)
         cal = self._calibration(workload)
         if cal is None:
-            from moepolicy.tuning.bench import TrialFailed
-
             raise TrialFailed(f"model bench has no calibration for EP{workload.ep_size}")
         rows = point.tokens * destination_ranks(
             workload.num_experts, workload.top_k, workload.ep_size

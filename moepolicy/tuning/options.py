@@ -90,9 +90,8 @@ def _check_rounds(rounds: object) -> None:
 @dataclass(frozen=True)
 class TuneOptions:
     buckets: tuple[tuple[int, float], ...]  # (tokens per rank, weight)
-    trials: Optional[int] = (
-        None  # per (SM count, bucket) study; joint trials with ``overlap``; None: trials_for
-    )
+    # per (SM count, bucket) study; joint trials with ``overlap``; None: trials_for
+    trials: Optional[int] = None
 
     def trials_for(self, chunks_fitted: bool) -> int:
         """The trials asked for, else 24, or 1 (DeepEP's default alone) on a bench whose chunk effects
@@ -110,9 +109,8 @@ class TuneOptions:
     command: str = ""  # the command line, already redacted, recorded in the document
     overlap: Optional[OverlapOptions] = None
     regime: str = ENGINE_REGIME  # Workload.regime: what the timings include (tuning.bench.REGIMES)
-    confirm_rounds: int = (
-        DEFAULT_ROUNDS  # balanced rounds of each protocol phase (tuning.protocol)
-    )
+    # balanced rounds of each protocol phase (tuning.protocol)
+    confirm_rounds: int = DEFAULT_ROUNDS
     trial_timeout_s: float = 90.0  # the live bench's watchdog per trial
 
     def __post_init__(self) -> None:

@@ -83,9 +83,8 @@ class OverlapBucketRow:
     vllm: Optional[SplitTimes] = None  # vLLM's split, re-measured in the same rounds
     per_round_vs_vllm: tuple[float, ...] = ()
     bound: Optional[SplitBound] = None
-    rounds_from: str = (
-        "selection"  # report: fresh rounds that decided nothing; selection: the rounds that chose
-    )
+    # report: fresh rounds that decided nothing; selection: the rounds that chose
+    rounds_from: str = "selection"
     family: int = 1  # the buckets whose intervals are simultaneous (Bonferroni) with this one's
 
     @property

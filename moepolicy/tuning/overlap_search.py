@@ -430,9 +430,8 @@ class OverlapSearch:
     confirmed_us: dict[str, float]  # the selection rounds' weighted medians (what chose the pick)
     why: str
     gate: Optional[SplitGate] = None
-    report_vs_vllm: Optional[Figure] = (
-        None  # the report rounds: weighted, the kept split vs vLLM's
-    )
+    # the report rounds: weighted, the kept split vs vLLM's
+    report_vs_vllm: Optional[Figure] = None
 
     def summary(self) -> dict:
         """The document's ``deepep.overlap`` section."""

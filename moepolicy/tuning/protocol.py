@@ -262,9 +262,8 @@ class Outcome(Generic[ArmT]):
     weighted: dict[str, Figure]
     times_us: dict[Bucket, dict[ArmT, float]]  # the report's medians per arm
     rounds: int
-    selection_us: dict[Bucket, dict[ArmT, float]] = field(
-        default_factory=dict
-    )  # what chose: no claim
+    # what chose: no claim
+    selection_us: dict[Bucket, dict[ArmT, float]] = field(default_factory=dict)
 
     def stage(self, name: str) -> Gated[ArmT]:
         return next(g for g in self.stages if g.stage.name == name)

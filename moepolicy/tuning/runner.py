@@ -79,15 +79,12 @@ class TuneResult:
     buckets: tuple[BucketOutcome, ...] = ()
     overlap: Any = None  # tuning.overlap.OverlapSearch with ``tune --overlap``
     overlap_gemm_note: str = ""
-    interruption: Optional[Interruption] = (
-        None  # what ended the search early (Ctrl-C, SIGTERM, the study database failing)
-    )
-    protocol: Any = (
-        None  # confirm.Protocol (live) or confirm.Modelled (model bench); None: not re-measured
-    )
-    timings: tuple[
-        OrderTiming, ...
-    ] = ()  # both orders at the kept configs: measured facts for the rules
+    # what ended the search early (Ctrl-C, SIGTERM, the study database failing)
+    interruption: Optional[Interruption] = None
+    # confirm.Protocol (live) or confirm.Modelled (model bench); None: not re-measured
+    protocol: Any = None
+    # both orders at the kept configs: measured facts for the rules
+    timings: tuple[OrderTiming, ...] = ()
     plan: Optional[Plan] = None  # what was tuned (set by tune_plan)
     command: str = ""  # the command line, recorded in the document's provenance
     v2: Any = None  # v2_tune.V2Choice: what a DeepEP v2 tune measured and kept (its own settings)
@@ -182,9 +179,8 @@ def _kept_deepep(
     buckets, evidences = [], []
     searched = [b for b in chosen.buckets if b.best is not None]
     for i, b in enumerate(searched):
-        last = (
-            i == len(searched) - 1
-        )  # open-ended, also when an interrupt left later buckets unsearched
+        # open-ended, also when an interrupt left later buckets unsearched
+        last = i == len(searched) - 1
         best = b.best
         assert best is not None  # searched
         point = kept.points.get(b.tokens, best)
@@ -404,6 +400,7 @@ def _tune_overlap(
     options: TuneOptions,
     default: tuple[ChunkConfig, ChunkConfig],
 ) -> TuneResult:
+    # only an overlap tune searches the split (three modules more)
     from moepolicy.tuning.overlap_search import OverlapSettings, search_overlap
 
     ov = options.overlap

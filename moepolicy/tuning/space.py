@@ -77,6 +77,7 @@ class Space:
 def load_space(path: Optional[str] = None) -> Space:
     import hashlib
 
+    # the sheets' readers (YAML, Pydantic) load when a sheet is read
     from moepolicy.datasheets import read_yaml
 
     p = Path(path) if path else data_dir("tuning") / "space-ht.yaml"
@@ -88,6 +89,7 @@ def load_space(path: Optional[str] = None) -> Space:
 
 
 def load_objective(path: Optional[str] = None) -> dict[str, Any]:
+    # the sheets' readers (YAML, Pydantic) load when a sheet is read
     from moepolicy.datasheets import read_yaml
 
     p = Path(path) if path else data_dir("tuning") / "objective.yaml"

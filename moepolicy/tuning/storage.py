@@ -7,6 +7,7 @@ from typing import Optional
 
 from moepolicy.errors import TuningError
 from moepolicy.redact import redact_text, redact_url, storage_url_problem
+from moepolicy.files import file_kind
 
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql")
 
@@ -37,8 +38,6 @@ def check_storage(url: str) -> None:
     URL that the driver would read otherwise than it is shown (:func:`moepolicy.redact.storage_url_problem`);
     a storage file in a folder that does not exist, or that is a FIFO, a device or a folder (opening a
     FIFO would block the tune forever)."""
-    from moepolicy.files import file_kind
-
     scheme = url.strip().split(":", 1)[0].split("+", 1)[0]
     is_journal = url.endswith(".log") or url.startswith("journal:")
     if not is_journal and scheme not in RDB_SCHEMES:

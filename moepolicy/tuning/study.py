@@ -203,9 +203,8 @@ def tune_bucket(
             if proposal is _TOLD:  # counted against the budget without a measurement
                 progress.advance()
                 continue
-            outcome = ctx.measure(
-                workload, proposal
-            )  # an interrupt lands here (no storage call), or waits
+            # an interrupt lands here (no storage call), or waits
+            outcome = ctx.measure(workload, proposal)
             with deferred():
                 ctx.record(proposal, outcome, sub.region)
             progress.advance()
@@ -216,10 +215,8 @@ def tune_bucket(
         _collect(study, bucket, num_sms)  # also when interrupted: what was measured counts
 
 
-_SKIP, _TOLD = (
-    object(),
-    object(),
-)  # yielded to another worker (not counted) / told a known value (counted)
+# yielded to another worker (not counted) / told a known value (counted)
+_SKIP, _TOLD = object(), object()
 
 
 @dataclass(frozen=True)
@@ -276,9 +273,8 @@ class _StudyStep:
         trial.set_user_attr("host", self.host)
         trial.set_user_attr("pid", os.getpid())
         trial.set_user_attr("hardware", self.bench.identity())
-        if (
-            _budget_used(study, below=trial.number) >= self.trials
-        ):  # earlier trials of other workers filled it
+        if _budget_used(study, below=trial.number) >= self.trials:
+            # earlier trials of other workers filled it
             trial.set_user_attr("reason", "budget reached by other workers")
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return None

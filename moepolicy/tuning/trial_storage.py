@@ -22,10 +22,8 @@ import signal
 import threading
 import warnings
 
-CHECKED_OPTUNA = (
-    "5.1",
-    "6",
-)  # [lowest checked, first not checked): the versions these calls were run on
+# [lowest checked, first not checked): the versions these calls were run on
+CHECKED_OPTUNA = ("5.1", "6")
 
 
 def trial_id(storage, study_name: str, number: int) -> int:
