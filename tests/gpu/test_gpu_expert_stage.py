@@ -148,8 +148,12 @@ def test_tune_live_on_one_gpu_measures_the_expert_stage_and_models_deepep(tmp_pa
     assert "the expert stage is measured live on this GPU" in done.stderr
     doc = read_policy(out).doc
     assert doc.experts.source == "measured" and doc.experts.kernel == "deepgemm"
-    assert doc.deepep.provenance.source == "modelled"
-    assert "communication modelled" in doc.experts.basis
+    # the model bench is calibrated on H200 at EP 2 only: elsewhere DeepEP's half is extrapolated and
+    # the expert comparison says it has no communication figure (compute only)
+    calibrated = gpu_here() == "h200"
+    assert doc.deepep.provenance.source == ("modelled" if calibrated else "extrapolated")
+    words = "communication modelled" if calibrated else "no communication figure for this target"
+    assert words in doc.experts.basis
     assert len(doc.experts.orders) == 2
 
 
