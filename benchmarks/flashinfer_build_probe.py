@@ -1,8 +1,7 @@
 """How far FlashInfer's SM90 CUTLASS fused-MoE module (``fused_moe_90``) gets in a bounded build on a
 GPU machine: its JIT spec's sources, then ninja for ``BUDGET_S`` seconds, reporting steps finished.
 
-Not yet run (2026-12-06: the device could not be started for it). vLLM's default experts for block
-fp8 on Hopper with DeepEP are FlashInfer CUTLASS; no prebuilt SM90 MoE module exists on the package
+vLLM's default experts for block fp8 on Hopper with DeepEP are FlashInfer CUTLASS; no prebuilt SM90 MoE module exists on the package
 index, so timing them first needs this build (issue 41). On the device, with flashinfer-python 0.7.4's
 installed tree unpacked at FI_ROOT, its small pure-Python requirements (ninja, filelock, einops,
 tabulate, nvidia-ml-py, click, tqdm, requests, packaging) and apache-tvm-ffi for the device's Python
@@ -18,6 +17,7 @@ needed here, so the package is entered without it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,12 +51,23 @@ def main(root: Path, budget_s: float) -> None:
             if time.time() - started > budget_s:
                 break
     finally:
-        if build.poll() is None:
-            build.kill()
+        if build.poll() is None:  # SIGINT: ninja removes the outputs it had not finished
+            build.send_signal(signal.SIGINT)
+            try:
+                build.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                build.kill()
     print(
         f"RESULT: {done} of {total} ninja steps in {time.time() - started:.0f} s with -j {jobs}; "
         f"ninja exit {build.wait()}"
     )
+    library = Path(spec.jit_library_path)
+    print(f"module {library}: {'built' if library.exists() else 'not built'}")
+    out = os.environ.get("OUT")
+    if library.exists() and out:
+        subprocess.run(
+            ["tar", "czf", f"{out}/fused_moe_90.tgz", "-C", str(library.parent), library.name]
+        )
 
 
 if __name__ == "__main__":
