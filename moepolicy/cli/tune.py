@@ -395,17 +395,19 @@ def _tune_and_write(
         bench = None  # api.tune_with refuses DeepEP v2 off the live bench, in one line
     experts = source.build_experts(choice, plan.target.gpu, options.regime) if source else None
     result = _tune(args, (plan, choice, options, objective, space), bench, experts)
-    if choice.shared:  # api.tune_with marked the result partial: not for serving
-        note(f"{SHARED_LABEL}: {choice.why}; the times below measure no communication")
+    # ranks sharing a GPU: api.tune_with marked the result partial (not for serving); no time is shown
+    functional = f"{SHARED_LABEL}: {choice.why}" if choice.shared else ""
+    if functional:
+        note(f"{functional}; its times measure no communication")
     decided, document = api.decided_policy(result)  # the layers decided again once, as written
     if v2:
         _render_v2(result)
         write_result(_output_for(result, output), dumps(document))
         return 0
-    render(result, document)
+    render(result, document, functional)
     if getattr(result, "experts", None) is not None:
         render_experts(result.experts, document["experts"]["kernel"])
-    _closing_line(decided, result)
+    _closing_line(decided, result, functional)
     write_result(
         _output_for(result, output),
         dumps(document),
@@ -492,10 +494,12 @@ def render_experts(choice, kernel: str) -> None:
     note(f"  experts: the policy runs {kernel}; {choice.why}")
 
 
-def _closing_line(plan, result) -> None:
+def _closing_line(plan, result, functional: str = "") -> None:
     """How the policy differs from what vLLM runs today: its decisions, then its DeepEP settings."""
     kept = {getattr(b.confirmed.kept, "name", "") if b.confirmed else "" for b in result.buckets}
-    if result.overlap is not None:  # --overlap keeps its split and chunks, never DeepEP's defaults
+    if functional:  # a partial result: the runtime serves DeepEP's defaults for it
+        deepep = "DeepEP: a functional run, not for serving (load_policy serves DeepEP's defaults)"
+    elif result.overlap is not None:  # --overlap keeps its split and chunks, not DeepEP's defaults
         deepep = _overlap_words(result.overlap, result.label)
     elif result.label == "extrapolated" or not result.buckets:
         deepep = f"DeepEP: its default configs ({result.label}), as vLLM runs it"
@@ -582,9 +586,15 @@ def _output_for(result, output: Optional[str]) -> Optional[str]:
     return beside
 
 
-def render(result, document: dict) -> None:
+def render(result, document: dict, functional: str = "") -> None:
     """The tune's summary on stderr: the overlap split per bucket, or per bucket the config kept with
-    what backs it: the report rounds' speed-ups (live) or the model's answers (modelled)."""
+    what backs it: the report rounds' speed-ups (live) or the model's answers (modelled). For a
+    functional run (``functional`` says why: ranks sharing a GPU) only what ran and what it kept."""
+    if functional and not result.interrupted:
+        note(
+            f"plumbing ok: {_functional_words(result)}; {functional}: no time is shown or compared"
+        )
+        return
     if result.overlap is not None:
         found = result.overlap
         note(f"overlap: {found.comm_sms} communication SMs, GEMM on {found.gemm_sms}: {found.why}")
@@ -608,6 +618,24 @@ def render(result, document: dict) -> None:
         _render_modelled(result)
     else:
         _render_measured(result)
+
+
+def _functional_words(result) -> str:
+    """What a functional run ran end to end, and what it kept."""
+    if result.overlap is not None:
+        found = result.overlap
+        return (
+            f"the overlap grid ran in {len(found.rows)} bucket(s), keeping {found.comm_sms} "
+            f"communication SMs beside the GEMM on {found.gemm_sms}"
+        )
+    confirmed = [b for b in result.buckets if b.confirmed]
+    if not confirmed:
+        return f"the search ran; {result.num_sms} SMs and DeepEP's default configs kept"
+    kept = ", ".join(f"T={b.tokens} {_kept_words(b)}" for b in confirmed)
+    return (
+        f"the search, then selection, gate and report rounds in fresh workers ran in "
+        f"{len(confirmed)} bucket(s); kept {result.num_sms} SMs: {kept}"
+    )
 
 
 def _kept_words(b) -> str:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from moepolicy.tuning.bench import Bench
-from moepolicy.tuning.bench_source import BenchChoice, BenchSource
+from moepolicy.tuning.bench_source import SHARED_RANKS_ENV, BenchChoice, BenchSource
 from moepolicy.tuning.expert_bench import ExpertBench
 
 
@@ -25,7 +26,10 @@ class FakeBenchSource(BenchSource):
     def choose(self, asked: Optional[str], ep_size: Optional[int] = None) -> BenchChoice:
         import dataclasses
 
-        if self.fake_ranks and asked == "live":
+        if self.fake_ranks and asked == "live" and os.environ.get(SHARED_RANKS_ENV) == "1":
+            # the test-only switch, as on a GPU machine: the fake ranks count as sharing one GPU
+            choice = self._shared(1, self.fake_ranks)
+        elif self.fake_ranks and asked == "live":
             choice = BenchChoice(
                 "live", "fake DeepEP workers (moepolicy.testing)", self.fake_ranks
             )
