@@ -211,9 +211,12 @@ def build_bench(
     if plan.target.deepep.api == "v2":
         return source.build_v2(choice, options.trial_timeout_s, V2_REPS)
     reps = int(objective.get("reps", 20))
-    return source.build(
+    bench = source.build(
         choice, plan.target.gpu, options.max_buffer_bytes, options.trial_timeout_s, reps
     )
+    if getattr(choice, "shared", False):
+        bench.functional = choice.why
+    return bench
 
 
 def require_tuner():

@@ -398,7 +398,7 @@ def _tune_and_write(
     # ranks sharing a GPU: api.tune_with marked the result partial (not for serving); no time is shown
     functional = f"{SHARED_LABEL}: {choice.why}" if choice.shared else ""
     if functional:
-        note(f"{functional}; its times measure no communication")
+        note(f"{functional}; its times measure no communication: the summary shows none")
     decided, document = api.decided_policy(result)  # the layers decided again once, as written
     if v2:
         _render_v2(result)
@@ -591,9 +591,7 @@ def render(result, document: dict, functional: str = "") -> None:
     what backs it: the report rounds' speed-ups (live) or the model's answers (modelled). For a
     functional run (``functional`` says why: ranks sharing a GPU) only what ran and what it kept."""
     if functional and not result.interrupted:
-        note(
-            f"plumbing ok: {_functional_words(result)}; {functional}: no time is shown or compared"
-        )
+        note(f"plumbing ok: {_functional_words(result)}")
         return
     if result.overlap is not None:
         found = result.overlap

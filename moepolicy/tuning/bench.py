@@ -116,6 +116,8 @@ class Bench(ABC):
     source = "measured"
     noise_free = False  # a model answers the same every time: one re-measurement round says all
     restarts_fresh = True  # ``restart`` gives new processes (not so where torchrun owns the ranks)
+    # why its times are no performance figure (EP ranks sharing a GPU); empty for a measurement
+    functional = ""
 
     def start(self, workload: Workload) -> None:  # noqa: B027 (optional hook)
         """Called once before the first measurement."""

@@ -327,6 +327,9 @@ def _keep(
         bench, workload, buckets, ConfirmSettings(rounds, region, options.seed, chunks_fitted)
     )
     for t, c in done.buckets.items():
+        if bench.functional:  # ranks sharing a GPU: what was kept, no figure
+            log.info("  T=%d: kept %s (a functional run: no figure)", t, c.kept.name)
+            continue
         log.info(
             "  T=%d: kept %s (%s); report: %s",
             t,
