@@ -63,8 +63,22 @@ class _Parser(argparse.ArgumentParser):
             typed = word.split("=", 1)[0]
             if not typed.startswith("--") or any(flag.startswith(typed) for flag in known):
                 continue  # a value, or a flag or its unambiguous start (argparse takes those)
-            close = difflib.get_close_matches(typed, known, n=1)
-            self.error(f"unknown flag {typed}" + (f": did you mean {close[0]}?" if close else ""))
+            # compared without the dashes every flag shares: --model is not close to --help
+            close = difflib.get_close_matches(typed[2:], [flag[2:] for flag in known], n=1)
+            self.error(
+                f"unknown flag {typed}"
+                + (f": did you mean --{close[0]}?" if close else self._reads())
+            )
+
+    def _reads(self) -> str:
+        """For a command that reads a policy file (``moepolicy bench --model M``): what it reads."""
+        if not any(action.dest == "policy" for action in self._positionals._group_actions):
+            return ""
+        command = self.prog.split()[-1]
+        return (
+            f": 'moepolicy {command}' reads a policy file (moepolicy {command} POLICY), which "
+            "'moepolicy tune --model MODEL -o POLICY' writes"
+        )
 
 
 def _did_you_mean(message: str) -> str:

@@ -150,6 +150,11 @@ def test_a_mistyped_command_gets_a_suggestion():
             ("tune", "--ep-szie", "2", "--model", "X"),
             "unknown flag --ep-szie: did you mean --ep-size?",
         ),
+        (  # a flag of another command, not close to any of this one's (never "--help")
+            ("bench", "--model", "X"),
+            "unknown flag --model: 'moepolicy bench' reads a policy file (moepolicy bench POLICY), "
+            "which 'moepolicy tune --model MODEL -o POLICY' writes",
+        ),
     ],
 )
 def test_a_mistyped_flag_gets_one_line_with_the_close_flag(args, said):
