@@ -9,6 +9,17 @@ from moepolicy.names import Backend, Engine
 from moepolicy.target import OPT_INS, TargetSpec
 
 
+def positive_int(text: str) -> int:
+    """A count of ranks or GPUs, refused while the command line is read (before any work)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
 def add_target_flags(
     p: argparse.ArgumentParser, ep_default: str = "one full node (--gpus-per-node)"
 ) -> None:
@@ -17,10 +28,12 @@ def add_target_flags(
         "--gpu",
         help=f"hardware profile ({', '.join(_profiles())}); default: the visible GPU, else h200",
     )
-    g.add_argument("--ep-size", type=int, help=f"expert-parallel ranks (default: {ep_default})")
+    g.add_argument(
+        "--ep-size", type=positive_int, help=f"expert-parallel ranks (default: {ep_default})"
+    )
     g.add_argument(
         "--gpus-per-node",
-        type=int,
+        type=positive_int,
         help="ranks per NVLink domain; EP above it is internode (default 8)",
     )
     g.add_argument(

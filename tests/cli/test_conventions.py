@@ -165,3 +165,14 @@ def test_a_mistyped_flag_gets_one_line_with_the_close_flag(args, said):
     assert done.stderr.strip().splitlines() == [
         f"moepolicy: {said} (see 'moepolicy {args[0]} --help')"
     ]
+
+
+@pytest.mark.parametrize("flag, value", [("--ep-size", "0"), ("--gpus-per-node", "two")])
+def test_a_bad_count_is_refused_before_any_work(flag, value):
+    """One line while the command line is read: no bench chosen, no default said, nothing planned."""
+    done = run_cli("tune", "--model", "Qwen3-30B-A3B-FP8", flag, value)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"moepolicy: argument {flag}: must be a positive integer, got {value!r} "
+        "(see 'moepolicy tune --help')"
+    ]
