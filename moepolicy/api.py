@@ -185,6 +185,8 @@ def tune_with(
     check_storage(options.storage)
     if bench is None:
         bench = build_bench(plan, choice, options, objective)
+    if getattr(choice, "shared", False):  # its times are no figure: the runner shows none
+        bench.functional = choice.why
     try:
         result = tune_plan(plan, bench, options, space, objective)
     except Exception as exc:  # noqa: BLE001 (the study database failing: one line; anything else re-raised)
@@ -211,12 +213,9 @@ def build_bench(
     if plan.target.deepep.api == "v2":
         return source.build_v2(choice, options.trial_timeout_s, V2_REPS)
     reps = int(objective.get("reps", 20))
-    bench = source.build(
+    return source.build(
         choice, plan.target.gpu, options.max_buffer_bytes, options.trial_timeout_s, reps
     )
-    if getattr(choice, "shared", False):
-        bench.functional = choice.why
-    return bench
 
 
 def require_tuner():

@@ -631,7 +631,7 @@ def _functional_words(result) -> str:
         return f"the search ran; {result.num_sms} SMs and DeepEP's default configs kept"
     kept = ", ".join(f"T={b.tokens} {_kept_words(b)}" for b in confirmed)
     return (
-        f"the search, then selection, gate and report rounds in fresh workers ran in "
+        f"the search, then the selection, gate and report rounds ran in "
         f"{len(confirmed)} bucket(s); kept {result.num_sms} SMs: {kept}"
     )
 

@@ -65,7 +65,7 @@ def test_a_functional_tune_shows_no_time_and_is_not_served(tmp_path, shared):
     summary, closing = _deepep_lines(stderr)
     if shared:
         assert f"{SHARED_LABEL}:" in stderr
-        assert "plumbing ok: the search, then selection, gate and report" in summary
+        assert "plumbing ok: the search, then the selection, gate and report rounds ran" in summary
         assert f"kept {doc['deepep']['num_sms']} SMs: T=512 " in summary
         assert not FIGURES.search(summary) and not FIGURES.search(closing), summary + closing
         assert (
