@@ -40,6 +40,7 @@ from moepolicy.deepep.engines import VLLM_DBO_COMM_SMS
 from moepolicy.measure.gemm_shape import GemmShape
 from moepolicy.errors import TuningError
 from moepolicy.measure.rounds import Speedup, round_orders
+from moepolicy.tuning import progress
 from moepolicy.tuning.bench import TrialFailed, TunePoint, Workload
 from moepolicy.tuning.overlap_report import OverlapBucketRow, SplitBound, SplitTimes
 from moepolicy.tuning.protocol import FAMILY_LEVELS, Figure, Option, Stage, decision_doc, run
@@ -171,7 +172,7 @@ def _say(config: SplitConfig, rows: dict[int, dict]) -> None:
             else ""
         )
         waited = "; DeepEP waited for the GEMM" if r.get("deepep_waited_for_gemm") else ""
-        log.info(
+        log.debug(
             f"  overlap c={c:3} chunks {chunks[0][0]:2}/{chunks[1][0]:2} T={tokens:5}: overlapped "
             f"{r['overlapped']['median_us']:8.1f} us (comm {r['comm']['median_us']:.1f}, GEMM "
             f"{r['gemm']['median_us']:.1f} on {r['gemm_sms']} SMs, serial {r['serial']['median_us']:.1f}"
@@ -181,8 +182,10 @@ def _say(config: SplitConfig, rows: dict[int, dict]) -> None:
 
 def scan_splits(m: _Measurer, splits: list[int], default: Chunks) -> dict[int, float]:
     out = {}
+    progress.phase("overlap splits", len(splits))
     for c in splits:
         rows = m.once(SplitConfig(c, default))
+        progress.advance()
         if rows is not None:
             _say(SplitConfig(c, default), rows)
             out[c] = m.weighted(rows)
@@ -219,7 +222,9 @@ def joint_search(m: _Measurer, splits: list[int], default: Chunks, trials: int, 
                 value=m.weighted(rows) if rows is not None else None,
             )
         )
+    progress.phase("overlap joint search", trials)
     for i in range(trials):
+        progress.advance()
         trial = study.ask(dists)
         config = SplitConfig(
             trial.params["c"],
@@ -231,8 +236,8 @@ def joint_search(m: _Measurer, splits: list[int], default: Chunks, trials: int, 
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             continue
         study.tell(trial, m.weighted(rows))
-        if new:
-            log.info(
+        if new:  # a search's figure: said at --log-level debug only
+            log.debug(
                 f"  joint {i + 1}/{trials}: c={config.comm_sms} chunks {config.chunks[0][0]}/{config.chunks[1][0]}: "
                 f"weighted overlapped {m.weighted(rows):.1f} us"
             )
@@ -263,13 +268,15 @@ def measured_rounds(
         m.fresh(configs[i])
     for r in range(rounds):
         fresh = {configs[i]: m.fresh(configs[i]) for i in cycle[r % len(cycle)]}
+        progress.advance()
         got = {cfg: rows for cfg, rows in fresh.items() if rows is not None}
         if len(got) < len(fresh):
             log.info(f"  round {r + 1}/{rounds}: dropped (a measurement failed)")
             continue
         for cfg in configs:
             out[cfg].append(got[cfg])
-        log.info(
+        # a deciding round's figures are never printed as results: --log-level debug only
+        log.debug(
             f"  round {r + 1}/{rounds}: "
             + ", ".join(
                 f"c={cfg.comm_sms} {cfg.chunks[0][0]}/{cfg.chunks[1][0]}: {m.weighted(got[cfg]):.1f} us"
@@ -301,6 +308,7 @@ class OverlapTimer:
 
     def rounds(self, arms, rounds: int) -> dict:
         configs = list(dict.fromkeys(cfg for cfgs in arms.values() for cfg in cfgs))
+        progress.phase(f"overlap {self.phase}", rounds)
         self.rows = measured_rounds(self.m, configs, rounds, warm_up=True)
         if not all(self.rows[cfg] for cfg in configs):
             raise TuningError(

@@ -2,6 +2,7 @@
 search picks a split, compares it with vLLM's 20-SM split, and the policy and exports carry it."""
 
 import json
+import re
 
 import pytest
 import yaml
@@ -63,9 +64,11 @@ def test_overlap_tune_records_the_split_and_exports_it(tmp_path):
     closing = result.stderr.strip().splitlines()[-2]
     assert closing.startswith("this policy ") and "default configs" not in closing, closing
     assert f"DeepEP: {overlap['comm_sms']} SMs (vLLM runs 20) beside the experts' GEMM" in closing
-    assert "DeepEP waited for the GEMM" in next(
-        line for line in result.stderr.splitlines() if "c= 12" in line
-    )
+    # the search's and the deciding rounds' figures are not printed (--log-level debug shows them):
+    # what the summary says comes from the report rounds alone
+    said = result.stderr.splitlines()
+    assert not [line for line in said if re.match(r"\s+(round \d|joint \d|overlap c=)", line)]
+    assert "overlap gate (fresh workers)" in said
     audit = run_cli("audit", str(out))
     assert audit.returncode == 0, audit.stderr
     first = doc["deepep"]["buckets"][0]["measured"]
